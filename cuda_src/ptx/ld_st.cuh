@@ -1,0 +1,28 @@
+// Global-memory load/store wrappers named after the instruction they emit.
+#pragma once
+
+#include "common/types.cuh"
+
+namespace megamoe_rt::ptx {
+
+struct u32x4 { u32 x, y, z, w; };
+struct u32x2 { u32 x, y; };
+
+// Read-only (non-coherent) 16-byte load: only for data no thread of this
+// launch writes.
+__device__ __forceinline__ u32x4 ld_global_nc_v4_u32(const void* ptr) {
+    u32x4 v;
+    asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr));
+    return v;
+}
+
+__device__ __forceinline__ void st_global_v2_u32(void* ptr, u32x2 v) {
+    asm volatile("st.global.v2.u32 [%0], {%1, %2};" :: "l"(ptr), "r"(v.x), "r"(v.y) : "memory");
+}
+
+__device__ __forceinline__ void st_global_f32(float* ptr, float v) {
+    asm volatile("st.global.f32 [%0], %1;" :: "l"(ptr), "f"(v) : "memory");
+}
+
+}  // namespace megamoe_rt::ptx

@@ -1,0 +1,36 @@
+"""megamoe_rt: an expert-parallel FP8 MoE FFN runtime for NVIDIA Hopper (sm_90a).
+
+Importing the package needs no GPU and no driver; GPU entry points raise a
+one-line :class:`GpuUnavailableError` (a RuntimeError) where none is usable.
+"""
+
+from __future__ import annotations
+
+from ._version import __version__
+from .errors import CudaError, GpuUnavailableError, NvrtcError
+
+# Heavier pieces load on first use so `import megamoe_rt` stays cheap.
+_LAZY = {
+    "quantize_fp8": ("megamoe_rt.kernels.quantize", "quantize_fp8"),
+    "calc_diff": ("megamoe_rt.reference", "calc_diff"),
+    "symm_buffer_layout": ("megamoe_rt.layout", "symm_buffer_layout"),
+    "get_preset": ("megamoe_rt.presets", "get_preset"),
+    "PRESETS": ("megamoe_rt.presets", "PRESETS"),
+}
+
+__all__ = ["__version__", "CudaError", "GpuUnavailableError", "NvrtcError", *_LAZY]
+
+
+def __getattr__(name: str):
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'megamoe_rt' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(target[0]), target[1])
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,216 @@
+"""Device arrays in and out: ``__cuda_array_interface__`` and DLPack.
+
+CuPy has no float8 or bfloat16 dtype, so e4m3 data travels as ``uint8`` arrays
+of raw e4m3 bytes and bf16 as ``uint16`` arrays of raw bf16 bits. DLPack
+tensors that carry native ``float8_e4m3fn`` / ``bfloat16`` dtypes (PyTorch,
+JAX) are read zero-copy. Every array a kernel sees is described by a
+:class:`DeviceArray`: pointer, shape, element type, byte strides, device.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import numpy as np
+
+# Canonical element-type names used across the package.
+ELEMENT_SIZE = {
+    "e4m3": 1, "uint8": 1, "int8": 1,
+    "bf16": 2, "uint16": 2, "float16": 2,
+    "float32": 4, "int32": 4, "uint32": 4,
+    "float64": 8, "int64": 8, "uint64": 8,
+}
+
+# What a raw-bits container may stand for: the contract of DESIGN §3.
+RAW_BITS_ALIASES = {"uint8": "e4m3", "uint16": "bf16"}
+
+_TYPESTR = {
+    "u1": "uint8", "i1": "int8", "u2": "uint16", "f2": "float16", "i4": "int32", "u4": "uint32",
+    "f4": "float32", "f8": "float64", "i8": "int64", "u8": "uint64", "b1": "uint8",
+}
+
+
+@dataclass(frozen=True)
+class DeviceArray:
+    """A borrowed view of device memory. ``owner`` keeps the producer alive."""
+
+    ptr: int
+    shape: tuple[int, ...]
+    dtype: str
+    strides: tuple[int, ...]  # in bytes
+    device: int | None
+    owner: Any = None
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+    @property
+    def itemsize(self) -> int:
+        return ELEMENT_SIZE[self.dtype]
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.itemsize
+
+    def is_c_contiguous(self) -> bool:
+        expect = self.itemsize
+        for dim, stride in zip(reversed(self.shape), reversed(self.strides)):
+            if dim != 1 and stride != expect:
+                return False
+            expect *= dim
+        return True
+
+
+def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    strides, acc = [], itemsize
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= max(d, 1)
+    return tuple(reversed(strides))
+
+
+def _from_cai(obj: Any, name: str) -> DeviceArray:
+    cai = obj.__cuda_array_interface__
+    typestr = cai["typestr"]
+    key = typestr[1:]
+    if key not in _TYPESTR:
+        raise TypeError(f"{name}: unsupported __cuda_array_interface__ typestr {typestr!r}")
+    dtype = _TYPESTR[key]
+    shape = tuple(int(s) for s in cai["shape"])
+    strides = cai.get("strides")
+    strides = _c_strides(shape, ELEMENT_SIZE[dtype]) if strides is None else tuple(int(s) for s in strides)
+    ptr = int(cai["data"][0])
+    device = None
+    dev = getattr(obj, "device", None)
+    if dev is not None and hasattr(dev, "id"):
+        device = int(dev.id)
+    return DeviceArray(ptr, shape, dtype, strides, device, owner=obj)
+
+
+# --- DLPack (read-only consumer; the capsule stays alive with the view) ------------------
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+_DL_CUDA = 2
+_DL_CUDA_MANAGED = 13
+# (type code, bits) -> element type; codes from dlpack.h (kDLInt=0, kDLUInt=1, kDLFloat=2,
+# kDLBfloat=4, kDLFloat8_e4m3fn=10).
+_DL_DTYPES = {
+    (0, 8): "int8", (0, 32): "int32", (0, 64): "int64",
+    (1, 8): "uint8", (1, 16): "uint16", (1, 32): "uint32", (1, 64): "uint64",
+    (2, 16): "float16", (2, 32): "float32", (2, 64): "float64",
+    (4, 16): "bf16",
+    (10, 8): "e4m3",
+}
+
+_capsule_get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_get_pointer.restype = ctypes.c_void_p
+_capsule_get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+def _from_dlpack(obj: Any, name: str, stream: int | None) -> DeviceArray:
+    dev_type, dev_id = obj.__dlpack_device__()
+    if int(dev_type) not in (_DL_CUDA, _DL_CUDA_MANAGED):
+        raise TypeError(f"{name}: expected a CUDA device array, got a DLPack tensor on device type {int(dev_type)}")
+    try:
+        capsule = obj.__dlpack__(stream=stream if stream else None)
+    except TypeError:
+        capsule = obj.__dlpack__()
+    # The managed tensor starts with its DLTensor; we never take ownership (the
+    # capsule, kept as owner, frees it), so the producer's memory stays valid.
+    addr = _capsule_get_pointer(capsule, b"dltensor")
+    t = _DLTensor.from_address(addr)
+    if t.dtype.lanes != 1:
+        raise TypeError(f"{name}: vector DLPack dtypes (lanes={t.dtype.lanes}) are not supported")
+    key = (int(t.dtype.code), int(t.dtype.bits))
+    if key not in _DL_DTYPES:
+        raise TypeError(f"{name}: unsupported DLPack dtype (code={key[0]}, bits={key[1]})")
+    dtype = _DL_DTYPES[key]
+    shape = tuple(int(t.shape[i]) for i in range(t.ndim))
+    if t.strides:
+        strides = tuple(int(t.strides[i]) * ELEMENT_SIZE[dtype] for i in range(t.ndim))
+    else:
+        strides = _c_strides(shape, ELEMENT_SIZE[dtype])
+    ptr = int(t.data or 0) + int(t.byte_offset)
+    return DeviceArray(ptr, shape, dtype, strides, int(dev_id), owner=(obj, capsule))
+
+
+def as_device_array(obj: Any, name: str, *, stream: int | None = None) -> DeviceArray:
+    """Describe ``obj`` (CuPy array, CAI object or DLPack CUDA tensor) as a DeviceArray."""
+    if isinstance(obj, DeviceArray):
+        return obj
+    if isinstance(obj, np.ndarray):
+        raise TypeError(f"{name}: expected a device array (CuPy or DLPack CUDA tensor), got a host numpy.ndarray")
+    if hasattr(obj, "__cuda_array_interface__"):
+        try:
+            return _from_cai(obj, name)
+        except (AttributeError, TypeError, ValueError) as exc:
+            # torch raises on CAI for bf16/fp8; DLPack carries those dtypes natively.
+            if not hasattr(obj, "__dlpack__"):
+                raise TypeError(f"{name}: {exc}") from None
+    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        return _from_dlpack(obj, name, stream)
+    raise TypeError(
+        f"{name}: expected a CUDA array (CuPy, __cuda_array_interface__ or DLPack), got {type(obj).__name__}"
+    )
+
+
+def logical_dtype(arr: DeviceArray) -> str:
+    """The element type an array stands for under the raw-bits contract."""
+    return RAW_BITS_ALIASES.get(arr.dtype, arr.dtype)
+
+
+def check_array(arr: DeviceArray, name: str, *, dtypes: Iterable[str], ndim: int | None = None,
+                shape: tuple[int | None, ...] | None = None, contiguous: bool = True,
+                device: int | None = None, align: int = 16) -> str:
+    """Validate and return the logical dtype; raise ValueError/TypeError naming ``name``."""
+    allowed = tuple(dtypes)
+    ldt = logical_dtype(arr)
+    if ldt not in allowed and arr.dtype not in allowed:
+        raise TypeError(f"{name}: dtype {arr.dtype} (shape {arr.shape}) is not supported; expected one of {', '.join(allowed)}")
+    if ndim is not None and arr.ndim != ndim:
+        raise ValueError(f"{name}: expected a {ndim}-d array, got shape {arr.shape}")
+    if shape is not None:
+        if len(shape) != arr.ndim or any(s is not None and s != a for s, a in zip(shape, arr.shape)):
+            want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+            raise ValueError(f"{name}: expected shape {want}, got {list(arr.shape)} ({arr.dtype})")
+    if contiguous and not arr.is_c_contiguous():
+        raise ValueError(f"{name}: expected a C-contiguous array, got shape {arr.shape} with byte strides {arr.strides}")
+    if device is not None and arr.device is not None and arr.device != device:
+        raise ValueError(f"{name}: array is on device {arr.device}, expected device {device}")
+    if align > 1 and arr.ptr % align and arr.size:
+        raise ValueError(f"{name}: data pointer {arr.ptr:#x} is not {align}-byte aligned (vector loads need it)")
+    return ldt if ldt in allowed else arr.dtype
+
+
+def require_cupy():
+    try:
+        import cupy
+    except ImportError:
+        raise RuntimeError("CuPy is needed to allocate outputs: install megamoe-rt[cu13] (cupy-cuda13x)") from None
+    return cupy

@@ -1,0 +1,221 @@
+"""``megamoe-rt`` command line: info, plan, compile.
+
+Invalid arguments exit with status 2 and one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from typing import Sequence
+
+
+class UsageError(Exception):
+    """Bad command-line input: reported as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse's default prints usage + message over several lines
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+# --- info -------------------------------------------------------------------------------
+
+
+def _dist_version(name: str) -> str | None:
+    import importlib.metadata as md
+
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+
+
+def _nvshmem_status() -> str:
+    import importlib.util
+
+    host = "nvshmem4py " + (_dist_version("nvshmem4py-cu13") or _dist_version("nvshmem4py-cu12") or "missing")
+    lib = _dist_version("nvidia-nvshmem-cu13") or _dist_version("nvidia-nvshmem-cu12")
+    found = importlib.util.find_spec("nvshmem") is not None
+    return f"{'available' if found and lib else 'not available'} ({host}, nvidia-nvshmem {lib or 'missing'})"
+
+
+def cmd_info(args) -> int:
+    from . import __version__, driver
+    from .jit import CubinCache, include_dirs
+
+    rows: list[tuple[str, str]] = [
+        ("megamoe_rt", __version__),
+        ("python", platform.python_version()),
+        ("numpy", _dist_version("numpy") or "missing"),
+        ("ml_dtypes", _dist_version("ml-dtypes") or _dist_version("ml_dtypes") or "missing"),
+        ("cuda-bindings", _dist_version("cuda-bindings") or "missing"),
+        ("cupy", _dist_version("cupy-cuda13x") or _dist_version("cupy-cuda12x") or "missing"),
+    ]
+    try:
+        from .jit import nvrtc_version
+
+        rows.append(("nvrtc", "%d.%d" % nvrtc_version()))
+    except Exception as exc:
+        rows.append(("nvrtc", f"unavailable ({type(exc).__name__})"))
+    for name, path in include_dirs().items():
+        rows.append((f"headers[{name}]", str(path) if path else "not found"))
+    rows.append(("nvshmem", _nvshmem_status()))
+    cache = CubinCache()
+    rows.append(("cache", f"{cache.directory} ({len(cache.entries())} entries)"))
+    ver = driver.driver_version()
+    rows.append(("driver", "CUDA %d.%d" % ver if ver else "not found"))
+    devices = driver.list_devices() if ver else []
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+    if not devices:
+        print("gpus" + " " * (width - 2) + "none")
+    for d in devices:
+        cc = "%d.%d" % d.compute_capability
+        mark = "" if d.is_hopper else "  (not sm_90: GPU paths unavailable)"
+        print(f"gpu {d.ordinal}: {d.name}, {d.sm_count} SMs, compute capability {cc}, "
+              f"{d.total_memory_bytes / 2**30:.0f} GiB, L2 {d.l2_cache_bytes / 2**20:.0f} MiB{mark}")
+    return 0
+
+
+# --- plan -------------------------------------------------------------------------------
+
+
+def cmd_plan(args) -> int:
+    from .layout import symm_buffer_layout
+    from .plan import fused_schedule
+    from .presets import get_preset
+
+    try:
+        preset = get_preset(args.preset)
+    except ValueError as exc:
+        raise UsageError(f"megamoe-rt plan: {exc}") from None
+    experts = args.experts or preset.num_experts
+    ranks = args.ranks
+    try:
+        layout = symm_buffer_layout(
+            preset.hidden, preset.intermediate, experts, preset.num_topk, args.tokens, ranks,
+            block_m=args.block_m, act_sf_gran=args.act_sf_gran, pool=args.pool,
+        )
+        sched = fused_schedule(layout.num_max_tokens_per_rank, ranks, preset.num_topk, experts, block_m=args.block_m)
+    except ValueError as exc:
+        raise UsageError(f"megamoe-rt plan: {exc}") from None
+    if args.json:
+        print(json.dumps({
+            "preset": preset.name, "hidden": preset.hidden, "intermediate": preset.intermediate,
+            "num_experts": experts, "num_local_experts": layout.num_local_experts, "num_topk": preset.num_topk,
+            "num_max_tokens_per_rank": layout.num_max_tokens_per_rank, "num_ranks": ranks, "pool": layout.pool,
+            "pool_blocks": layout.pool_blocks, "pool_rows": layout.pool_rows, "block_m": layout.block_m,
+            "fused_lag_units": sched.lag_units, "fused_ring_blocks": sched.ring_blocks,
+            "total_bytes": layout.total_bytes,
+            "regions": [{"name": n, "bytes": b, "mib": round(m, 4)} for n, b, m in layout.report()],
+        }, indent=2))
+        return 0
+    print(f"preset {preset.name}: hidden {preset.hidden}, intermediate {preset.intermediate}, "
+          f"{experts} experts ({layout.num_local_experts} per rank), top-{preset.num_topk}, "
+          f"{ranks} rank(s), {layout.num_max_tokens_per_rank} tokens/rank capacity")
+    print(f"pool: {layout.pool}, {layout.pool_blocks} blocks x {layout.block_m} rows = {layout.pool_rows} rows; "
+          f"fused schedule: lag {sched.lag_units} units, ring {sched.ring_blocks} blocks"
+          f"{' (covers the full pool)' if sched.covers_full_pool else ''}")
+    print(layout.format_report())
+    return 0
+
+
+# --- compile ----------------------------------------------------------------------------
+
+
+def cmd_compile(args) -> int:
+    from .jit import compile_kernel
+    from .kernels.registry import all_kernel_specs
+
+    specs = all_kernel_specs()
+    if args.all:
+        chosen = specs
+    else:
+        if not args.names:
+            raise UsageError("megamoe-rt compile: name kernels or pass --all")
+        by_name = {s.name: s for s in specs}
+        unknown = [n for n in args.names if n not in by_name]
+        if unknown:
+            raise UsageError(f"megamoe-rt compile: unknown kernel {unknown[0]!r}; known: {', '.join(by_name)}")
+        chosen = [by_name[n] for n in args.names]
+    results = [compile_kernel(s, lineinfo=args.lineinfo, use_cache=not args.no_cache) for s in chosen]
+    if args.json:
+        out = []
+        for c in results:
+            d = c.resources.as_dict()
+            d.update(lowered_name=c.lowered_name, source=c.spec.source, cache_key=c.cache_key,
+                     from_cache=c.from_cache, compile_seconds=round(c.compile_seconds, 3),
+                     block_threads=c.spec.block_threads)
+            out.append(d)
+        print(json.dumps(out, indent=2))
+        return 0
+    header = f"{'kernel':<34} {'regs':>5} {'spill B':>8} {'stack B':>8} {'smem B':>8} {'cached':>7} {'sec':>6}"
+    print(header)
+    print("-" * len(header))
+    for c in results:
+        r = c.resources
+        print(f"{c.spec.name:<34} {r.registers:>5} {r.spill_bytes:>8} {r.stack_frame_bytes:>8} "
+              f"{r.smem_bytes:>8} {'yes' if c.from_cache else 'no':>7} {c.compile_seconds:>6.2f}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+    from .presets import PRESETS
+
+    p = _Parser(prog="megamoe-rt", description="Expert-parallel FP8 MoE runtime for Hopper GPUs.")
+    p.add_argument("--version", action="version", version=f"megamoe-rt {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    s = sub.add_parser("info", help="package, compiler and driver versions; GPUs; NVSHMEM; cache")
+    s.set_defaults(func=cmd_info)
+
+    s = sub.add_parser("plan", help="symmetric-buffer memory report and pool sizes (no GPU needed)")
+    s.add_argument("--preset", default="flash", choices=sorted(PRESETS), help="model shape (default flash)")
+    s.add_argument("--tokens", type=_positive_int, default=8192, help="max tokens per rank (default 8192)")
+    s.add_argument("--ranks", type=_positive_int, default=8, help="expert-parallel ranks (default 8)")
+    s.add_argument("--experts", type=_positive_int, default=None, help="total experts (default: the preset's)")
+    s.add_argument("--pool", choices=("full", "ring"), default="full")
+    s.add_argument("--block-m", type=int, choices=(64, 128), default=128)
+    s.add_argument("--act-sf-gran", type=int, choices=(64, 128), default=128)
+    s.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    s.set_defaults(func=cmd_plan)
+
+    s = sub.add_parser("compile", help="build kernel variants into the cache and print their resources")
+    s.add_argument("names", nargs="*", help="kernel variant names")
+    s.add_argument("--all", action="store_true", help="every kernel variant")
+    s.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    s.add_argument("--lineinfo", action="store_true", help="compile with -lineinfo")
+    s.add_argument("--no-cache", action="store_true", help="compile even where a cached cubin exists")
+    s.set_defaults(func=cmd_compile)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        return int(args.func(args) or 0)
+    except UsageError as exc:
+        print(str(exc).splitlines()[0], file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

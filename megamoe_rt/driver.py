@@ -1,0 +1,417 @@
+"""Thin, checked layer over ``cuda.bindings.driver``.
+
+Every driver call goes through :func:`call`, which raises :class:`CudaError`
+carrying the call's name and the CUresult name. Nothing here touches the
+driver at import time, so ``import megamoe_rt`` works on machines with no GPU
+and no driver; the first GPU entry point raises a one-line
+:class:`GpuUnavailableError` there instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from .errors import CudaError, GpuUnavailableError
+
+HOPPER_CC = (9, 0)
+_REQUIREMENT = "a Hopper GPU (sm_90: H100/H200) and a CUDA 12.4+ driver"
+
+_lock = threading.Lock()
+_init_error: str | None = None
+_initialized = False
+
+
+def _cu():
+    try:
+        from cuda.bindings import driver
+    except ImportError as exc:  # cuda-bindings is a base dependency; say so plainly
+        raise GpuUnavailableError(
+            f"cuda-bindings is not importable ({exc}); install megamoe-rt[cu13]"
+        ) from None
+    return driver
+
+
+def _result_name(cu, err) -> str:
+    name = getattr(err, "name", None)
+    if name:
+        return name
+    try:
+        res, raw = cu.cuGetErrorName(err)
+        if raw:
+            return raw.decode() if isinstance(raw, bytes) else str(raw)
+    except Exception:  # the name lookup is best effort; the code still identifies it
+        pass
+    return f"CUresult({int(err)})"
+
+
+def call(fn, *args):
+    """Call a driver function and unwrap its ``(CUresult, *values)`` tuple.
+
+    Returns None, the single value, or a tuple of values.
+    """
+    cu = _cu()
+    out = fn(*args)
+    if not isinstance(out, tuple):
+        out = (out,)
+    err, rest = out[0], out[1:]
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise CudaError(fn.__name__, _result_name(cu, err), int(err))
+    if not rest:
+        return None
+    return rest[0] if len(rest) == 1 else rest
+
+
+def _ensure_init() -> None:
+    """cuInit once; remember a missing driver so later calls fail fast and alike."""
+    global _initialized, _init_error
+    if _initialized:
+        return
+    with _lock:
+        if _initialized:
+            return
+        if _init_error is None:
+            try:
+                cu = _cu()
+                call(cu.cuInit, 0)
+                _initialized = True
+                return
+            except GpuUnavailableError as exc:
+                _init_error = str(exc)
+            except CudaError as exc:
+                _init_error = f"the CUDA driver failed to initialise ({exc.result}); megamoe_rt needs {_REQUIREMENT}"
+            except Exception as exc:  # libcuda.so missing: pathfinder / OSError / RuntimeError
+                _init_error = f"no NVIDIA driver found ({type(exc).__name__}); megamoe_rt needs {_REQUIREMENT}"
+    raise GpuUnavailableError(_init_error)
+
+
+def driver_available() -> bool:
+    try:
+        _ensure_init()
+    except GpuUnavailableError:
+        return False
+    return True
+
+
+def driver_version() -> tuple[int, int] | None:
+    """(major, minor) of the installed driver's CUDA version, or None without a driver."""
+    if not driver_available():
+        return None
+    v = call(_cu().cuDriverGetVersion)
+    return v // 1000, (v % 1000) // 10
+
+
+def device_count() -> int:
+    if not driver_available():
+        return 0
+    return int(call(_cu().cuDeviceGetCount))
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    ordinal: int
+    name: str
+    compute_capability: tuple[int, int]
+    sm_count: int
+    total_memory_bytes: int
+    l2_cache_bytes: int
+    max_smem_per_block_optin: int
+    clock_khz: int
+    pci_bus_id: str
+
+    @property
+    def is_hopper(self) -> bool:
+        return self.compute_capability == HOPPER_CC
+
+
+@functools.lru_cache(maxsize=None)
+def device_info(ordinal: int = 0) -> DeviceInfo:
+    _ensure_init()
+    cu = _cu()
+    n = device_count()
+    if not 0 <= ordinal < n:
+        raise ValueError(f"device ordinal {ordinal} is out of range: this machine has {n} CUDA device(s)")
+    dev = call(cu.cuDeviceGet, ordinal)
+    attr = cu.CUdevice_attribute
+
+    def get(a):
+        return int(call(cu.cuDeviceGetAttribute, a, dev))
+
+    raw_name = call(cu.cuDeviceGetName, 256, dev)
+    name = raw_name.split(b"\0", 1)[0].decode(errors="replace")
+    bus = call(cu.cuDeviceGetPCIBusId, 32, dev)
+    bus = bus.split(b"\0", 1)[0].decode(errors="replace") if isinstance(bus, bytes) else str(bus)
+    return DeviceInfo(
+        ordinal=ordinal,
+        name=name,
+        compute_capability=(
+            get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+            get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR),
+        ),
+        sm_count=get(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
+        total_memory_bytes=int(call(cu.cuDeviceTotalMem, dev)),
+        l2_cache_bytes=get(attr.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE),
+        max_smem_per_block_optin=get(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
+        clock_khz=get(attr.CU_DEVICE_ATTRIBUTE_CLOCK_RATE),
+        pci_bus_id=bus,
+    )
+
+
+def list_devices() -> list[DeviceInfo]:
+    return [device_info(i) for i in range(device_count())]
+
+
+def require_hopper(ordinal: int | None = None) -> DeviceInfo:
+    """The device a GPU entry point will run on, or a one-line RuntimeError."""
+    _ensure_init()
+    if device_count() == 0:
+        raise GpuUnavailableError(f"no CUDA device is visible; megamoe_rt needs {_REQUIREMENT}")
+    if ordinal is None:
+        ordinal = current_device()
+    info = device_info(ordinal)
+    if not info.is_hopper:
+        cc = "%d.%d" % info.compute_capability
+        raise GpuUnavailableError(
+            f"device {ordinal} ({info.name}) has compute capability {cc}; megamoe_rt kernels need sm_90 (H100/H200)"
+        )
+    return info
+
+
+# --- contexts -----------------------------------------------------------------
+
+_primary_ctx: dict[int, Any] = {}
+
+
+def current_device() -> int:
+    """The device of the current context; CuPy's current device if CuPy is loaded; else 0."""
+    _ensure_init()
+    cu = _cu()
+    ctx = call(cu.cuCtxGetCurrent)
+    if ctx is not None and int(ctx) != 0:
+        return int(call(cu.cuCtxGetDevice))
+    import sys
+
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        return int(cupy.cuda.runtime.getDevice())
+    return 0
+
+
+def ensure_context(ordinal: int | None = None):
+    """Make a context for ``ordinal`` current (its primary context unless one already is).
+
+    CuPy and the CUDA runtime use the primary context, so arrays allocated by
+    either are valid in the kernels launched here.
+    """
+    _ensure_init()
+    cu = _cu()
+    if ordinal is None:
+        ordinal = current_device()
+    ctx = call(cu.cuCtxGetCurrent)
+    if ctx is not None and int(ctx) != 0 and int(call(cu.cuCtxGetDevice)) == ordinal:
+        return ctx
+    with _lock:
+        pctx = _primary_ctx.get(ordinal)
+        if pctx is None:
+            dev = call(cu.cuDeviceGet, ordinal)
+            pctx = call(cu.cuDevicePrimaryCtxRetain, dev)
+            _primary_ctx[ordinal] = pctx
+    call(cu.cuCtxSetCurrent, pctx)
+    return pctx
+
+
+# --- streams and events ---------------------------------------------------------
+
+
+def stream_handle(stream: Any = None) -> int:
+    """A raw CUstream handle (int) from what users pass as ``stream``.
+
+    None means CuPy's current stream when CuPy is loaded, else the legacy
+    default stream. Accepts ints, CuPy streams (``.ptr``), objects with the
+    ``__cuda_stream__`` protocol, ``CUstream`` and :class:`Stream`.
+    """
+    if stream is None:
+        import sys
+
+        cupy = sys.modules.get("cupy")
+        if cupy is not None:
+            return int(cupy.cuda.get_current_stream().ptr)
+        return 0
+    if isinstance(stream, Stream):
+        return stream.handle
+    if isinstance(stream, int):
+        return stream
+    proto = getattr(stream, "__cuda_stream__", None)
+    if proto is not None:
+        value = proto() if callable(proto) else proto
+        return int(value[1])
+    ptr = getattr(stream, "ptr", None)
+    if ptr is not None:
+        return int(ptr)
+    try:
+        return int(stream)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"stream: expected None, an int handle, a CuPy stream or an object with __cuda_stream__, got {type(stream).__name__}"
+        ) from None
+
+
+class Stream:
+    """An owned non-blocking CUDA stream."""
+
+    def __init__(self, *, non_blocking: bool = True):
+        ensure_context()
+        cu = _cu()
+        flags = cu.CUstream_flags.CU_STREAM_NON_BLOCKING if non_blocking else cu.CUstream_flags.CU_STREAM_DEFAULT
+        self._stream = call(cu.cuStreamCreate, flags)
+
+    @property
+    def handle(self) -> int:
+        return int(self._stream)
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+    def synchronize(self) -> None:
+        call(_cu().cuStreamSynchronize, self._stream)
+
+    def close(self) -> None:
+        if getattr(self, "_stream", None) is not None:
+            call(_cu().cuStreamDestroy, self._stream)
+            self._stream = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Event:
+    """A CUDA event with timing enabled."""
+
+    def __init__(self):
+        ensure_context()
+        cu = _cu()
+        self._event = call(cu.cuEventCreate, cu.CUevent_flags.CU_EVENT_DEFAULT)
+
+    def record(self, stream: Any = None) -> "Event":
+        call(_cu().cuEventRecord, self._event, stream_handle(stream))
+        return self
+
+    def synchronize(self) -> None:
+        call(_cu().cuEventSynchronize, self._event)
+
+    def elapsed_ms(self, end: "Event") -> float:
+        return float(call(_cu().cuEventElapsedTime, self._event, end._event))
+
+    def __del__(self):
+        try:
+            if getattr(self, "_event", None) is not None:
+                _cu().cuEventDestroy(self._event)
+        except Exception:
+            pass
+
+
+def synchronize_stream(stream: Any = None) -> None:
+    call(_cu().cuStreamSynchronize, stream_handle(stream))
+
+
+# --- memory ---------------------------------------------------------------------
+
+
+class DeviceMemory:
+    """Plain device memory (cuMemAlloc); freed when the object goes away."""
+
+    def __init__(self, nbytes: int):
+        if nbytes < 0:
+            raise ValueError(f"nbytes: expected >= 0, got {nbytes}")
+        ensure_context()
+        self.nbytes = int(nbytes)
+        self._ptr = call(_cu().cuMemAlloc, max(self.nbytes, 1))
+
+    @property
+    def ptr(self) -> int:
+        return int(self._ptr)
+
+    def memset_u8(self, value: int, stream: Any = None, nbytes: int | None = None, offset: int = 0) -> None:
+        n = self.nbytes - offset if nbytes is None else nbytes
+        call(_cu().cuMemsetD8Async, self.ptr + offset, value & 0xFF, n, stream_handle(stream))
+
+    def copy_from_host(self, data: bytes | memoryview, offset: int = 0) -> None:
+        mv = memoryview(data).cast("B")
+        if offset + mv.nbytes > self.nbytes:
+            raise ValueError(f"copy of {mv.nbytes} bytes at offset {offset} overflows a {self.nbytes}-byte allocation")
+        call(_cu().cuMemcpyHtoD, self.ptr + offset, mv, mv.nbytes)
+
+    def copy_to_host(self, nbytes: int | None = None, offset: int = 0) -> bytearray:
+        n = self.nbytes - offset if nbytes is None else nbytes
+        out = bytearray(n)
+        call(_cu().cuMemcpyDtoH, out, self.ptr + offset, n)
+        return out
+
+    def free(self) -> None:
+        if getattr(self, "_ptr", None) is not None:
+            call(_cu().cuMemFree, self._ptr)
+            self._ptr = None
+
+    def __del__(self):
+        try:
+            self.free()
+        except Exception:
+            pass
+
+
+# --- modules and launches -----------------------------------------------------------
+
+
+class LoadedKernel:
+    """A kernel from a cubin loaded as a CUlibrary.
+
+    Keeps both the context-independent ``CUkernel`` (green-context graph nodes
+    take it) and the ``CUfunction`` for the current context (plain launches).
+    """
+
+    def __init__(self, cubin: bytes, lowered_name: str, *, dynamic_smem_bytes: int = 0):
+        ensure_context()
+        cu = _cu()
+        self.lowered_name = lowered_name
+        self.library = call(cu.cuLibraryLoadData, cubin, None, None, 0, None, None, 0)
+        self.kernel = call(cu.cuLibraryGetKernel, self.library, lowered_name.encode())
+        self.function = call(cu.cuKernelGetFunction, self.kernel)
+        self.dynamic_smem_bytes = int(dynamic_smem_bytes)
+        if self.dynamic_smem_bytes > 48 * 1024:
+            call(
+                cu.cuFuncSetAttribute,
+                self.function,
+                cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                self.dynamic_smem_bytes,
+            )
+
+    def attribute(self, name: str) -> int:
+        cu = _cu()
+        attr = getattr(cu.CUfunction_attribute, f"CU_FUNC_ATTRIBUTE_{name.upper()}")
+        return int(call(cu.cuFuncGetAttribute, attr, self.function))
+
+    def launch(self, grid: Sequence[int], block: Sequence[int], args: Sequence[ctypes._SimpleCData | ctypes.Structure],
+               *, stream: Any = None, smem_bytes: int | None = None) -> None:
+        """Launch with ``args`` given as ctypes objects in parameter order."""
+        g = tuple(grid) + (1,) * (3 - len(grid))
+        b = tuple(block) + (1,) * (3 - len(block))
+        if min(g) <= 0 or min(b) <= 0:
+            raise ValueError(f"grid {g} and block {b} must be positive")
+        ptrs = (ctypes.c_void_p * max(len(args), 1))(*[ctypes.addressof(a) for a in args])
+        smem = self.dynamic_smem_bytes if smem_bytes is None else smem_bytes
+        call(_cu().cuLaunchKernel, self.function, *g, *b, smem, stream_handle(stream), ctypes.addressof(ptrs), 0)
+        # args and ptrs must outlive the call only: cuLaunchKernel copies parameters.
+        del ptrs
+
+    def __del__(self):
+        try:
+            if getattr(self, "library", None) is not None:
+                _cu().cuLibraryUnload(self.library)
+        except Exception:
+            pass

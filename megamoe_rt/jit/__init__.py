@@ -1,0 +1,11 @@
+"""Run-time compilation of cuda_src kernels (NVRTC, sm_90a) with a verified cubin cache."""
+
+from .cache import CubinCache, default_cache_dir
+from .compiler import ARCH, CompiledKernel, KernelSpec, compile_kernel, nvrtc_version
+from .paths import cuda_src_dir, include_dirs
+from .resources import KernelResources, parse_ptxas_report
+
+__all__ = [
+    "ARCH", "CompiledKernel", "CubinCache", "KernelResources", "KernelSpec", "compile_kernel",
+    "cuda_src_dir", "default_cache_dir", "include_dirs", "nvrtc_version", "parse_ptxas_report",
+]

@@ -1,0 +1,212 @@
+"""NVRTC compilation of ``cuda_src`` kernels for sm_90a, through the cubin cache.
+
+A :class:`KernelSpec` names one instantiation: an entry file, the kernel's name
+expression (template arguments written out, so NVRTC instantiates it and tells
+us the lowered name), preprocessor defines, the header sets it needs and its
+dynamic shared memory. :func:`compile_kernel` returns the cubin, the lowered
+name and the ptxas resource report, from the cache when a verified entry exists.
+
+The cache key hashes the entry source, every project header it reaches through
+``#include "..."`` (content), the versions of the wheels external headers come
+from, the options and the NVRTC version.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import NvrtcError
+from .cache import CubinCache
+from .paths import cuda_src_dir, header_set_version, include_dirs, missing_header_message
+from .resources import KernelResources, parse_ptxas_report
+
+ARCH = "sm_90a"
+CXX_STD = "c++17"
+_CACHE_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One compiled variant of a kernel family."""
+
+    name: str                      # unique, human-readable: "quantize_fp8[bf16]"
+    source: str                    # entry file, relative to cuda_src/
+    entry: str                     # name expression: "megamoe_rt::quantize_fp8_1x128<true>"
+    defines: tuple[tuple[str, str], ...] = ()
+    needs: tuple[str, ...] = ()    # header sets: "cuda", "cccl", "cutlass"
+    dynamic_smem_bytes: int = 0
+    block_threads: int = 0         # informational, for reports
+    extra_options: tuple[str, ...] = ()
+    expect_sass: tuple[str, ...] = ()  # opcodes the SASS must contain (checked by tests)
+
+
+@dataclass(frozen=True)
+class CompiledKernel:
+    spec: KernelSpec
+    cubin: bytes
+    lowered_name: str
+    resources: KernelResources
+    log: str
+    cache_key: str
+    from_cache: bool
+    compile_seconds: float = 0.0
+    options: tuple[str, ...] = field(default=())
+
+
+def _nvrtc():
+    from cuda.bindings import nvrtc
+    return nvrtc
+
+
+def _check(nvrtc, call: str, result, *, prog=None, source_name: str = ""):
+    err = result[0] if isinstance(result, tuple) else result
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        log = _program_log(nvrtc, prog) if prog is not None else ""
+        raise NvrtcError(call, getattr(err, "name", str(err)), log, source_name)
+    if isinstance(result, tuple):
+        rest = result[1:]
+        return rest[0] if len(rest) == 1 else (rest or None)
+    return None
+
+
+def _program_log(nvrtc, prog) -> str:
+    err, n = nvrtc.nvrtcGetProgramLogSize(prog)
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS or n <= 1:
+        return ""
+    buf = b" " * n
+    nvrtc.nvrtcGetProgramLog(prog, buf)
+    return buf.rstrip(b"\0").decode(errors="replace")
+
+
+@functools.lru_cache(maxsize=None)
+def nvrtc_version() -> tuple[int, int]:
+    nvrtc = _nvrtc()
+    major, minor = _check(nvrtc, "nvrtcVersion", nvrtc.nvrtcVersion())
+    return int(major), int(minor)
+
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
+
+
+def project_headers(entry: Path, root: Path) -> dict[str, str]:
+    """Every project header reachable from ``entry`` by quoted includes -> sha256.
+
+    Quoted includes resolve against the including file's directory, then
+    cuda_src/ (the only project include path). Angle includes are external
+    headers, keyed by wheel version instead.
+    """
+    found: dict[str, str] = {}
+    stack = [entry]
+    while stack:
+        path = stack.pop()
+        text = path.read_text()
+        for inc in _INCLUDE.findall(text):
+            for base in (path.parent, root):
+                cand = (base / inc).resolve()
+                if cand.is_file():
+                    rel = os.path.relpath(cand, root)
+                    if rel not in found:
+                        found[rel] = hashlib.sha256(cand.read_bytes()).hexdigest()
+                        stack.append(cand)
+                    break
+            else:
+                raise FileNotFoundError(f"{path.name}: #include \"{inc}\" not found under {root}")
+    return dict(sorted(found.items()))
+
+
+def build_options(spec: KernelSpec, *, lineinfo: bool) -> tuple[list[str], dict[str, str]]:
+    """NVRTC options and the external header sets (name -> version) they bring in."""
+    dirs = include_dirs()
+    opts = [f"--gpu-architecture={ARCH}", f"--std={CXX_STD}", "--ptxas-options=-v", f"-I{cuda_src_dir()}"]
+    external = {}
+    for need in spec.needs:
+        if need not in dirs:
+            raise ValueError(f"kernel {spec.name}: unknown header set {need!r}")
+        if dirs[need] is None:
+            raise RuntimeError(f"kernel {spec.name}: " + missing_header_message(need))
+        opts.append(f"-I{dirs[need]}")
+        external[need] = header_set_version(need)
+    if lineinfo:
+        opts.append("-lineinfo")
+    for k, v in spec.defines:
+        opts.append(f"-D{k}={v}")
+    opts.extend(spec.extra_options)
+    return opts, external
+
+
+def cache_key(spec: KernelSpec, options: list[str], external: dict[str, str]) -> tuple[str, dict]:
+    root = cuda_src_dir()
+    entry = root / spec.source
+    # Absolute include paths vary between machines and say nothing about content.
+    portable_opts = [o for o in options if not o.startswith("-I")]
+    material = {
+        "format": _CACHE_FORMAT,
+        "entry_file": spec.source,
+        "entry_sha256": hashlib.sha256(entry.read_bytes()).hexdigest(),
+        "headers": project_headers(entry, root),
+        "external_headers": external,
+        "name_expression": spec.entry,
+        "options": portable_opts,
+        "nvrtc": list(nvrtc_version()),
+    }
+    digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+    return digest[:40], material
+
+
+def _lineinfo_default() -> bool:
+    return os.environ.get("MEGAMOE_RT_LINEINFO", "0") not in ("", "0", "false", "no")
+
+
+def compile_kernel(spec: KernelSpec, *, lineinfo: bool | None = None, cache: CubinCache | None = None,
+                   use_cache: bool = True) -> CompiledKernel:
+    lineinfo = _lineinfo_default() if lineinfo is None else lineinfo
+    options, external = build_options(spec, lineinfo=lineinfo)
+    key, material = cache_key(spec, options, external)
+    cache = cache if cache is not None else CubinCache()
+    if use_cache:
+        hit = cache.load(key)
+        if hit is not None:
+            res = KernelResources(**hit.meta["resources"])
+            return CompiledKernel(spec, hit.cubin, hit.meta["lowered_name"], res, hit.meta.get("log", ""),
+                                  key, True, 0.0, tuple(options))
+    t0 = time.perf_counter()
+    cubin, lowered, log = _nvrtc_compile(spec, options)
+    seconds = time.perf_counter() - t0
+    res = parse_ptxas_report(log, lowered, name=spec.name, dynamic_smem_bytes=spec.dynamic_smem_bytes)
+    if use_cache:
+        cache.store(key, cubin, {
+            "name": spec.name, "lowered_name": lowered, "log": log,
+            "resources": {k: v for k, v in res.as_dict().items() if k not in ("spill_bytes", "smem_bytes")},
+            "material": material, "compile_seconds": round(seconds, 3),
+        })
+    return CompiledKernel(spec, cubin, lowered, res, log, key, False, seconds, tuple(options))
+
+
+def _nvrtc_compile(spec: KernelSpec, options: list[str]) -> tuple[bytes, str, str]:
+    nvrtc = _nvrtc()
+    entry = cuda_src_dir() / spec.source
+    src = entry.read_bytes()
+    prog = _check(nvrtc, "nvrtcCreateProgram",
+                  nvrtc.nvrtcCreateProgram(src, str(entry).encode(), 0, [], []), source_name=spec.source)
+    try:
+        name_expr = spec.entry.encode()
+        _check(nvrtc, "nvrtcAddNameExpression", nvrtc.nvrtcAddNameExpression(prog, name_expr))
+        opts = [o.encode() for o in options]
+        result = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        _check(nvrtc, "nvrtcCompileProgram", result, prog=prog, source_name=f"{spec.source} ({spec.name})")
+        log = _program_log(nvrtc, prog)
+        lowered = _check(nvrtc, "nvrtcGetLoweredName", nvrtc.nvrtcGetLoweredName(prog, name_expr))
+        lowered = lowered.decode() if isinstance(lowered, bytes) else str(lowered)
+        size = _check(nvrtc, "nvrtcGetCUBINSize", nvrtc.nvrtcGetCUBINSize(prog))
+        buf = b" " * size
+        _check(nvrtc, "nvrtcGetCUBIN", nvrtc.nvrtcGetCUBIN(prog, buf))
+        return bytes(buf), lowered, log
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)

@@ -1,0 +1,82 @@
+"""Per-token 1x128 FP8 activation quantization on the GPU (``quantize_fp8``)."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from .. import driver
+from ..arrays import as_device_array, check_array, require_cupy
+from ..jit import KernelSpec
+
+GROUP = 128
+THREADS = 256
+_THREADS_PER_GROUP = 16
+_SOURCE = "quantize/quantize_fp8.cu"
+
+
+class QuantizeParams(ctypes.Structure):
+    """Mirror of ``megamoe_rt::QuantizeParams`` in quantize/quantize_fp8.cu."""
+
+    _fields_ = [
+        ("x", ctypes.c_uint64),
+        ("q", ctypes.c_uint64),
+        ("sf", ctypes.c_uint64),
+        ("num_groups", ctypes.c_uint64),
+        ("groups_per_row", ctypes.c_uint32),
+        ("pad_", ctypes.c_uint32),
+    ]
+
+
+def _spec(input_dtype: str) -> KernelSpec:
+    is_bf16 = input_dtype == "bf16"
+    return KernelSpec(
+        name=f"quantize_fp8_1x128[{input_dtype}]",
+        source=_SOURCE,
+        entry=f"megamoe_rt::quantize_fp8_1x128<{'true' if is_bf16 else 'false'}>",
+        block_threads=THREADS,
+        expect_sass=("F2FP",),
+    )
+
+
+def kernel_specs() -> list[KernelSpec]:
+    return [_spec("bf16"), _spec("float32")]
+
+
+def quantize_fp8(x: Any, *, out: Any = None, out_sf: Any = None, stream: Any = None):
+    """Quantize activations to e4m3 with per-token 1x128 fp32 scales.
+
+    ``x``: bf16 or fp32 ``[T, H]`` CUDA array (bf16 as raw-bit ``uint16`` for
+    CuPy, or a native bfloat16 DLPack tensor), H a multiple of 128.
+    Returns ``(q, sf)``: ``q`` uint8 ``[T, H]`` (raw e4m3 codes), ``sf`` float32
+    ``[T, H/128]``, with ``scale = max(amax, 1e-4) / 448`` per group. ``out`` /
+    ``out_sf`` may be given to write in place. Runs on ``stream`` (default:
+    CuPy's current stream) with no host synchronisation.
+    """
+    sh = driver.stream_handle(stream)
+    xa = as_device_array(x, "x", stream=sh)
+    dtype = check_array(xa, "x", dtypes=("bf16", "float32"), ndim=2)
+    rows, hidden = xa.shape
+    if hidden % GROUP:
+        raise ValueError(f"x: hidden size {hidden} (shape {list(xa.shape)}) must be a multiple of {GROUP}")
+    info = driver.require_hopper(xa.device)
+    cupy = require_cupy()
+    with cupy.cuda.Device(info.ordinal):
+        q = cupy.empty((rows, hidden), dtype=cupy.uint8) if out is None else out
+        sf = cupy.empty((rows, hidden // GROUP), dtype=cupy.float32) if out_sf is None else out_sf
+    qa = as_device_array(q, "out")
+    check_array(qa, "out", dtypes=("e4m3",), shape=(rows, hidden), align=8)
+    sfa = as_device_array(sf, "out_sf")
+    check_array(sfa, "out_sf", dtypes=("float32",), shape=(rows, hidden // GROUP), align=4)
+    num_groups = rows * (hidden // GROUP)
+    if num_groups == 0:
+        return q, sf
+    from .loader import get_kernel
+
+    kernel = get_kernel(_spec(dtype), info.ordinal)
+    params = QuantizeParams(xa.ptr, qa.ptr, sfa.ptr, num_groups, hidden // GROUP, 0)
+    groups_per_block = THREADS // _THREADS_PER_GROUP
+    # Enough blocks for ~16 resident per SM; the kernel strides over the rest.
+    blocks = min(-(-num_groups // groups_per_block), info.sm_count * 16)
+    kernel.launch((blocks,), (THREADS,), [params], stream=sh)
+    return q, sf

@@ -1,0 +1,21 @@
+"""Every kernel variant the package builds, for `megamoe-rt compile --all` and CI.
+
+Each kernel family contributes its specs here, so the CPU suite compiles and
+resource-checks exactly what the GPU paths launch.
+"""
+
+from __future__ import annotations
+
+from ..jit import KernelSpec
+
+
+def all_kernel_specs() -> list[KernelSpec]:
+    from . import quantize
+
+    specs: list[KernelSpec] = []
+    specs += quantize.kernel_specs()
+    names = [s.name for s in specs]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise RuntimeError(f"duplicate kernel variant names: {sorted(dup)}")
+    return specs

@@ -1,0 +1,321 @@
+"""Byte layout of the symmetric buffer every rank allocates.
+
+This module is the only place region offsets are computed. Kernels receive
+them through their parameter struct and host code looks them up by name, so
+the layout can change without touching either side.
+
+All ranks must compute the same layout (remote writes address a peer's buffer
+with the local offsets), which is why it depends only on the shape arguments.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .plan import (
+    _require_choice,
+    _require_int,
+    align_tokens,
+    fused_schedule,
+    pool_blocks_upper_bound,
+)
+
+__all__ = [
+    "DTYPE_SIZES",
+    "REGION_ALIGN",
+    "WORKSPACE_ALIGN",
+    "BufferLayout",
+    "Region",
+    "symm_buffer_layout",
+]
+
+# TMA needs 16-byte aligned bases; 1024 also keeps 128B-swizzle atoms (8 rows
+# of 128 bytes) aligned so a region can be used as a swizzled TMA source.
+REGION_ALIGN = 1024
+# Counters and flags are touched by atomics and vector loads only; 128 bytes
+# keeps each array on its own cache line without wasting whole kilobytes.
+WORKSPACE_ALIGN = 128
+
+DTYPE_SIZES: dict[str, int] = {
+    "e4m3": 1,
+    "uint8": 1,
+    "bf16": 2,
+    "int32": 4,
+    "uint32": 4,
+    "float32": 4,
+    "uint64": 8,
+}
+
+_SF_BLOCK = 128  # L1 activation scales are always per 128 channels
+_BLOCK_M_CHOICES = (64, 128)
+_ACT_SF_GRAN_CHOICES = (64, 128)
+_POOL_CHOICES = ("full", "ring")
+_GRID_SYNC_WORDS = 32
+_BARRIER_BANKS = 2
+_STREAM_GEN_WORDS = 3
+
+
+def _align_up(n: int, a: int) -> int:
+    return -(-n // a) * a
+
+
+@dataclass(frozen=True)
+class Region:
+    """A named, typed slice ``[offset, offset + nbytes)`` of a buffer."""
+
+    name: str
+    offset: int
+    nbytes: int
+    align: int
+    dtype: str
+    shape: tuple[int, ...]
+    doc: str
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.nbytes
+
+
+@dataclass(frozen=True)
+class BufferLayout:
+    """The symmetric buffer's regions and the shape they were computed for.
+
+    ``num_max_tokens_per_rank`` is the aligned capacity ``T``; ``pool_rows`` is
+    ``pool_blocks * block_m``. ``workspace`` holds the workspace's sub-regions
+    with offsets relative to the start of the ``workspace`` region.
+    """
+
+    hidden: int
+    intermediate: int
+    num_experts: int
+    num_topk: int
+    num_max_tokens_per_rank: int
+    num_ranks: int
+    num_local_experts: int
+    block_m: int
+    act_sf_gran: int
+    pool: str
+    pool_blocks: int
+    pool_rows: int
+    stream_slots: int
+    stream_chunk_tokens: int
+    regions: tuple[Region, ...]
+    workspace: tuple[Region, ...]
+    total_bytes: int
+
+    def region(self, name: str) -> Region:
+        for r in self.regions:
+            if r.name == name:
+                return r
+        raise ValueError(
+            f"name={name!r}: expected one of {', '.join(r.name for r in self.regions)}"
+        )
+
+    def workspace_region(self, name: str) -> Region:
+        for r in self.workspace:
+            if r.name == name:
+                return r
+        raise ValueError(
+            f"name={name!r}: expected one of "
+            f"{', '.join(r.name for r in self.workspace)}"
+        )
+
+    def offsets(self) -> dict[str, int]:
+        """Absolute byte offset of every top-level region."""
+        return {r.name: r.offset for r in self.regions}
+
+    def workspace_offsets(self) -> dict[str, int]:
+        """Byte offset of every workspace sub-region, relative to the workspace."""
+        return {r.name: r.offset for r in self.workspace}
+
+    def report(self) -> list[tuple[str, int, float]]:
+        """``(name, bytes, MiB)`` for each top-level region, in buffer order."""
+        return [(r.name, r.nbytes, r.nbytes / 2**20) for r in self.regions]
+
+    def format_report(self) -> str:
+        """Human-readable table of regions (workspace parts indented) and the total."""
+        rows: list[tuple[str, str, str, str]] = []
+        for r in self.regions:
+            rows.append((r.name, f"{r.offset:,}", f"{r.nbytes:,}", f"{r.nbytes / 2**20:.2f}"))
+            if r.name == "workspace":
+                for w in self.workspace:
+                    rows.append(
+                        (
+                            "  " + w.name,
+                            f"+{w.offset:,}",
+                            f"{w.nbytes:,}",
+                            f"{w.nbytes / 2**20:.2f}",
+                        )
+                    )
+        total = ("total", "", f"{self.total_bytes:,}", f"{self.total_bytes / 2**20:.2f}")
+        header = ("region", "offset", "bytes", "MiB")
+        w0 = max(len(x[0]) for x in (header, total, *rows))
+        widths = [max(len(x[i]) for x in (header, total, *rows)) for i in range(1, 4)]
+
+        def fmt(row: tuple[str, str, str, str]) -> str:
+            return "  ".join(
+                [row[0].ljust(w0)] + [c.rjust(w) for c, w in zip(row[1:], widths)]
+            )
+
+        title = (
+            f"symmetric buffer: hidden={self.hidden} intermediate={self.intermediate} "
+            f"experts={self.num_experts} (local {self.num_local_experts}) "
+            f"topk={self.num_topk} T={self.num_max_tokens_per_rank} "
+            f"ranks={self.num_ranks} pool={self.pool} blocks={self.pool_blocks}x{self.block_m}"
+        )
+        rule = "-" * len(fmt(header))
+        lines = [title, fmt(header), rule, *map(fmt, rows), rule, fmt(total)]
+        return "\n".join(lines)
+
+
+class _Packer:
+    """Lays regions out back to back, each start aligned to ``align``."""
+
+    def __init__(self, align: int) -> None:
+        self.align = align
+        self.cursor = 0
+        self.regions: list[Region] = []
+
+    def add(self, name: str, dtype: str, shape: tuple[int, ...], doc: str) -> None:
+        offset = _align_up(self.cursor, self.align)
+        nbytes = math.prod(shape) * DTYPE_SIZES[dtype]
+        self.regions.append(Region(name, offset, nbytes, self.align, dtype, shape, doc))
+        self.cursor = offset + nbytes
+
+
+def symm_buffer_layout(
+    hidden: int,
+    intermediate: int,
+    num_experts: int,
+    num_topk: int,
+    num_max_tokens_per_rank: int,
+    num_ranks: int = 1,
+    *,
+    block_m: int = 128,
+    act_sf_gran: int = 128,
+    pool: str = "full",
+    ring_blocks: int | None = None,
+    num_tokens_bound: int | None = None,
+    stream_slots: int = 0,
+    stream_chunk_tokens: int = 0,
+) -> BufferLayout:
+    """Compute the symmetric buffer layout for one MoE shape.
+
+    ``pool='full'`` sizes the expert pools for the worst-case routing at
+    ``num_max_tokens_per_rank``; ``pool='ring'`` sizes them for the fused
+    schedule's live window (``ring_blocks`` if given, else the schedule for
+    ``num_tokens_bound``, default the capacity), never more than the full pool.
+    """
+    h = _require_int("hidden", hidden, minimum=1)
+    i = _require_int("intermediate", intermediate, minimum=1)
+    if h % _SF_BLOCK:
+        raise ValueError(f"hidden={h}: expected a positive multiple of {_SF_BLOCK}")
+    if i % _SF_BLOCK:
+        raise ValueError(
+            f"intermediate={i}: expected a positive multiple of {_SF_BLOCK}"
+        )
+    r = _require_int("num_ranks", num_ranks, minimum=1)
+    e = _require_int("num_experts", num_experts, minimum=1)
+    if e % r:
+        raise ValueError(f"num_experts={e}: expected a multiple of num_ranks={r}")
+    k = _require_int("num_topk", num_topk, minimum=1)
+    if k > e:
+        raise ValueError(f"num_topk={k}: expected 1 <= num_topk <= num_experts={e}")
+    t = align_tokens(
+        _require_int("num_max_tokens_per_rank", num_max_tokens_per_rank, minimum=1)
+    )
+    _require_choice("block_m", block_m, _BLOCK_M_CHOICES)
+    _require_choice("act_sf_gran", act_sf_gran, _ACT_SF_GRAN_CHOICES)
+    _require_choice("pool", pool, _POOL_CHOICES)
+    slots = _require_int("stream_slots", stream_slots, minimum=0)
+    chunk = _require_int("stream_chunk_tokens", stream_chunk_tokens, minimum=0)
+    if (slots == 0) != (chunk == 0):
+        raise ValueError(
+            f"stream_slots={slots}, stream_chunk_tokens={chunk}: expected both 0 "
+            "(streaming off) or both positive"
+        )
+    el = e // r
+
+    bound = t
+    if num_tokens_bound is not None:
+        bound = _require_int("num_tokens_bound", num_tokens_bound, minimum=1)
+        if bound > t:
+            raise ValueError(
+                f"num_tokens_bound={bound}: expected at most the token capacity {t}"
+            )
+
+    full_blocks = pool_blocks_upper_bound(t, r, k, el, block_m)
+    if pool == "full":
+        if ring_blocks is not None:
+            raise ValueError(
+                f"ring_blocks={ring_blocks!r}: expected None when pool='full'"
+            )
+        pool_blocks = full_blocks
+    else:
+        if ring_blocks is not None:
+            ring = _require_int("ring_blocks", ring_blocks, minimum=1)
+        else:
+            ring = fused_schedule(bound, r, k, e, block_m).ring_blocks
+        # A ring larger than the worst-case pool would only waste memory.
+        pool_blocks = min(ring, full_blocks)
+    rows = pool_blocks * block_m
+
+    # Workspace first: its size is part of the top-level layout.
+    ws = _Packer(WORKSPACE_ALIGN)
+    ws.add("expert_recv_counts", "int32", (r, el),
+           "rows each source rank sends to each local expert")
+    ws.add("expert_pool_block_offsets", "int32", (el + 1,),
+           "first pool block of each local expert (prefix sum, last = total)")
+    ws.add("l1_arrival_counts", "int32", (pool_blocks,),
+           "rows landed in each pool block, gates its L1 GEMM")
+    ws.add("l2_arrival_masks", "uint64", (pool_blocks,),
+           "L1 n-tiles finished per pool block, gates its L2 GEMM")
+    if pool == "ring":
+        ws.add("ring_empty_counts", "int32", (pool_blocks,),
+               "consumers done with each ring slot, gates its reuse")
+    ws.add("barrier_signals", "uint64", (_BARRIER_BANKS, r),
+           "cross-rank signal words, one bank per launch parity")
+    ws.add("grid_sync", "uint32", (_GRID_SYNC_WORDS,),
+           "grid-wide barrier counters")
+    if slots:
+        ws.add("stream_ring_gens", "uint64", (r, slots, _STREAM_GEN_WORDS),
+               "per peer and slot: route_ready, layout_ready, consumed generations")
+    ws_bytes = _align_up(ws.cursor, REGION_ALIGN)
+
+    top = _Packer(REGION_ALIGN)
+    top.add("x", "e4m3", (t, h), "input tokens, FP8")
+    top.add("x_sf", "float32", (h // _SF_BLOCK, t),
+            "input scales, k-block-major so one k-block's scales are contiguous for TMA")
+    top.add("topk_idx", "int32", (t, k), "routed expert of each token and slot")
+    top.add("topk_weights", "float32", (t, k), "router weight of each token and slot")
+    top.add("l1_pool", "e4m3", (rows, h), "received rows grouped by local expert")
+    top.add("l1_pool_sf", "float32", (h // _SF_BLOCK, rows), "scales of l1_pool, k-block-major")
+    top.add("l1_pool_src", "int32", (rows,),
+            "source of each row: (src_rank*T + token)*K + slot, -1 for padding")
+    top.add("l1_pool_weight", "float32", (rows,),
+            "top-k weight of each row, applied in the L1 epilogue")
+    top.add("l2_pool", "e4m3", (rows, i), "L1 output (activated), L2 input")
+    top.add("l2_pool_sf", "float32", (i // act_sf_gran, rows), "scales of l2_pool, k-block-major")
+    top.add("combine", "bf16", (k, t, h), "expert outputs returned per top-k slot")
+    top.add("workspace", "uint8", (ws_bytes,), "counters, flags and barrier words")
+
+    return BufferLayout(
+        hidden=h,
+        intermediate=i,
+        num_experts=e,
+        num_topk=k,
+        num_max_tokens_per_rank=t,
+        num_ranks=r,
+        num_local_experts=el,
+        block_m=block_m,
+        act_sf_gran=act_sf_gran,
+        pool=pool,
+        pool_blocks=pool_blocks,
+        pool_rows=rows,
+        stream_slots=slots,
+        stream_chunk_tokens=chunk,
+        regions=tuple(top.regions),
+        workspace=tuple(ws.regions),
+        total_bytes=_align_up(top.cursor, REGION_ALIGN),
+    )

@@ -1,8 +1,9 @@
 """On-disk cubin cache with verified entries.
 
 Layout: ``$MEGAMOE_RT_CACHE`` (default ``~/.cache/megamoe_rt``, created 0700),
-one file per key. An entry is ``MAGIC | u32 header length | JSON header | cubin``;
-the header carries the key and the SHA-256 and length of the cubin. Entries are
+one file per key. An entry is ``MAGIC | u32 header length | JSON header | cubin |
+SHA-256 of everything before it``; the header carries the key and the cubin's
+length, and the trailing digest covers header and cubin alike. Entries are
 written to a temporary file in the same directory and renamed into place, so a
 reader sees either nothing or a whole file; a truncated or altered entry fails
 verification, is removed and rebuilt, and is never loaded.
@@ -18,8 +19,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-MAGIC = b"MMRTCUBIN1\n"
+MAGIC = b"MMRTCUBIN2\n"
 _LEN = struct.Struct("<I")
+_DIGEST = 32
 
 
 def default_cache_dir() -> Path:
@@ -67,8 +69,12 @@ class CubinCache:
 
     @staticmethod
     def _parse(key: str, blob: bytes) -> CacheEntry | None:
-        if not blob.startswith(MAGIC) or len(blob) < len(MAGIC) + _LEN.size:
+        if not blob.startswith(MAGIC) or len(blob) < len(MAGIC) + _LEN.size + _DIGEST:
             return None
+        body, digest = blob[:-_DIGEST], blob[-_DIGEST:]
+        if hashlib.sha256(body).digest() != digest:
+            return None
+        blob = body
         pos = len(MAGIC)
         (hlen,) = _LEN.unpack_from(blob, pos)
         pos += _LEN.size
@@ -78,7 +84,7 @@ class CubinCache:
             meta = json.loads(blob[pos:pos + hlen].decode())
         except (UnicodeDecodeError, json.JSONDecodeError):
             return None
-        payload = blob[pos + hlen:]
+        payload = blob[pos + hlen:]  # the trailing digest was already stripped
         if (not isinstance(meta, dict) or meta.get("key") != key
                 or meta.get("cubin_bytes") != len(payload)
                 or meta.get("cubin_sha256") != hashlib.sha256(payload).hexdigest()):
@@ -92,7 +98,8 @@ class CubinCache:
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".cubin", dir=self.directory)
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(MAGIC + _LEN.pack(len(hbytes)) + hbytes + cubin)
+                body = MAGIC + _LEN.pack(len(hbytes)) + hbytes + cubin
+                f.write(body + hashlib.sha256(body).digest())
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, self.path_for(key))

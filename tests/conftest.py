@@ -1,0 +1,39 @@
+"""Markers `gpu` and `multigpu` skip cleanly where no Hopper GPU (or too few) is present."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import pytest
+
+
+@functools.lru_cache(maxsize=None)
+def hopper_gpu_count() -> int:
+    from megamoe_rt import driver
+
+    try:
+        return sum(1 for d in driver.list_devices() if d.is_hopper)
+    except Exception:
+        return 0
+
+
+def pytest_collection_modifyitems(config, items):
+    n = None
+    for item in items:
+        need = 2 if "multigpu" in item.keywords else 1 if "gpu" in item.keywords else 0
+        if not need:
+            continue
+        if n is None:
+            n = hopper_gpu_count()
+        if n < need:
+            reason = "needs a Hopper (sm_90) GPU" if need == 1 else f"needs {need} Hopper GPUs"
+            item.add_marker(pytest.mark.skip(reason=f"{reason}; found {n}"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache(tmp_path_factory):
+    """Tests compile into their own cache unless the caller pinned one."""
+    if "MEGAMOE_RT_CACHE" not in os.environ:
+        os.environ["MEGAMOE_RT_CACHE"] = str(tmp_path_factory.mktemp("megamoe_rt_cache"))
+    yield

@@ -1,0 +1,75 @@
+"""The `megamoe-rt` commands that need no GPU, run as a user would run them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from megamoe_rt.layout import symm_buffer_layout
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "megamoe_rt", *args], capture_output=True, text=True, timeout=600)
+
+
+def test_plan_prints_region_table_for_pro():
+    out = run_cli("plan", "--preset", "pro", "--tokens", "8192", "--ranks", "8")
+    assert out.returncode == 0, out.stderr
+    layout = symm_buffer_layout(7168, 3072, 384, 6, 8192, 8)
+    for name, nbytes, mib in layout.report():
+        line = next(l for l in out.stdout.splitlines() if l.split() and l.split()[0] == name)
+        assert f"{mib:.2f}" in line
+    assert f"{layout.total_bytes / 2**20:.2f}" in out.stdout
+    assert "48 per rank" in out.stdout
+
+
+def test_plan_json_matches_layout():
+    out = run_cli("plan", "--preset", "flash", "--tokens", "2048", "--ranks", "8", "--pool", "ring", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    layout = symm_buffer_layout(4096, 2048, 256, 6, 2048, 8, pool="ring")
+    assert data["total_bytes"] == layout.total_bytes
+    assert data["pool_blocks"] == layout.pool_blocks
+    assert data["fused_lag_units"] == 14
+    assert [r["name"] for r in data["regions"]] == [r[0] for r in layout.report()]
+
+
+def test_compile_all_json_reports_quantizer_without_spills():
+    out = run_cli("compile", "--all", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    names = {r["name"] for r in rows}
+    assert {"quantize_fp8_1x128[bf16]", "quantize_fp8_1x128[float32]"} <= names
+    for r in rows:
+        assert {"name", "registers", "spill_bytes", "smem_bytes"} <= set(r)
+        assert r["spill_bytes"] == 0 and r["registers"] > 0
+    again = json.loads(run_cli("compile", "--all", "--json").stdout)
+    assert all(r["from_cache"] for r in again)
+
+
+def test_info_runs_without_gpu():
+    out = run_cli("info")
+    assert out.returncode == 0, out.stderr
+    assert "megamoe_rt" in out.stdout and "nvrtc" in out.stdout and "cache" in out.stdout
+
+
+@pytest.mark.parametrize("args", [
+    ("plan", "--preset", "nope"),
+    ("plan", "--tokens", "0"),
+    ("plan", "--tokens", "abc"),
+    ("plan", "--ranks", "3"),
+    ("plan", "--block-m", "96"),
+    ("compile",),
+    ("compile", "no_such_kernel"),
+    ("frobnicate",),
+    (),
+])
+def test_invalid_arguments_exit_2_with_one_line(args):
+    out = run_cli(*args)
+    assert out.returncode == 2
+    lines = [l for l in out.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, out.stderr
+    assert "Traceback" not in out.stderr

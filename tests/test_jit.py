@@ -1,0 +1,164 @@
+"""NVRTC compilation, the cubin cache and resource reports (CPU only)."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from megamoe_rt.errors import NvrtcError
+from megamoe_rt.jit import CubinCache, KernelSpec, compile_kernel, parse_ptxas_report
+from megamoe_rt.jit import compiler as jit_compiler
+from megamoe_rt.jit.sass import dump_sass, find_cuobjdump, sass_opcodes
+from megamoe_rt.kernels.registry import all_kernel_specs
+
+ALL_SPECS = all_kernel_specs()
+
+
+@pytest.fixture()
+def cache(tmp_path):
+    return CubinCache(tmp_path / "cache")
+
+
+@pytest.fixture()
+def toy_tree(tmp_path, monkeypatch):
+    """A private cuda_src tree with one templated kernel and a header it includes."""
+    root = tmp_path / "src"
+    (root / "ptx").mkdir(parents=True)
+    (root / "ptx" / "value.cuh").write_text("#pragma once\nconstexpr int kValue = 7;\n")
+    (root / "toy.cu").write_text(
+        '#include "ptx/value.cuh"\n'
+        "template <int N> __global__ void toy(int* out) { __shared__ int s[N]; s[threadIdx.x] = kValue;\n"
+        "  __syncthreads(); out[threadIdx.x] = s[N - 1 - threadIdx.x]; }\n"
+    )
+    monkeypatch.setattr(jit_compiler, "cuda_src_dir", lambda: root)
+    return root
+
+
+TOY = KernelSpec(name="toy[64]", source="toy.cu", entry="toy<64>", block_threads=64)
+
+
+@pytest.mark.parametrize("spec", ALL_SPECS, ids=lambda s: s.name)
+def test_every_kernel_compiles_for_sm90a_without_spills(spec, cache):
+    c = compile_kernel(spec, cache=cache)
+    assert c.cubin[:4] == b"\x7fELF"
+    r = c.resources
+    assert r.name == spec.name
+    assert 0 < r.registers <= 255
+    assert r.spill_bytes == 0 and r.stack_frame_bytes == 0, f"{spec.name} spills: {r}"
+    assert r.static_smem_bytes + r.dynamic_smem_bytes <= 227 * 1024
+    assert c.lowered_name.startswith("_Z")
+
+
+@pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump wheel not installed")
+@pytest.mark.parametrize("spec", [s for s in ALL_SPECS if s.expect_sass], ids=lambda s: s.name)
+def test_sass_contains_expected_instructions(spec, cache):
+    c = compile_kernel(spec, cache=cache)
+    sass = dump_sass(c.cubin)
+    assert "sm_90a" in sass
+    ops = sass_opcodes(sass)
+    missing = [op for op in spec.expect_sass if op not in ops]
+    assert not missing, f"{spec.name}: SASS lacks {missing}"
+    assert "LDL" not in ops and "STL" not in ops  # nothing went to local memory
+
+
+def test_cache_hit_returns_identical_cubin(toy_tree, cache):
+    first = compile_kernel(TOY, cache=cache)
+    second = compile_kernel(TOY, cache=cache)
+    assert not first.from_cache and second.from_cache
+    assert first.cubin == second.cubin
+    assert first.resources == second.resources
+    assert first.lowered_name == second.lowered_name == "_Z3toyILi64EEvPi"
+    assert first.resources.static_smem_bytes == 64 * 4
+
+
+def test_cache_dir_is_private(toy_tree, tmp_path):
+    d = tmp_path / "fresh" / "cache"
+    compile_kernel(TOY, cache=CubinCache(d))
+    assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
+
+
+def test_cache_key_follows_included_header(toy_tree, cache):
+    a = compile_kernel(TOY, cache=cache)
+    (toy_tree / "ptx" / "value.cuh").write_text("#pragma once\nconstexpr int kValue = 8;\n")
+    b = compile_kernel(TOY, cache=cache)
+    assert a.cache_key != b.cache_key and not b.from_cache
+    assert a.cubin != b.cubin
+
+
+def test_cache_key_follows_options_and_entry(toy_tree, cache):
+    base = compile_kernel(TOY, cache=cache)
+    with_lines = compile_kernel(TOY, cache=cache, lineinfo=True)
+    other_n = compile_kernel(KernelSpec(name="toy[32]", source="toy.cu", entry="toy<32>"), cache=cache)
+    defined = compile_kernel(KernelSpec(name="toy[64]d", source="toy.cu", entry="toy<64>",
+                                        defines=(("UNUSED_FLAG", "1"),)), cache=cache)
+    keys = {base.cache_key, with_lines.cache_key, other_n.cache_key, defined.cache_key}
+    assert len(keys) == 4
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip_payload", "flip_header", "garbage", "empty"])
+def test_damaged_entry_is_rebuilt_not_loaded(toy_tree, cache, damage):
+    good = compile_kernel(TOY, cache=cache)
+    path = cache.path_for(good.cache_key)
+    blob = bytearray(path.read_bytes())
+    if damage == "truncate":
+        blob = blob[: len(blob) - 17]
+    elif damage == "flip_payload":
+        blob[-40] ^= 0x5A
+    elif damage == "flip_header":
+        i = blob.index(b'"lowered_name"')
+        blob[i + 20] ^= 0x01
+    elif damage == "garbage":
+        blob = bytearray(os.urandom(len(blob)))
+    else:
+        blob = bytearray()
+    path.write_bytes(bytes(blob))
+    assert cache.load(good.cache_key) is None and not path.exists()
+    again = compile_kernel(TOY, cache=cache)
+    assert not again.from_cache and again.cubin == good.cubin
+    assert compile_kernel(TOY, cache=cache).from_cache
+
+
+def test_writes_leave_no_temporary_files(toy_tree, cache):
+    compile_kernel(TOY, cache=cache)
+    names = os.listdir(cache.directory)
+    assert len(names) == 1 and names[0].endswith(".cubin") and not names[0].startswith(".tmp")
+
+
+def test_compile_error_raises_with_log(toy_tree, cache):
+    (toy_tree / "broken.cu").write_text("__global__ void broken(int* p) { p[0] = undefined_name; }\n")
+    with pytest.raises(NvrtcError) as info:
+        compile_kernel(KernelSpec(name="broken", source="broken.cu", entry="broken"), cache=cache)
+    assert "undefined_name" in info.value.log
+    assert "nvrtcCompileProgram" in str(info.value)
+    assert cache.entries() == []
+
+
+def test_missing_project_header_is_reported(toy_tree, cache):
+    (toy_tree / "lost.cu").write_text('#include "nowhere/missing.cuh"\n__global__ void lost() {}\n')
+    with pytest.raises(FileNotFoundError, match="missing.cuh"):
+        compile_kernel(KernelSpec(name="lost", source="lost.cu", entry="lost"), cache=cache)
+
+
+SAMPLE_LOG = """ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function '_Z1aPi' for 'sm_90a'
+ptxas info    : Function properties for _Z1aPi
+ptxas         .     24 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 168 registers, used 1 barriers, 1024 bytes smem, 400 bytes cmem[0]
+ptxas info    : Compiling entry function '_Z1bPi' for 'sm_90a'
+ptxas info    : Function properties for _Z1bPi
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 40 registers, 384 bytes cmem[0]
+"""
+
+
+def test_ptxas_report_parser():
+    a = parse_ptxas_report(SAMPLE_LOG, "_Z1aPi", name="a", dynamic_smem_bytes=4096)
+    assert (a.registers, a.stack_frame_bytes, a.spill_store_bytes, a.spill_load_bytes) == (168, 24, 8, 12)
+    assert (a.static_smem_bytes, a.dynamic_smem_bytes, a.smem_bytes, a.barriers) == (1024, 4096, 5120, 1)
+    assert a.spill_bytes == 20
+    b = parse_ptxas_report(SAMPLE_LOG, "_Z1bPi", name="b")
+    assert (b.registers, b.spill_bytes, b.static_smem_bytes, b.barriers) == (40, 0, 0, 0)
+    with pytest.raises(ValueError, match="_Z1cPi"):
+        parse_ptxas_report(SAMPLE_LOG, "_Z1cPi", name="c")

@@ -162,3 +162,27 @@ def test_ptxas_report_parser():
     assert (b.registers, b.spill_bytes, b.static_smem_bytes, b.barriers) == (40, 0, 0, 0)
     with pytest.raises(ValueError, match="_Z1cPi"):
         parse_ptxas_report(SAMPLE_LOG, "_Z1cPi", name="c")
+
+
+def test_report_survives_nvrtc_in_process_cubin_cache(toy_tree, cache, monkeypatch):
+    """NVRTC 13.0 skips ptxas (and its -v report) for PTX it already built in this
+    process; the resources must still come out right."""
+    real = jit_compiler._nvrtc_compile
+    calls = []
+
+    def without_report(spec, options):
+        cubin, lowered, log = real(spec, options)
+        calls.append(list(options))
+        if jit_compiler._REPORT_RETRY_OPTION not in options:
+            log = ""  # what a cache hit inside NVRTC looks like
+        return cubin, lowered, log
+
+    monkeypatch.setattr(jit_compiler, "_nvrtc_compile", without_report)
+    monkeypatch.setattr(jit_compiler, "_reports", {})
+    reference = real(TOY, jit_compiler.build_options(TOY, lineinfo=False)[0])
+    expected = parse_ptxas_report(reference[2], reference[1], name=TOY.name)
+    first = compile_kernel(TOY, cache=cache, use_cache=False)
+    assert len(calls) == 2 and jit_compiler._REPORT_RETRY_OPTION in calls[1]
+    second = compile_kernel(TOY, cache=cache, use_cache=False)
+    assert len(calls) == 3  # served from the remembered report, no retry
+    assert first.resources == second.resources == expected

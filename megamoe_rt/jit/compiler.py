@@ -13,6 +13,7 @@ from, the options and the NVRTC version.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -178,8 +179,8 @@ def compile_kernel(spec: KernelSpec, *, lineinfo: bool | None = None, cache: Cub
                                   key, True, 0.0, tuple(options))
     t0 = time.perf_counter()
     cubin, lowered, log = _nvrtc_compile(spec, options)
+    res = _resources(spec, options, cubin, lowered, log)
     seconds = time.perf_counter() - t0
-    res = parse_ptxas_report(log, lowered, name=spec.name, dynamic_smem_bytes=spec.dynamic_smem_bytes)
     if use_cache:
         cache.store(key, cubin, {
             "name": spec.name, "lowered_name": lowered, "log": log,
@@ -187,6 +188,30 @@ def compile_kernel(spec: KernelSpec, *, lineinfo: bool | None = None, cache: Cub
             "material": material, "compile_seconds": round(seconds, 3),
         })
     return CompiledKernel(spec, cubin, lowered, res, log, key, False, seconds, tuple(options))
+
+
+# NVRTC 13.0 keeps an in-process cache of PTX -> cubin keyed by the PTX and the
+# ptxas options; a hit skips ptxas and so leaves the log without its -v report.
+# Reports are remembered by cubin digest (same PTX and options, same cubin), and
+# an unexplained miss recompiles once with a different, codegen-neutral ptxas
+# option string (-O3 is ptxas' default) to force a fresh ptxas run.
+_reports: dict[tuple[str, str], KernelResources] = {}
+_REPORT_RETRY_OPTION = "--ptxas-options=-O3"
+
+
+def _resources(spec: KernelSpec, options: list[str], cubin: bytes, lowered: str, log: str) -> KernelResources:
+    digest = (hashlib.sha256(cubin).hexdigest(), lowered)
+    if "Compiling entry function" not in log:
+        known = _reports.get(digest)
+        if known is None:
+            cubin2, lowered2, log = _nvrtc_compile(spec, options + [_REPORT_RETRY_OPTION])
+            if cubin2 != cubin or lowered2 != lowered:
+                raise RuntimeError(f"kernel {spec.name}: recompiling for the ptxas report changed the cubin")
+        else:
+            return dataclasses.replace(known, name=spec.name, dynamic_smem_bytes=spec.dynamic_smem_bytes)
+    res = parse_ptxas_report(log, lowered, name=spec.name, dynamic_smem_bytes=spec.dynamic_smem_bytes)
+    _reports[digest] = res
+    return res
 
 
 def _nvrtc_compile(spec: KernelSpec, options: list[str]) -> tuple[bytes, str, str]:

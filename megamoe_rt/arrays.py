@@ -214,3 +214,8 @@ def require_cupy():
     except ImportError:
         raise RuntimeError("CuPy is needed to allocate outputs: install megamoe-rt[cu13] (cupy-cuda13x)") from None
     return cupy
+
+
+def cupy_stream(cupy, handle: int):
+    """A CuPy stream object for a raw handle (0: the legacy default stream)."""
+    return cupy.cuda.ExternalStream(handle) if handle else cupy.cuda.Stream.null

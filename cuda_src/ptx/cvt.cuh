@@ -20,3 +20,14 @@ __device__ __forceinline__ float bf16_bits_to_f32(u16 bits) {
 }
 
 }  // namespace megamoe_rt::ptx
+
+namespace megamoe_rt::ptx {
+
+// Two fp32 values to packed bf16x2 (`lo` in bits 0..15), round to nearest even.
+__device__ __forceinline__ u32 cvt_rn_bf16x2_f32(float lo, float hi) {
+    u32 packed;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(hi), "f"(lo));
+    return packed;
+}
+
+}  // namespace megamoe_rt::ptx

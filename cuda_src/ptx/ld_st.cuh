@@ -26,3 +26,33 @@ __device__ __forceinline__ void st_global_f32(float* ptr, float v) {
 }
 
 }  // namespace megamoe_rt::ptx
+
+namespace megamoe_rt::ptx {
+
+__device__ __forceinline__ void st_global_b32(void* ptr, u32 v) {
+    asm volatile("st.global.b32 [%0], %1;" ::"l"(ptr), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ void st_global_b16(void* ptr, u16 v) {
+    asm volatile("st.global.b16 [%0], %1;" ::"l"(ptr), "h"(v) : "memory");
+}
+
+__device__ __forceinline__ float ld_global_nc_f32(const float* ptr) {
+    float v;
+    asm volatile("ld.global.nc.f32 %0, [%1];" : "=f"(v) : "l"(ptr));
+    return v;
+}
+
+__device__ __forceinline__ i32 ld_global_nc_s32(const i32* ptr) {
+    i32 v;
+    asm volatile("ld.global.nc.s32 %0, [%1];" : "=r"(v) : "l"(ptr));
+    return v;
+}
+
+__device__ __forceinline__ u64 ld_global_nc_u64(const u64* ptr) {
+    u64 v;
+    asm volatile("ld.global.nc.u64 %0, [%1];" : "=l"(v) : "l"(ptr));
+    return v;
+}
+
+}  // namespace megamoe_rt::ptx

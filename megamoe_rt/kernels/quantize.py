@@ -6,7 +6,7 @@ import ctypes
 from typing import Any
 
 from .. import driver
-from ..arrays import as_device_array, check_array, require_cupy
+from ..arrays import as_device_array, check_array, cupy_stream, require_cupy
 from ..jit import KernelSpec
 
 GROUP = 128
@@ -61,7 +61,7 @@ def quantize_fp8(x: Any, *, out: Any = None, out_sf: Any = None, stream: Any = N
         raise ValueError(f"x: hidden size {hidden} (shape {list(xa.shape)}) must be a multiple of {GROUP}")
     info = driver.require_hopper(xa.device)
     cupy = require_cupy()
-    with cupy.cuda.Device(info.ordinal):
+    with cupy.cuda.Device(info.ordinal), cupy_stream(cupy, sh):
         q = cupy.empty((rows, hidden), dtype=cupy.uint8) if out is None else out
         sf = cupy.empty((rows, hidden // GROUP), dtype=cupy.float32) if out_sf is None else out_sf
     qa = as_device_array(q, "out")

@@ -10,10 +10,11 @@ from ..jit import KernelSpec
 
 
 def all_kernel_specs() -> list[KernelSpec]:
-    from . import quantize
+    from . import gemm, quantize
 
     specs: list[KernelSpec] = []
     specs += quantize.kernel_specs()
+    specs += gemm.kernel_specs()
     names = [s.name for s in specs]
     dup = {n for n in names if names.count(n) > 1}
     if dup:

@@ -1,0 +1,72 @@
+// Compile-time tile configuration and shared-memory carve-up of the grouped FP8 GEMM.
+//
+// A CTA is one producer warpgroup (one thread issues TMA) and one or two math
+// warpgroups. Each math warpgroup owns a 64 x 128 piece of the tile, computed
+// with wgmma m64n128k32: BLOCK_M 128 splits rows between two warpgroups,
+// BLOCK_N 256 splits columns, 64 x 128 uses one.
+#pragma once
+
+#include "common/types.cuh"
+#include "gemm/params.cuh"
+
+namespace megamoe_rt::gemm {
+
+template <u32 kBlockM_, u32 kBlockN_, u32 kStages_, u32 kASfGran_, u32 kBSfN_, u32 kOutSfGran_, GroupLayout kLayout_,
+          Epilogue kEpilogue_>
+struct Config {
+    static constexpr u32 kBlockM = kBlockM_;
+    static constexpr u32 kBlockN = kBlockN_;
+    static constexpr u32 kBlockK = 128;              // e4m3: one 128-byte swizzled row
+    static constexpr u32 kStages = kStages_;
+    static constexpr u32 kASfGran = kASfGran_;       // A scales per 64 or 128 K elements
+    static constexpr u32 kBSfN = kBSfN_;             // B scales per 64 or 128 output columns
+    static constexpr u32 kOutSfGran = kOutSfGran_;   // SwiGLU epilogue: requant group along the output
+    static constexpr GroupLayout kLayout = kLayout_;
+    static constexpr Epilogue kEpilogue = kEpilogue_;
+
+    static constexpr u32 kWgTileM = 64, kWgTileN = 128, kWgmmaK = 32;
+    static constexpr u32 kWgM = kBlockM / kWgTileM;
+    static constexpr u32 kWgN = kBlockN / kWgTileN;
+    static constexpr u32 kNumMathWarpgroups = kWgM * kWgN;
+    static constexpr u32 kNumMathThreads = kNumMathWarpgroups * 128;
+    static constexpr u32 kNumThreads = 128 + kNumMathThreads;
+
+    // Promotions per k-block: one per A-scale group.
+    static constexpr u32 kSfaRowsPerStage = kBlockK / kASfGran;
+    static constexpr u32 kWgmmaPerPromotion = kASfGran / kWgmmaK;
+
+    static constexpr u32 kSmemABytes = kBlockM * kBlockK;
+    static constexpr u32 kSmemBBytes = kBlockN * kBlockK;
+    static constexpr u32 kSmemSfaBytes = kSfaRowsPerStage * kBlockM * 4;
+    static constexpr u32 kStageTxBytes = kSmemABytes + kSmemBBytes + kSmemSfaBytes;
+
+    // Carve-up from a 1024-byte aligned base: A stages, B stages (each tile
+    // 1024-aligned for the 128-byte swizzle), A-scale stages, epilogue scratch,
+    // then the full/empty barriers.
+    static constexpr u32 kOffA = 0;
+    static constexpr u32 kOffB = kOffA + kStages * kSmemABytes;
+    static constexpr u32 kOffSfa = kOffB + kStages * kSmemBBytes;
+    static constexpr u32 kOffScratch = kOffSfa + kStages * kSmemSfaBytes;
+    static constexpr u32 kScratchBytes = 2 * kWgTileM * 4;  // per-row amax exchange between N-split warpgroups
+    static constexpr u32 kOffBarriers = kOffScratch + kScratchBytes;
+    static constexpr u32 kSmemBytes = kOffBarriers + 2 * kStages * 8;
+    static constexpr u32 kSmemAlignSlack = 1024;  // the dynamic base is only 16-byte aligned
+    static constexpr u32 kDynamicSmemBytes = kSmemBytes + kSmemAlignSlack;
+
+    static_assert(kBlockM == 64 || kBlockM == 128, "BLOCK_M must be 64 or 128");
+    static_assert(kBlockN == 128 || kBlockN == 256, "BLOCK_N must be 128 or 256");
+    static_assert(kNumMathWarpgroups == 1 || kNumMathWarpgroups == 2, "one or two math warpgroups");
+    static_assert(kASfGran == 64 || kASfGran == 128, "A scale granularity must be 64 or 128");
+    static_assert(kBSfN == 64 || kBSfN == 128, "B scale granularity must be 64 or 128");
+    static_assert(kSmemABytes % 1024 == 0 && kSmemBBytes % 1024 == 0, "swizzled tiles must stay 1024-aligned");
+    static_assert(kStages >= 2, "at least two pipeline stages");
+    static_assert(kDynamicSmemBytes <= 232448, "exceeds the 227 KiB shared-memory limit");
+    static_assert(kOutSfGran == 64 || kOutSfGran == 128, "requant granularity must be 64 or 128");
+    // A 128-wide requant group is 256 interleaved gate|up columns: two warpgroups side by side.
+    static_assert(kEpilogue != Epilogue::kSwigluFp8 || kOutSfGran == 64 || (kWgN == 2 && kWgM == 1),
+                  "128-wide requant groups need the 64 x 256 tile");
+    static_assert(kEpilogue != Epilogue::kSwigluFp8 || kBSfN == 64,
+                  "the SwiGLU epilogue expects gate/up interleaved in 64-column halves with their own B scales");
+};
+
+}  // namespace megamoe_rt::gemm

@@ -1,0 +1,138 @@
+// The FP8 tile loop shared by every GEMM in the project: a TMA producer and
+// wgmma consumers meeting on full/empty mbarriers, with fp32 promotion of the
+// partial sums per A-scale group (acc += partial * sa[row] * sb[n-chunk]).
+#pragma once
+
+#include "common/types.cuh"
+#include "gemm/config.cuh"
+#include "gemm/params.cuh"
+#include "gemm/tile_scheduler.cuh"
+#include "ptx/ld_st.cuh"
+#include "ptx/mbarrier.cuh"
+#include "ptx/tma.cuh"
+#include "ptx/wgmma.cuh"
+
+namespace megamoe_rt::gemm {
+
+template <class Cfg>
+struct SharedStorage {
+    u8* base;  // 1024-byte aligned
+
+    __device__ __forceinline__ u8* a(u32 s) const { return base + Cfg::kOffA + s * Cfg::kSmemABytes; }
+    __device__ __forceinline__ u8* b(u32 s) const { return base + Cfg::kOffB + s * Cfg::kSmemBBytes; }
+    __device__ __forceinline__ float* sfa(u32 s) const {
+        return reinterpret_cast<float*>(base + Cfg::kOffSfa + s * Cfg::kSmemSfaBytes);
+    }
+    __device__ __forceinline__ float* scratch() const { return reinterpret_cast<float*>(base + Cfg::kOffScratch); }
+    __device__ __forceinline__ u64* full(u32 s) const { return reinterpret_cast<u64*>(base + Cfg::kOffBarriers) + s; }
+    __device__ __forceinline__ u64* empty(u32 s) const {
+        return reinterpret_cast<u64*>(base + Cfg::kOffBarriers) + Cfg::kStages + s;
+    }
+};
+
+template <u32 kStages>
+struct PipelineState {
+    u32 stage = 0;
+    u32 phase = 0;
+    __device__ __forceinline__ void advance() {
+        if (++stage == kStages) {
+            stage = 0;
+            phase ^= 1;
+        }
+    }
+};
+
+// Keeps the compiler from moving accumulator reads across wgmma waits: the
+// registers become operands of an (empty) volatile asm ordered after the wait.
+__device__ __forceinline__ void fence_operand(float& reg) { asm volatile("" : "+f"(reg)::"memory"); }
+
+template <class Cfg>
+__device__ __forceinline__ void produce_tile(const Tile& tile, u32 num_k_blocks, const SharedStorage<Cfg>& sm,
+                                             PipelineState<Cfg::kStages>& st, const ptx::TmaDescriptor* tma_a,
+                                             const ptx::TmaDescriptor* tma_b, const ptx::TmaDescriptor* tma_sfa) {
+    for (u32 kb = 0; kb < num_k_blocks; ++kb) {
+        // The first pass finds every stage free: waiting on the parity before phase 0 returns at once.
+        ptx::mbarrier_wait_parity_shared(sm.empty(st.stage), st.phase ^ 1);
+        u64* full = sm.full(st.stage);
+        ptx::mbarrier_arrive_expect_tx_shared(full, Cfg::kStageTxBytes);
+        const i32 k0 = static_cast<i32>(kb * Cfg::kBlockK);
+        ptx::cp_async_bulk_tensor_2d_global_to_shared(sm.a(st.stage), tma_a, full, k0, static_cast<i32>(tile.row0));
+        ptx::cp_async_bulk_tensor_2d_global_to_shared(sm.b(st.stage), tma_b, full, k0, static_cast<i32>(tile.b_row0));
+        ptx::cp_async_bulk_tensor_2d_global_to_shared(sm.sfa(st.stage), tma_sfa, full, static_cast<i32>(tile.row0),
+                                                      static_cast<i32>(kb * Cfg::kSfaRowsPerStage));
+        st.advance();
+    }
+}
+
+// Position of this thread's accumulator rows inside the tile.
+template <class Cfg>
+struct MathThread {
+    u32 wg_m, wg_n, lane, row0;  // row0: first of the thread's two rows (row0, row0 + 8), tile-local
+    __device__ __forceinline__ explicit MathThread(u32 math_wg) {
+        wg_m = math_wg / Cfg::kWgN;
+        wg_n = math_wg % Cfg::kWgN;
+        lane = threadIdx.x % 32;
+        row0 = wg_m * Cfg::kWgTileM + ((threadIdx.x / 32) % 4) * 16 + lane / 4;
+    }
+    // First output column of this warpgroup's 64 x 128 piece, within the group.
+    __device__ __forceinline__ u32 col0(const Tile& tile) const { return tile.n0 + wg_n * Cfg::kWgTileN; }
+    // Column of accumulator pair i (0..15) relative to col0.
+    __device__ __forceinline__ u32 pair_col(u32 i) const { return 8 * i + 2 * (lane % 4); }
+};
+
+template <class Cfg>
+__device__ __forceinline__ void consume_tile(const GemmParams& p, const Tile& tile, u32 num_k_blocks,
+                                             const SharedStorage<Cfg>& sm, PipelineState<Cfg::kStages>& st,
+                                             const MathThread<Cfg>& mt, float (&acc)[64], float (&out)[64]) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) out[i] = 0.0f;
+    const u32 sfb_per_group = p.n / Cfg::kBSfN;
+    const float* sfb = p.sfb + (static_cast<u64>(tile.group) * sfb_per_group + mt.col0(tile) / Cfg::kBSfN) * num_k_blocks;
+    const u32 a_offset = mt.wg_m * Cfg::kWgTileM * Cfg::kBlockK;
+    const u32 b_offset = mt.wg_n * Cfg::kWgTileN * Cfg::kBlockK;
+
+    for (u32 kb = 0; kb < num_k_blocks; ++kb) {
+        // B scales come straight from global (L2-resident, a few words per k-block),
+        // issued before the wait so their latency hides behind it.
+        const float sb_lo = ptx::ld_global_nc_f32(sfb + kb);
+        const float sb_hi = Cfg::kBSfN == 64 ? ptx::ld_global_nc_f32(sfb + num_k_blocks + kb) : sb_lo;
+        ptx::mbarrier_wait_parity_shared(sm.full(st.stage), st.phase);
+        const u64 desc_a = ptx::smem_desc_k_major_sw128(sm.a(st.stage) + a_offset);
+        const u64 desc_b = ptx::smem_desc_k_major_sw128(sm.b(st.stage) + b_offset);
+#pragma unroll
+        for (u32 h = 0; h < Cfg::kSfaRowsPerStage; ++h) {
+#pragma unroll
+            for (int i = 0; i < 64; ++i) fence_operand(acc[i]);
+            ptx::wgmma_fence_sync_aligned();
+#pragma unroll
+            for (u32 k = 0; k < Cfg::kWgmmaPerPromotion; ++k) {
+                const u32 bytes = (h * Cfg::kWgmmaPerPromotion + k) * Cfg::kWgmmaK;
+                ptx::wgmma_m64n128k32_f32_e4m3_e4m3(acc, ptx::smem_desc_advance_bytes(desc_a, bytes),
+                                                    ptx::smem_desc_advance_bytes(desc_b, bytes), k > 0);
+            }
+            ptx::wgmma_commit_group_sync_aligned();
+            ptx::wgmma_wait_group_sync_aligned<0>();
+#pragma unroll
+            for (int i = 0; i < 64; ++i) fence_operand(acc[i]);
+            const float* sfa = sm.sfa(st.stage) + h * Cfg::kBlockM;
+            const float sa0 = sfa[mt.row0];
+            const float sa1 = sfa[mt.row0 + 8];
+#pragma unroll
+            for (u32 i = 0; i < 16; ++i) {
+                // With 64-column B scales the upper eight pairs (columns 64..127) take the second scale.
+                const float sb = (Cfg::kBSfN == 64 && i >= 8) ? sb_hi : sb_lo;
+                const float s0 = sa0 * sb, s1 = sa1 * sb;
+                out[4 * i + 0] += acc[4 * i + 0] * s0;
+                out[4 * i + 1] += acc[4 * i + 1] * s0;
+                out[4 * i + 2] += acc[4 * i + 2] * s1;
+                out[4 * i + 3] += acc[4 * i + 3] * s1;
+            }
+        }
+        // Every lane has read its scales and its warp's wgmmas are complete: release the stage.
+        __syncwarp();
+        if (mt.lane == 0) ptx::mbarrier_arrive_shared(sm.empty(st.stage));
+        st.advance();
+    }
+}
+
+}  // namespace megamoe_rt::gemm

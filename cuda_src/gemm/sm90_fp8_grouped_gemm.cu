@@ -1,0 +1,83 @@
+// Grouped FP8 GEMM for sm_90a: D[g] = A[g] . B[g]^T with 1x128 (or 1x64) A scales and
+// 128x128 (or 64x128) B scales, fp32 promotion per scale group, persistent over
+// (group, m-block, n-block), one of three epilogues. One instantiation per
+// (tile shape, stages, scale granularities, group layout, epilogue).
+
+#include "common/types.cuh"
+#include "gemm/config.cuh"
+#include "gemm/epilogue_bf16.cuh"
+#include "gemm/epilogue_swiglu_fp8.cuh"
+#include "gemm/mainloop.cuh"
+#include "gemm/params.cuh"
+#include "gemm/tile_scheduler.cuh"
+#include "ptx/mbarrier.cuh"
+#include "ptx/sync.cuh"
+#include "ptx/tma.cuh"
+
+namespace megamoe_rt::gemm {
+
+// Register split: the producer warpgroup only issues TMA; the math warpgroups
+// hold two 64-float fragments (wgmma accumulator and promoted sum) each.
+constexpr u32 kProducerRegs = 40;
+constexpr u32 kMathRegs = 232;
+
+template <u32 kBlockM, u32 kBlockN, u32 kStages, u32 kASfGran, u32 kBSfN, u32 kOutSfGran, GroupLayout kLayout,
+          Epilogue kEpilogue>
+__global__ void __launch_bounds__(Config<kBlockM, kBlockN, kStages, kASfGran, kBSfN, kOutSfGran, kLayout, kEpilogue>::kNumThreads, 1)
+sm90_fp8_grouped_gemm(const __grid_constant__ GemmParams p, const __grid_constant__ ptx::TmaDescriptor tma_a,
+                      const __grid_constant__ ptx::TmaDescriptor tma_b,
+                      const __grid_constant__ ptx::TmaDescriptor tma_sfa) {
+    using Cfg = Config<kBlockM, kBlockN, kStages, kASfGran, kBSfN, kOutSfGran, kLayout, kEpilogue>;
+    extern __shared__ u8 smem_raw[];
+    const u32 raw_addr = ptx::smem_addr_u32(smem_raw);
+    const SharedStorage<Cfg> sm{smem_raw + ((1024 - raw_addr % 1024) % 1024)};
+
+    if (threadIdx.x == 0) {
+        // The host sizes shared memory from the same formula (GemmConfig); a mismatch is a
+        // build bug. No printf here: any call in this kernel serialises its wgmma pipeline.
+        if (ptx::dynamic_smem_size() < Cfg::kDynamicSmemBytes) __trap();
+        for (u32 s = 0; s < kStages; ++s) {
+            ptx::mbarrier_init_shared(sm.full(s), 1);
+            ptx::mbarrier_init_shared(sm.empty(s), Cfg::kNumMathWarpgroups * 4);
+        }
+        ptx::fence_mbarrier_init_release_cluster();
+        ptx::prefetch_tensormap(&tma_a);
+        ptx::prefetch_tensormap(&tma_b);
+        ptx::prefetch_tensormap(&tma_sfa);
+    }
+    __syncthreads();
+
+    const TileScheduler<kBlockM, kBlockN, kLayout> scheduler(p);
+    const u32 num_k_blocks = p.k / Cfg::kBlockK;
+    const u32 warpgroup = threadIdx.x / 128;
+
+    if (warpgroup == 0) {
+        ptx::setmaxnreg_dec_sync_aligned<kProducerRegs>();
+        if (threadIdx.x == 0) {
+            PipelineState<kStages> st;
+            for (u32 t = blockIdx.x; t < scheduler.num_tiles; t += gridDim.x) {
+                const Tile tile = scheduler.get(t);
+                if (!tile.valid) continue;
+                produce_tile<Cfg>(tile, num_k_blocks, sm, st, &tma_a, &tma_b, &tma_sfa);
+            }
+        }
+    } else {
+        ptx::setmaxnreg_inc_sync_aligned<kMathRegs>();
+        const MathThread<Cfg> mt(warpgroup - 1);
+        PipelineState<kStages> st;
+        float acc[64];
+        float out[64];
+        for (u32 t = blockIdx.x; t < scheduler.num_tiles; t += gridDim.x) {
+            const Tile tile = scheduler.get(t);
+            if (!tile.valid) continue;
+            consume_tile<Cfg>(p, tile, num_k_blocks, sm, st, mt, acc, out);
+            if constexpr (kEpilogue == Epilogue::kSwigluFp8) {
+                epilogue_swiglu_fp8<Cfg>(p, tile, mt, sm, out);
+            } else {
+                epilogue_store_bf16<Cfg>(p, tile, mt, out);
+            }
+        }
+    }
+}
+
+}  // namespace megamoe_rt::gemm

@@ -1,0 +1,245 @@
+"""Public grouped FP8 GEMM API for CuPy users.
+
+``D[g] = A[g] . B[g]^T`` with e4m3 operands, fp32 per-row A scales (one per 128
+or 64 K elements), fp32 128x128 B block scales, fp32 accumulation promoted per
+scale group, bf16 output. Group offsets and counts stay on the GPU: nothing
+here synchronises with the host.
+
+Two group layouts:
+
+- contiguous: ``a`` ``[M, K]``; group ``g`` owns rows
+  ``[group_offsets[g], group_offsets[g+1])``, each start a multiple of
+  :data:`GROUP_ALIGN`; ``group_counts[g]`` (optional) says how many of them are
+  real (the rest are padding and are not written).
+- masked: ``a`` ``[G, M_max, K]``; the first ``masked_counts[g]`` rows of group
+  ``g`` are real.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import driver
+from .arrays import DeviceArray, as_device_array, check_array, cupy_stream, require_cupy
+from .gemm_heuristics import choose_config
+from .kernels import gemm as k
+
+GROUP_ALIGN = 128  # contiguous-layout group starts; valid for every tile shape
+
+
+def _array_module(x):
+    import numpy as np
+
+    if isinstance(x, np.ndarray):
+        return np
+    return require_cupy()
+
+
+def _kmajor_scales(cupy, sf: Any, rows: int, sf_cols: int) -> DeviceArray:
+    """[rows, sf_cols] row scales -> [sf_cols, rows padded to 4] (TMA wants 16-byte row strides)."""
+    rows_pad = max(4, -(-rows // 4) * 4)
+    t = cupy.zeros((sf_cols, rows_pad), dtype=cupy.float32)
+    if rows:
+        t[:, :rows] = sf.reshape(rows, sf_cols).T
+    return as_device_array(t, "a_sf (k-major copy)")
+
+
+def _check_groups(name: str, arr: Any, length: int, device: int) -> DeviceArray:
+    d = as_device_array(arr, name)
+    check_array(d, name, dtypes=("int32",), shape=(length,), device=device, align=4)
+    return d
+
+
+def grouped_gemm_fp8(a: Any, a_sf: Any, b: Any, b_sf: Any, *, group_offsets: Any = None, group_counts: Any = None,
+                     masked_counts: Any = None, out: Any = None, row_dst: Any = None, stream: Any = None,
+                     check_layout: bool = True):
+    """Grouped FP8 GEMM; returns ``out`` (bf16 bits as uint16) or None with ``row_dst``.
+
+    a: e4m3 (uint8) ``[M, K]`` (contiguous) or ``[G, M_max, K]`` (masked).
+    a_sf: float32 ``[M, K/128]`` / ``[G, M_max, K/128]`` (or ``K/64`` columns for 1x64 scales).
+    b: e4m3 ``[G, N, K]``; b_sf: float32 ``[G, N/128, K/128]``.
+    Exactly one of ``group_offsets`` (int32 ``[G+1]``) and ``masked_counts`` (int32 ``[G]``).
+    ``row_dst``: uint64 ``[M]`` byte addresses; row r of D is written there (0 skips it)
+    instead of into ``out``. ``check_layout`` runs a one-thread device check of the
+    offsets/counts first (it traps with a message on a violated contract).
+    """
+    if (group_offsets is None) == (masked_counts is None):
+        raise ValueError("pass exactly one of group_offsets (contiguous layout) and masked_counts (masked layout)")
+    layout = "contiguous" if group_offsets is not None else "masked"
+    if group_counts is not None and layout != "contiguous":
+        raise ValueError("group_counts applies to the contiguous layout only")
+    sh = driver.stream_handle(stream)
+
+    ba = as_device_array(b, "b", stream=sh)
+    check_array(ba, "b", dtypes=("e4m3",), ndim=3)
+    groups, n, kk = ba.shape
+    dev = ba.device
+    if kk % 128 or kk == 0:
+        raise ValueError(f"b: K = {kk} (shape {list(ba.shape)}) must be a positive multiple of 128")
+    if n % 128 or n == 0:
+        raise ValueError(f"b: N = {n} (shape {list(ba.shape)}) must be a positive multiple of 128")
+    bsfa = as_device_array(b_sf, "b_sf", stream=sh)
+    check_array(bsfa, "b_sf", dtypes=("float32",), shape=(groups, n // 128, kk // 128), device=dev, align=4)
+
+    aa = as_device_array(a, "a", stream=sh)
+    if layout == "contiguous":
+        check_array(aa, "a", dtypes=("e4m3",), ndim=2, device=dev)
+        rows = aa.shape[0]
+        masked_rows = 0
+        if aa.shape[1] != kk:
+            raise ValueError(f"a: shape {list(aa.shape)} has K = {aa.shape[1]}, b has K = {kk}")
+    else:
+        check_array(aa, "a", dtypes=("e4m3",), ndim=3, device=dev)
+        if aa.shape[0] != groups or aa.shape[2] != kk:
+            raise ValueError(f"a: shape {list(aa.shape)} does not match [G={groups}, M_max, K={kk}] of b")
+        masked_rows = aa.shape[1]
+        rows = groups * masked_rows
+    asfa = as_device_array(a_sf, "a_sf", stream=sh)
+    check_array(asfa, "a_sf", dtypes=("float32",), device=dev, align=4)
+    lead = tuple(aa.shape[:-1])
+    if tuple(asfa.shape[:-1]) != lead or asfa.shape[-1] not in (kk // 128, kk // 64):
+        raise ValueError(f"a_sf: expected shape {list(lead) + [kk // 128]} (1x128 scales) or "
+                         f"{list(lead) + [kk // 64]} (1x64), got {list(asfa.shape)}")
+    a_sf_gran = kk // asfa.shape[-1]
+
+    info = driver.require_hopper(dev)
+    cupy = require_cupy()
+    # Temporaries and outputs come from CuPy's pool on the launch stream, so a
+    # block is never handed out while earlier work on another stream still uses it.
+    with cupy.cuda.Device(info.ordinal), cupy_stream(cupy, sh):
+        cfg = choose_config(layout=layout, epilogue="scatter_bf16" if row_dst is not None else "bf16",
+                            num_rows=rows, n=n, k=kk, num_groups=groups, sm_count=info.sm_count,
+                            masked_rows=masked_rows, a_sf_gran=a_sf_gran)
+        p = k.GemmParams(num_rows=rows, n=n, k=kk, num_groups=groups, masked_rows=masked_rows, flags=0,
+                         sfb=bsfa.ptr)
+        if layout == "contiguous":
+            p.group_offsets = _check_groups("group_offsets", group_offsets, groups + 1, dev).ptr
+            if group_counts is not None:
+                p.group_counts = _check_groups("group_counts", group_counts, groups, dev).ptr
+        else:
+            p.masked_counts = _check_groups("masked_counts", masked_counts, groups, dev).ptr
+        if row_dst is not None:
+            if out is not None:
+                raise ValueError("pass either out or row_dst, not both")
+            rd = as_device_array(row_dst, "row_dst", stream=sh)
+            check_array(rd, "row_dst", dtypes=("uint64",), shape=(rows,), device=dev, align=8)
+            p.row_dst = rd.ptr
+            result = None
+        else:
+            out_shape = lead + (n,)
+            result = cupy.empty(out_shape, dtype=cupy.uint16) if out is None else out
+            oa = as_device_array(result, "out", stream=sh)
+            check_array(oa, "out", dtypes=("bf16",), shape=out_shape, device=dev, align=4)
+            p.d = oa.ptr
+            p.d_row_stride_bytes = n * 2
+        if rows == 0:
+            return result
+        sfa_t = _kmajor_scales(cupy, cupy.asarray(a_sf), rows, asfa.shape[-1])
+        launch = k.GemmLaunch(cfg, aa, sfa_t, ba, p)
+        if check_layout:
+            k.launch_layout_check(launch, device=info.ordinal, stream=sh)
+        k.launch_gemm(launch, device=info.ordinal, sm_count=info.sm_count, stream=sh)
+    return result
+
+
+
+# --- L1 with the fused SwiGLU / requant epilogue ------------------------------------------
+
+SWIGLU_HALF = 64  # gate|up interleave unit of prepared w1 (one B-scale chunk)
+
+
+def prepare_swiglu_weights(w1: Any, w1_sf: Any):
+    """Re-lay ``w1`` ``[G, 2I, H]`` (gate rows then up rows) and ``w1_sf`` ``[G, 2I/128, H/128]``
+    for the fused L1 epilogue: rows interleaved in 64-row halves ``gate[c], up[c], gate[c+1], ...``
+    and scales per 64-row half, ``[G, 2I/64, H/128]``. Works on NumPy or CuPy arrays; run once at
+    weight load."""
+    xp = _array_module(w1)
+    if w1.ndim != 3 or w1.shape[1] % 256:
+        raise ValueError(f"w1: expected [G, 2I, H] with I a multiple of 128, got {list(w1.shape)}")
+    g, two_i, h = w1.shape
+    i = two_i // 2
+    if tuple(w1_sf.shape) != (g, two_i // 128, h // 128):
+        raise ValueError(f"w1_sf: expected shape {[g, two_i // 128, h // 128]}, got {list(w1_sf.shape)}")
+    halves = i // SWIGLU_HALF
+    gate = w1[:, :i].reshape(g, halves, SWIGLU_HALF, h)
+    up = w1[:, i:].reshape(g, halves, SWIGLU_HALF, h)
+    w1p = xp.ascontiguousarray(xp.stack([gate, up], axis=2).reshape(g, two_i, h))
+    # Half c of gate lies in gate scale block (64c)//128; half c of up in block (I + 64c)//128.
+    blocks = xp.arange(halves) * SWIGLU_HALF // 128
+    sf_gate = w1_sf[:, blocks]
+    sf_up = w1_sf[:, i // 128 + blocks]
+    w1p_sf = xp.ascontiguousarray(xp.stack([sf_gate, sf_up], axis=2).reshape(g, two_i // SWIGLU_HALF, h // 128))
+    return w1p, w1p_sf
+
+
+def grouped_gemm_swiglu_fp8(a: Any, a_sf: Any, w1p: Any, w1p_sf: Any, row_weight: Any, *, group_offsets: Any = None,
+                            group_counts: Any = None, masked_counts: Any = None, act_sf_gran: int = 128,
+                            swiglu_limit: float | None = None, pow2_scale: bool = False, out: Any = None,
+                            out_sf: Any = None, stream: Any = None, check_layout: bool = True):
+    """L1 GEMM with the SwiGLU x weight -> e4m3 epilogue.
+
+    ``w1p``/``w1p_sf`` come from :func:`prepare_swiglu_weights`. ``row_weight`` float32 ``[rows]``
+    is each row's top-k weight. Returns ``(q, sf)``: ``q`` uint8 e4m3 ``[rows, I]`` and ``sf``
+    float32 ``[I/act_sf_gran, rows_pad]`` (K-block major: the layout the L2 GEMM's TMA reads;
+    ``rows_pad`` is rows rounded up to 4).
+    """
+    if act_sf_gran not in (64, 128):
+        raise ValueError(f"act_sf_gran: expected 64 or 128, got {act_sf_gran}")
+    if (group_offsets is None) == (masked_counts is None):
+        raise ValueError("pass exactly one of group_offsets (contiguous layout) and masked_counts (masked layout)")
+    layout = "contiguous" if group_offsets is not None else "masked"
+    sh = driver.stream_handle(stream)
+    ba = as_device_array(w1p, "w1p", stream=sh)
+    check_array(ba, "w1p", dtypes=("e4m3",), ndim=3)
+    groups, two_i, kk = ba.shape
+    dev = ba.device
+    if two_i % 256 or kk % 128:
+        raise ValueError(f"w1p: shape {list(ba.shape)} needs 2I a multiple of 256 and H a multiple of 128")
+    inter = two_i // 2
+    bsfa = as_device_array(w1p_sf, "w1p_sf", stream=sh)
+    check_array(bsfa, "w1p_sf", dtypes=("float32",), shape=(groups, two_i // SWIGLU_HALF, kk // 128), device=dev,
+                align=4)
+    aa = as_device_array(a, "a", stream=sh)
+    if layout == "contiguous":
+        check_array(aa, "a", dtypes=("e4m3",), shape=(None, kk), device=dev)
+        rows, masked_rows = aa.shape[0], 0
+    else:
+        check_array(aa, "a", dtypes=("e4m3",), shape=(groups, None, kk), device=dev)
+        masked_rows = aa.shape[1]
+        rows = groups * masked_rows
+    lead = tuple(aa.shape[:-1])
+    asfa = as_device_array(a_sf, "a_sf", stream=sh)
+    check_array(asfa, "a_sf", dtypes=("float32",), shape=lead + (kk // 128,), device=dev, align=4)
+    rw = as_device_array(row_weight, "row_weight", stream=sh)
+    check_array(rw, "row_weight", dtypes=("float32",), shape=(rows,), device=dev, align=4)
+
+    info = driver.require_hopper(dev)
+    cupy = require_cupy()
+    rows_pad = max(4, -(-rows // 4) * 4)
+    with cupy.cuda.Device(info.ordinal), cupy_stream(cupy, sh):
+        q = cupy.empty(lead + (inter,), dtype=cupy.uint8) if out is None else out
+        sf = cupy.empty((inter // act_sf_gran, rows_pad), dtype=cupy.float32) if out_sf is None else out_sf
+        qa = as_device_array(q, "out")
+        check_array(qa, "out", dtypes=("e4m3",), shape=lead + (inter,), device=dev, align=2)
+        sfo = as_device_array(sf, "out_sf")
+        check_array(sfo, "out_sf", dtypes=("float32",), shape=(inter // act_sf_gran, rows_pad), device=dev, align=4)
+        cfg = choose_config(layout=layout, epilogue="swiglu_fp8", num_rows=rows, n=two_i, k=kk, num_groups=groups,
+                            sm_count=info.sm_count, masked_rows=masked_rows, out_sf_gran=act_sf_gran)
+        flags = (k.FLAG_CLAMP if swiglu_limit is not None else 0) | (k.FLAG_POW2_SCALE if pow2_scale else 0)
+        p = k.GemmParams(num_rows=rows, n=two_i, k=kk, num_groups=groups, masked_rows=masked_rows, flags=flags,
+                         sfb=bsfa.ptr, d=qa.ptr, d_row_stride_bytes=inter, d_sf=sfo.ptr, d_sf_row_stride=rows_pad,
+                         row_weight=rw.ptr, swiglu_limit=float(swiglu_limit or 0.0))
+        if layout == "contiguous":
+            p.group_offsets = _check_groups("group_offsets", group_offsets, groups + 1, dev).ptr
+            if group_counts is not None:
+                p.group_counts = _check_groups("group_counts", group_counts, groups, dev).ptr
+        else:
+            p.masked_counts = _check_groups("masked_counts", masked_counts, groups, dev).ptr
+        if rows == 0:
+            return q, sf
+        sfa_t = _kmajor_scales(cupy, cupy.asarray(a_sf), rows, kk // 128)
+        launch = k.GemmLaunch(cfg, aa, sfa_t, ba, p)
+        if check_layout:
+            k.launch_layout_check(launch, device=info.ordinal, stream=sh)
+        k.launch_gemm(launch, device=info.ordinal, sm_count=info.sm_count, stream=sh)
+    return q, sf

@@ -1,0 +1,195 @@
+"""Grouped FP8 GEMM: kernel variants, parameter struct, TMA descriptors and launch.
+
+Shapes, strides and tensor maps are computed here and reach the kernel as
+:class:`GemmParams` plus three ``__grid_constant__`` tensor maps; the device code
+holds no layout arithmetic of its own beyond its tile.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any
+
+from .. import driver
+from ..arrays import DeviceArray
+from ..jit import KernelSpec
+from ..tma import TensorMap2D, encode_tensor_map_2d
+
+SOURCE = "gemm/sm90_fp8_grouped_gemm.cu"
+BLOCK_K = 128
+SMEM_LIMIT = 232448           # 227 KiB opt-in per block on sm_90
+MAX_STAGES = 8
+
+LAYOUTS = {"contiguous": 0, "masked": 1}
+EPILOGUES = {"bf16": 0, "swiglu_fp8": 1, "scatter_bf16": 2}
+_LAYOUT_CXX = {"contiguous": "kContiguous", "masked": "kMasked"}
+_EPILOGUE_CXX = {"bf16": "kStoreBf16", "swiglu_fp8": "kSwigluFp8", "scatter_bf16": "kScatterBf16"}
+
+FLAG_CLAMP = 1
+FLAG_POW2_SCALE = 2
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """One kernel instantiation. Mirrors ``megamoe_rt::gemm::Config`` (gemm/config.cuh)."""
+
+    block_m: int
+    block_n: int
+    stages: int
+    a_sf_gran: int = 128      # A scales per 64 or 128 K elements
+    b_sf_n: int = 128         # B scales per 64 or 128 output columns
+    out_sf_gran: int = 128    # SwiGLU epilogue requant group
+    layout: str = "contiguous"
+    epilogue: str = "bf16"
+
+    def __post_init__(self):
+        if self.block_m not in (64, 128) or self.block_n not in (128, 256):
+            raise ValueError(f"tile {self.block_m}x{self.block_n}: BLOCK_M must be 64|128 and BLOCK_N 128|256")
+        if self.num_math_warpgroups not in (1, 2):
+            raise ValueError(f"tile {self.block_m}x{self.block_n} needs {self.num_math_warpgroups} math warpgroups; 1 or 2 supported")
+        if self.layout not in LAYOUTS or self.epilogue not in EPILOGUES:
+            raise ValueError(f"layout {self.layout!r} / epilogue {self.epilogue!r} unknown")
+        if self.epilogue == "swiglu_fp8":
+            if self.b_sf_n != 64:
+                raise ValueError("the SwiGLU epilogue needs 64-column B scales (interleaved gate|up halves)")
+            if self.out_sf_gran == 128 and (self.block_m, self.block_n) != (64, 256):
+                raise ValueError("128-wide requant groups need the 64x256 tile")
+        if not 2 <= self.stages <= MAX_STAGES:
+            raise ValueError(f"stages={self.stages}: expected 2..{MAX_STAGES}")
+        if self.dynamic_smem_bytes > SMEM_LIMIT:
+            raise ValueError(f"{self.name}: {self.dynamic_smem_bytes} bytes of shared memory exceed {SMEM_LIMIT}")
+
+    @property
+    def num_math_warpgroups(self) -> int:
+        return (self.block_m // 64) * (self.block_n // 128)
+
+    @property
+    def num_threads(self) -> int:
+        return 128 * (1 + self.num_math_warpgroups)
+
+    @staticmethod
+    def stage_bytes(block_m: int, block_n: int, a_sf_gran: int) -> int:
+        return block_m * BLOCK_K + block_n * BLOCK_K + (BLOCK_K // a_sf_gran) * block_m * 4
+
+    @staticmethod
+    def fixed_smem_bytes(stages: int) -> int:
+        # amax exchange scratch, full/empty barriers, alignment slack for the 1024-byte base
+        return 2 * 64 * 4 + 2 * stages * 8 + 1024
+
+    @property
+    def dynamic_smem_bytes(self) -> int:
+        return self.stages * self.stage_bytes(self.block_m, self.block_n, self.a_sf_gran) + self.fixed_smem_bytes(self.stages)
+
+    @property
+    def stage_tx_bytes(self) -> int:
+        return self.stage_bytes(self.block_m, self.block_n, self.a_sf_gran)
+
+    @property
+    def name(self) -> str:
+        return (f"fp8_gemm[{self.layout},{self.epilogue},{self.block_m}x{self.block_n},s{self.stages},"
+                f"asf{self.a_sf_gran},bsf{self.b_sf_n},osf{self.out_sf_gran}]")
+
+    def spec(self) -> KernelSpec:
+        entry = (f"megamoe_rt::gemm::sm90_fp8_grouped_gemm<{self.block_m}u, {self.block_n}u, {self.stages}u, "
+                 f"{self.a_sf_gran}u, {self.b_sf_n}u, {self.out_sf_gran}u, "
+                 f"megamoe_rt::gemm::GroupLayout::{_LAYOUT_CXX[self.layout]}, "
+                 f"megamoe_rt::gemm::Epilogue::{_EPILOGUE_CXX[self.epilogue]}>")
+        return KernelSpec(name=self.name, source=SOURCE, entry=entry, dynamic_smem_bytes=self.dynamic_smem_bytes,
+                          block_threads=self.num_threads, expect_sass=("QGMMA",))
+
+
+def max_stages(block_m: int, block_n: int, a_sf_gran: int) -> int:
+    per = GemmConfig.stage_bytes(block_m, block_n, a_sf_gran)
+    s = MAX_STAGES
+    while s > 2 and s * per + GemmConfig.fixed_smem_bytes(s) > SMEM_LIMIT:
+        s -= 1
+    return s
+
+
+class GemmParams(ctypes.Structure):
+    """Mirror of ``megamoe_rt::gemm::GemmParams`` (gemm/params.cuh)."""
+
+    _fields_ = [
+        ("num_rows", ctypes.c_uint32),
+        ("n", ctypes.c_uint32),
+        ("k", ctypes.c_uint32),
+        ("num_groups", ctypes.c_uint32),
+        ("masked_rows", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("group_offsets", ctypes.c_uint64),
+        ("group_counts", ctypes.c_uint64),
+        ("masked_counts", ctypes.c_uint64),
+        ("sfb", ctypes.c_uint64),
+        ("d", ctypes.c_uint64),
+        ("d_row_stride_bytes", ctypes.c_uint64),
+        ("d_sf", ctypes.c_uint64),
+        ("d_sf_row_stride", ctypes.c_uint64),
+        ("row_weight", ctypes.c_uint64),
+        ("row_dst", ctypes.c_uint64),
+        ("swiglu_limit", ctypes.c_float),
+        ("pad_", ctypes.c_uint32),
+    ]
+
+
+@dataclass
+class GemmLaunch:
+    """Everything one launch needs, resolved to pointers and sizes."""
+
+    config: GemmConfig
+    a: DeviceArray            # e4m3 rows [num_rows, k]
+    sfa_kmajor: DeviceArray   # fp32 [k / a_sf_gran, num_rows]
+    b: DeviceArray            # e4m3 [groups * n, k]
+    params: GemmParams
+
+    def tensor_maps(self) -> tuple[TensorMap2D, TensorMap2D, TensorMap2D]:
+        cfg = self.config
+        p = self.params
+        tma_a = encode_tensor_map_2d(self.a.ptr, "e4m3", inner=p.k, outer=p.num_rows, row_stride_bytes=p.k,
+                                     box_inner=BLOCK_K, box_outer=cfg.block_m, swizzle_128b=True)
+        tma_b = encode_tensor_map_2d(self.b.ptr, "e4m3", inner=p.k, outer=p.num_groups * p.n, row_stride_bytes=p.k,
+                                     box_inner=BLOCK_K, box_outer=cfg.block_n, swizzle_128b=True)
+        sf_rows = p.k // cfg.a_sf_gran
+        tma_sfa = encode_tensor_map_2d(self.sfa_kmajor.ptr, "float32", inner=p.num_rows, outer=sf_rows,
+                                       row_stride_bytes=self.sfa_kmajor.strides[0], box_inner=cfg.block_m,
+                                       box_outer=BLOCK_K // cfg.a_sf_gran, swizzle_128b=False)
+        return tma_a, tma_b, tma_sfa
+
+
+def num_tiles(cfg: GemmConfig, p: GemmParams) -> int:
+    n_blocks = p.n // cfg.block_n
+    if cfg.layout == "contiguous":
+        return -(-p.num_rows // cfg.block_m) * n_blocks
+    return p.num_groups * -(-p.masked_rows // cfg.block_m) * n_blocks
+
+
+def launch_gemm(launch: GemmLaunch, *, device: int, sm_count: int, stream: Any = None) -> None:
+    from .loader import get_kernel
+
+    cfg = launch.config
+    tiles = num_tiles(cfg, launch.params)
+    if tiles == 0:
+        return
+    kernel = get_kernel(cfg.spec(), device)
+    tma_a, tma_b, tma_sfa = launch.tensor_maps()
+    grid = min(tiles, sm_count)
+    kernel.launch((grid,), (cfg.num_threads,), [launch.params, tma_a.raw, tma_b.raw, tma_sfa.raw], stream=stream)
+
+
+CHECK_LAYOUT_SPEC = KernelSpec(name="fp8_gemm_check_group_layout", source="gemm/check_group_layout.cu",
+                               entry="megamoe_rt::gemm::check_group_layout", block_threads=32)
+
+
+def launch_layout_check(launch: GemmLaunch, *, device: int, stream: Any = None) -> None:
+    from .loader import get_kernel
+
+    kernel = get_kernel(CHECK_LAYOUT_SPEC, device)
+    kernel.launch((1,), (32,), [launch.params, ctypes.c_uint32(launch.config.block_m),
+                                ctypes.c_uint32(LAYOUTS[launch.config.layout])], stream=stream)
+
+
+def kernel_specs() -> list[KernelSpec]:
+    """Every instantiation the heuristics can choose, and the layout check."""
+    from ..gemm_heuristics import candidate_configs
+
+    return [CHECK_LAYOUT_SPEC] + [c.spec() for c in candidate_configs()]

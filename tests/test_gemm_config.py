@@ -1,0 +1,100 @@
+"""Grouped GEMM configuration: heuristics, shared-memory budget, host/device struct mirrors (CPU)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+
+from megamoe_rt.gemm_heuristics import candidate_configs, choose_config
+from megamoe_rt.jit import KernelSpec, compile_kernel
+from megamoe_rt.jit import compiler as jit_compiler
+from megamoe_rt.jit.paths import cuda_src_dir
+from megamoe_rt.kernels.gemm import SMEM_LIMIT, GemmConfig, GemmParams
+from megamoe_rt.kernels.quantize import QuantizeParams
+from megamoe_rt.presets import PRESETS
+
+CANDIDATES = {c.name: c for c in candidate_configs()}
+
+
+def _shapes():
+    """L1 and L2 grouped shapes of every preset's EP8 slice at several token counts."""
+    for preset in PRESETS.values():
+        e_local = preset.num_experts // 8
+        for tokens in (64, 512, 2048, 8192):
+            rows_per_expert = -(-tokens * 8 * preset.num_topk // preset.num_experts)
+            rows = e_local * -(-rows_per_expert // 128) * 128
+            yield preset.name, tokens, "l1", rows, 2 * preset.intermediate, preset.hidden, e_local, rows_per_expert
+            yield preset.name, tokens, "l2", rows, preset.hidden, preset.intermediate, e_local, rows_per_expert
+
+
+@pytest.mark.parametrize("shape", list(_shapes()), ids=lambda s: f"{s[0]}-{s[1]}-{s[2]}")
+@pytest.mark.parametrize("sm_count", [132, 114, 64])
+def test_heuristic_returns_a_compiled_valid_config(shape, sm_count):
+    _, _, stage, rows, n, k, groups, per_expert = shape
+    for layout, masked_rows in (("contiguous", 0), ("masked", max(64, -(-per_expert // 64) * 64))):
+        if stage == "l1":
+            for gran in (64, 128):
+                cfg = choose_config(layout=layout, epilogue="swiglu_fp8", num_rows=rows, n=n, k=k, num_groups=groups,
+                                    sm_count=sm_count, masked_rows=masked_rows, out_sf_gran=gran)
+                _check(cfg, n)
+        for epi in ("bf16", "scatter_bf16") if layout == "contiguous" else ("bf16",):
+            for a_gran in (64, 128):
+                cfg = choose_config(layout=layout, epilogue=epi, num_rows=rows, n=n, k=k, num_groups=groups,
+                                    sm_count=sm_count, masked_rows=masked_rows, a_sf_gran=a_gran)
+                _check(cfg, n)
+
+
+def _check(cfg: GemmConfig, n: int):
+    assert cfg.name in CANDIDATES, f"{cfg.name} is not among the compiled variants"
+    assert n % cfg.block_n == 0
+    assert cfg.dynamic_smem_bytes <= SMEM_LIMIT
+    assert cfg.stages >= 3
+
+
+def test_stage_count_uses_the_shared_memory():
+    for cfg in candidate_configs():
+        per = GemmConfig.stage_bytes(cfg.block_m, cfg.block_n, cfg.a_sf_gran)
+        if cfg.stages < 8:  # one more stage would not fit
+            assert cfg.dynamic_smem_bytes + per > SMEM_LIMIT
+
+
+def test_invalid_configs_are_rejected():
+    with pytest.raises(ValueError, match="BLOCK_M"):
+        GemmConfig(96, 128, 4)
+    with pytest.raises(ValueError, match="64x256"):
+        GemmConfig(128, 128, 4, b_sf_n=64, out_sf_gran=128, epilogue="swiglu_fp8")
+    with pytest.raises(ValueError, match="shared memory"):
+        GemmConfig(128, 128, 8)
+
+
+def _struct_checks(cname: str, ctype) -> str:
+    lines = [f"static_assert(sizeof({cname}) == {ctypes.sizeof(ctype)}, \"size of {cname}\");"]
+    for field, *_ in ctype._fields_:
+        off = getattr(ctype, field).offset
+        lines.append(f"static_assert(__builtin_offsetof({cname}, {field}) == {off}, \"{cname}::{field}\");")
+    return "\n".join(lines)
+
+
+def test_host_structs_mirror_device_structs(tmp_path, monkeypatch):
+    """ctypes mirrors and the C++ structs agree field by field (checked by the compiler)."""
+    src = "\n".join([
+        '#include "gemm/params.cuh"',
+        "namespace megamoe_rt { struct QuantizeParams { const void* x; u8* q; float* sf; u64 num_groups;"
+        " u32 groups_per_row; u32 pad_; }; }",
+        _struct_checks("megamoe_rt::gemm::GemmParams", GemmParams),
+        "__global__ void structs_ok() {}",
+    ])
+    (tmp_path / "structs.cu").write_text(src)
+    for sub in ("common", "gemm", "ptx"):
+        (tmp_path / sub).symlink_to(cuda_src_dir() / sub)
+    monkeypatch.setattr(jit_compiler, "cuda_src_dir", lambda: tmp_path)
+    spec = KernelSpec(name="structs", source="structs.cu", entry="structs_ok")
+    compile_kernel(spec, use_cache=False)
+
+
+def test_quantize_params_mirror_matches_source():
+    # The quantizer's struct lives in its entry file; compare its field list textually.
+    text = (cuda_src_dir() / "quantize" / "quantize_fp8.cu").read_text()
+    for field, *_ in QuantizeParams._fields_:
+        assert f" {field};" in text, field

@@ -1,0 +1,257 @@
+"""Grouped FP8 GEMM on the GPU against the reference numerics (needs a Hopper GPU)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import megamoe_rt
+from megamoe_rt import reference as ref
+from megamoe_rt.gemm import GROUP_ALIGN, grouped_gemm_fp8, grouped_gemm_swiglu_fp8, prepare_swiglu_weights
+
+pytestmark = pytest.mark.gpu
+cp = pytest.importorskip("cupy")
+
+BF16_NAN = 0x7FC1
+E4M3_NAN = 0x7F
+
+
+def _quantized_rows(rng, rows, k, gran=128):
+    """Random e4m3 rows with positive per-row scales of varied magnitude."""
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    if gran == 128:
+        q, sf = ref.quantize_act_1x128(x)
+    else:
+        q = x.astype(ref.E4M3)
+        sf = np.exp2(rng.uniform(-6, 2, size=(rows, k // 64))).astype(np.float32)
+    sf *= np.exp2(rng.integers(-3, 4, size=(rows, 1))).astype(np.float32)
+    return q, sf
+
+
+def _weights(rng, groups, n, k):
+    w = (rng.standard_normal((groups, n, k)) / np.sqrt(k)).astype(np.float32)
+    return ref.quantize_weight_128x128(w)
+
+
+def _contiguous_problem(rng, counts, n, k, a_gran=128):
+    counts = list(counts)
+    padded = [-(-c // GROUP_ALIGN) * GROUP_ALIGN for c in counts]
+    offsets = np.concatenate([[0], np.cumsum(padded)]).astype(np.int32)
+    rows = int(offsets[-1]) + GROUP_ALIGN  # slack past the last group: never read as a group
+    a, a_sf = _quantized_rows(rng, rows, k, a_gran)
+    b, b_sf = _weights(rng, len(counts), n, k)
+    return a, a_sf, b, b_sf, offsets, np.array(counts, np.int32)
+
+
+def _bf16_bits_to_f32(bits):
+    return (np.asarray(bits, np.uint32) << 16).view(np.float32)
+
+
+def _expected_rows(a, a_sf, b, b_sf, a_gran=128):
+    """Dequantized float64 product: an independent formulation of the GEMM contract."""
+    deq_a = ref.dequantize_act(a, a_sf, gran=a_gran).astype(np.float64)
+    deq_b = ref.dequantize_weight(b, b_sf).astype(np.float64)
+    return deq_a @ deq_b.T
+
+
+def _dev(x):
+    if x.dtype == ref.E4M3:
+        return cp.asarray(x.view(np.uint8))
+    return cp.asarray(x)
+
+
+@pytest.mark.parametrize("counts,n,k", [
+    ([1000], 256, 7168),
+    ([0, 1, 63, 65], 512, 256),
+    ([64, 4096, 1], 7168, 512),
+    ([37, 0, 128, 129, 5, 300, 64, 1], 384, 1024),
+    (list(np.random.default_rng(7).integers(0, 100, size=64)), 256, 256),
+    ([1536] * 4, 4096, 4096),
+])
+def test_contiguous_bf16_matches_reference(counts, n, k):
+    rng = np.random.default_rng()
+    a, a_sf, b, b_sf, offsets, cnt = _contiguous_problem(rng, counts, n, k)
+    out = cp.full((a.shape[0], n), BF16_NAN, dtype=cp.uint16)
+    grouped_gemm_fp8(_dev(a), _dev(a_sf), _dev(b), _dev(b_sf), group_offsets=cp.asarray(offsets),
+                     group_counts=cp.asarray(cnt), out=out)
+    got = cp.asnumpy(out)
+    for g, c in enumerate(counts):
+        start = offsets[g]
+        exp = _expected_rows(a[start:start + c], a_sf[start:start + c], b[g], b_sf[g])
+        res = _bf16_bits_to_f32(got[start:start + c])
+        if c:
+            assert np.isfinite(res).all(), f"group {g}: rows left unwritten"
+            assert ref.calc_diff(res, exp) < 1e-5, f"group {g} ({c} rows)"
+        # Padding rows of the group are not written.
+        assert (got[start + c:offsets[g + 1]] == BF16_NAN).all()
+    assert (got[offsets[-1]:] == BF16_NAN).all()
+
+
+def test_group_offsets_without_counts_write_every_row():
+    rng = np.random.default_rng()
+    a, a_sf, b, b_sf, offsets, _ = _contiguous_problem(rng, [128, 256], 256, 512)
+    out = cp.full((a.shape[0], 256), BF16_NAN, dtype=cp.uint16)
+    grouped_gemm_fp8(_dev(a), _dev(a_sf), _dev(b), _dev(b_sf), group_offsets=cp.asarray(offsets), out=out)
+    got = _bf16_bits_to_f32(cp.asnumpy(out))
+    for g in range(2):
+        s, e = offsets[g], offsets[g + 1]
+        assert ref.calc_diff(got[s:e], _expected_rows(a[s:e], a_sf[s:e], b[g], b_sf[g])) < 1e-5
+
+
+@pytest.mark.parametrize("groups,m_max,counts", [
+    (4, 64, [0, 1, 63, 64]),
+    (3, 192, [192, 65, 0]),
+    (32, 64, None),
+])
+def test_masked_bf16_matches_reference(groups, m_max, counts):
+    rng = np.random.default_rng()
+    n, k = 512, 1024
+    if counts is None:
+        counts = list(rng.integers(0, m_max + 1, size=groups))
+    a, a_sf = _quantized_rows(rng, groups * m_max, k)
+    b, b_sf = _weights(rng, groups, n, k)
+    out = cp.full((groups, m_max, n), BF16_NAN, dtype=cp.uint16)
+    grouped_gemm_fp8(_dev(a).reshape(groups, m_max, k), _dev(a_sf).reshape(groups, m_max, k // 128), _dev(b),
+                     _dev(b_sf), masked_counts=cp.asarray(np.array(counts, np.int32)), out=out)
+    got = cp.asnumpy(out)
+    for g, c in enumerate(counts):
+        rows = slice(g * m_max, g * m_max + c)
+        if c:
+            exp = _expected_rows(a[rows], a_sf[rows], b[g], b_sf[g])
+            assert ref.calc_diff(_bf16_bits_to_f32(got[g, :c]), exp) < 1e-5
+        assert (got[g, c:] == BF16_NAN).all()
+
+
+def test_1x64_activation_scales():
+    rng = np.random.default_rng()
+    a, a_sf, b, b_sf, offsets, cnt = _contiguous_problem(rng, [300, 77], 256, 768, a_gran=64)
+    out = cp.full((a.shape[0], 256), BF16_NAN, dtype=cp.uint16)
+    grouped_gemm_fp8(_dev(a), _dev(a_sf), _dev(b), _dev(b_sf), group_offsets=cp.asarray(offsets),
+                     group_counts=cp.asarray(cnt), out=out)
+    got = cp.asnumpy(out)
+    for g, c in enumerate([300, 77]):
+        s = offsets[g]
+        exp = _expected_rows(a[s:s + c], a_sf[s:s + c], b[g], b_sf[g], a_gran=64)
+        assert ref.calc_diff(_bf16_bits_to_f32(got[s:s + c]), exp) < 1e-5
+
+
+def test_scatter_epilogue_writes_rows_to_their_addresses():
+    rng = np.random.default_rng()
+    counts = [200, 57]
+    n, k = 256, 512
+    a, a_sf, b, b_sf, offsets, cnt = _contiguous_problem(rng, counts, n, k)
+    rows = a.shape[0]
+    dest = cp.full((rows, n), BF16_NAN, dtype=cp.uint16)
+    perm = rng.permutation(rows)
+    keep = rng.random(rows) < 0.8
+    row_dst = np.where(keep, dest.data.ptr + perm * n * 2, 0).astype(np.uint64)
+    grouped_gemm_fp8(_dev(a), _dev(a_sf), _dev(b), _dev(b_sf), group_offsets=cp.asarray(offsets),
+                     group_counts=cp.asarray(cnt), row_dst=cp.asarray(row_dst))
+    got = cp.asnumpy(dest)
+    written = np.zeros(rows, bool)
+    for g, c in enumerate(counts):
+        s = offsets[g]
+        exp = _expected_rows(a[s:s + c], a_sf[s:s + c], b[g], b_sf[g])
+        sel = keep[s:s + c]
+        res = _bf16_bits_to_f32(got[perm[s:s + c][sel]])
+        assert ref.calc_diff(res, exp[sel]) < 1e-5
+        written[perm[s:s + c][sel]] = True
+    assert (got[~written] == BF16_NAN).all()
+
+
+def _swiglu_reference(a, a_sf, w1, w1_sf, weight, limit, gran, pow2):
+    l1 = ref.fp8_block_gemm(a, a_sf, w1, w1_sf)
+    inter = w1.shape[0] // 2
+    act = ref.swiglu(l1[:, :inter], l1[:, inter:], limit) * weight[:, None]
+    return act, ref.requant_rows(act, gran, pow2)
+
+
+@pytest.mark.parametrize("gran", [64, 128])
+@pytest.mark.parametrize("limit,pow2", [(None, False), (0.4, False), (None, True)])
+def test_swiglu_epilogue_within_requant(gran, limit, pow2):
+    rng = np.random.default_rng()
+    counts, inter, hidden = [300, 0, 129], 256, 512
+    a, a_sf, w1, w1_sf, offsets, cnt = _contiguous_problem(rng, counts, 2 * inter, hidden)
+    weight = rng.uniform(0.05, 1.0, size=a.shape[0]).astype(np.float32)
+    w1p, w1p_sf = prepare_swiglu_weights(w1.view(np.uint8), w1_sf)
+    rows = a.shape[0]
+    q = cp.full((rows, inter), E4M3_NAN, dtype=cp.uint8)
+    rows_pad = -(-rows // 4) * 4
+    sf = cp.full((inter // gran, rows_pad), np.nan, dtype=cp.float32)
+    grouped_gemm_swiglu_fp8(_dev(a), _dev(a_sf), cp.asarray(w1p), cp.asarray(w1p_sf), cp.asarray(weight),
+                            group_offsets=cp.asarray(offsets), group_counts=cp.asarray(cnt), act_sf_gran=gran,
+                            swiglu_limit=limit, pow2_scale=pow2, out=q, out_sf=sf)
+    gq, gsf = cp.asnumpy(q), cp.asnumpy(sf)
+    for g, c in enumerate(counts):
+        s = offsets[g]
+        if not c:
+            assert (gq[s:offsets[g + 1]] == E4M3_NAN).all()
+            continue
+        act, (rq, rsf) = _swiglu_reference(a[s:s + c], a_sf[s:s + c], w1[g], w1_sf[g], weight[s:s + c], limit,
+                                            gran, pow2)
+        got_sf = gsf[:, s:s + c].T
+        assert np.isfinite(got_sf).all()
+        if pow2:
+            assert (np.frexp(got_sf)[0] == 0.5).all()
+            # A power-of-two scale may land one step away where amax sits on a boundary.
+            ratio = got_sf / rsf
+            assert np.isin(ratio, [0.5, 1.0, 2.0]).all() and (ratio == 1.0).mean() > 0.99
+        else:
+            np.testing.assert_allclose(got_sf, rsf, rtol=2e-3)
+        got = ref.dequantize_act(gq[s:s + c].view(ref.E4M3), got_sf, gran=gran)
+        assert ref.calc_diff(got, act) < 1e-3
+        # Codes agree with the reference's except where fp32 rounding differences cross a rounding boundary.
+        same = (gq[s:s + c] == rq.view(np.uint8)).mean()
+        assert same > 0.97, same
+        assert (gq[s + c:offsets[g + 1]] == E4M3_NAN).all()
+
+
+def test_two_runs_are_bitwise_identical():
+    rng = np.random.default_rng()
+    a, a_sf, b, b_sf, offsets, cnt = _contiguous_problem(rng, [700, 300, 1000], 1024, 2048)
+    args = (_dev(a), _dev(a_sf), _dev(b), _dev(b_sf))
+    o1 = grouped_gemm_fp8(*args, group_offsets=cp.asarray(offsets), group_counts=cp.asarray(cnt))
+    o2 = grouped_gemm_fp8(*args, group_offsets=cp.asarray(offsets), group_counts=cp.asarray(cnt))
+    assert bool((o1 == o2).all())
+
+
+def test_bad_arguments_raise_before_launch():
+    a = cp.zeros((256, 256), cp.uint8)
+    a_sf = cp.ones((256, 2), cp.float32)
+    b = cp.zeros((2, 256, 256), cp.uint8)
+    b_sf = cp.ones((2, 2, 2), cp.float32)
+    offs = cp.asarray(np.array([0, 128, 256], np.int32))
+    with pytest.raises(ValueError, match="exactly one of group_offsets"):
+        grouped_gemm_fp8(a, a_sf, b, b_sf)
+    with pytest.raises(TypeError, match="a: dtype float32"):
+        grouped_gemm_fp8(a.astype(cp.float32), a_sf, b, b_sf, group_offsets=offs)
+    with pytest.raises(ValueError, match="b: K = 200"):
+        grouped_gemm_fp8(a, a_sf, cp.zeros((2, 256, 200), cp.uint8), b_sf, group_offsets=offs)
+    with pytest.raises(ValueError, match="b_sf: expected shape"):
+        grouped_gemm_fp8(a, a_sf, b, cp.ones((2, 2, 3), cp.float32), group_offsets=offs)
+    with pytest.raises(ValueError, match="a_sf: expected shape"):
+        grouped_gemm_fp8(a, cp.ones((256, 3), cp.float32), b, b_sf, group_offsets=offs)
+    with pytest.raises(ValueError, match="group_offsets: expected shape"):
+        grouped_gemm_fp8(a, a_sf, b, b_sf, group_offsets=offs[:2])
+    with pytest.raises(TypeError, match="group_offsets: dtype int64"):
+        grouped_gemm_fp8(a, a_sf, b, b_sf, group_offsets=offs.astype(cp.int64))
+    with pytest.raises(ValueError, match="out: expected shape"):
+        grouped_gemm_fp8(a, a_sf, b, b_sf, group_offsets=offs, out=cp.empty((256, 128), cp.uint16))
+
+
+def test_misaligned_group_offsets_trap_with_a_message():
+    code = textwrap.dedent("""
+        import cupy as cp, numpy as np
+        from megamoe_rt.gemm import grouped_gemm_fp8
+        a = cp.zeros((256, 256), cp.uint8); a_sf = cp.ones((256, 2), cp.float32)
+        b = cp.zeros((2, 256, 256), cp.uint8); b_sf = cp.ones((2, 2, 2), cp.float32)
+        grouped_gemm_fp8(a, a_sf, b, b_sf, group_offsets=cp.asarray(np.array([0, 100, 256], np.int32)))
+        cp.cuda.runtime.deviceSynchronize()
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0
+    assert "group_offsets[1] = 100 is invalid" in out.stdout + out.stderr

@@ -46,7 +46,8 @@ def test_every_kernel_compiles_for_sm90a_without_spills(spec, cache):
     r = c.resources
     assert r.name == spec.name
     assert 0 < r.registers <= 255
-    assert r.spill_bytes == 0 and r.stack_frame_bytes == 0, f"{spec.name} spills: {r}"
+    assert r.spill_bytes == 0, f"{spec.name} spills: {r}"
+    assert r.stack_frame_bytes == 0 or (spec.uses_printf and r.stack_frame_bytes <= 64), r
     assert r.static_smem_bytes + r.dynamic_smem_bytes <= 227 * 1024
     assert c.lowered_name.startswith("_Z")
 

@@ -46,6 +46,7 @@ class KernelSpec:
     block_threads: int = 0         # informational, for reports
     extra_options: tuple[str, ...] = ()
     expect_sass: tuple[str, ...] = ()  # opcodes the SASS must contain (checked by tests)
+    uses_printf: bool = False      # a diagnostic printf: a small stack frame for its arguments is expected
 
 
 @dataclass(frozen=True)

@@ -177,7 +177,8 @@ def launch_gemm(launch: GemmLaunch, *, device: int, sm_count: int, stream: Any =
 
 
 CHECK_LAYOUT_SPEC = KernelSpec(name="fp8_gemm_check_group_layout", source="gemm/check_group_layout.cu",
-                               entry="megamoe_rt::gemm::check_group_layout", block_threads=32)
+                               entry="megamoe_rt::gemm::check_group_layout", block_threads=32,
+                               uses_printf=True)
 
 
 def launch_layout_check(launch: GemmLaunch, *, device: int, stream: Any = None) -> None:

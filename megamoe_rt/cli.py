@@ -173,6 +173,43 @@ def cmd_compile(args) -> int:
     return 0
 
 
+# --- bench ------------------------------------------------------------------------------
+
+
+def _csv(kind, valid=None):
+    def parse(text: str):
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError("expected a comma-separated list")
+        try:
+            out = [kind(t) for t in items]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"bad list {text!r}") from None
+        if valid is not None:
+            bad = [t for t in out if t not in valid]
+            if bad:
+                raise argparse.ArgumentTypeError(f"unknown {bad[0]!r}; expected from {', '.join(valid)}")
+        if kind is int and min(out) <= 0:
+            raise argparse.ArgumentTypeError("expected positive integers")
+        return out
+    return parse
+
+
+def cmd_bench(args) -> int:
+    from . import driver
+
+    try:
+        info = driver.require_hopper()
+    except RuntimeError as exc:
+        print(f"megamoe-rt bench: {exc}", file=sys.stderr)
+        return 1
+    from .bench import bench_gemm
+
+    print(f"device {info.ordinal}: {info.name}, {info.sm_count} SMs")
+    bench_gemm(args.presets, args.tokens, with_torch=not args.no_torch, rounds=args.rounds, json_path=args.json)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     from .presets import PRESETS
@@ -202,6 +239,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--lineinfo", action="store_true", help="compile with -lineinfo")
     s.add_argument("--no-cache", action="store_true", help="compile even where a cached cubin exists")
     s.set_defaults(func=cmd_compile)
+
+    s = sub.add_parser("bench", help="benchmarks on a Hopper GPU (method of DESIGN section 8)")
+    s.add_argument("what", choices=("gemm",), help="what to measure")
+    s.add_argument("--presets", type=_csv(str, sorted(PRESETS)), default=["flash", "pro", "v3"])
+    s.add_argument("--tokens", type=_csv(int), default=[512, 2048, 8192], help="tokens per rank (EP8 slice)")
+    s.add_argument("--rounds", type=_positive_int, default=3)
+    s.add_argument("--no-torch", action="store_true", help="skip the PyTorch peer arms")
+    s.add_argument("--json", default=None, help="write the results to this JSON file")
+    s.set_defaults(func=cmd_bench)
     return p
 
 

@@ -52,7 +52,7 @@ def _check_groups(name: str, arr: Any, length: int, device: int) -> DeviceArray:
 
 def grouped_gemm_fp8(a: Any, a_sf: Any, b: Any, b_sf: Any, *, group_offsets: Any = None, group_counts: Any = None,
                      masked_counts: Any = None, out: Any = None, row_dst: Any = None, stream: Any = None,
-                     check_layout: bool = True):
+                     check_layout: bool = True, a_sf_kmajor: bool = False):
     """Grouped FP8 GEMM; returns ``out`` (bf16 bits as uint16) or None with ``row_dst``.
 
     a: e4m3 (uint8) ``[M, K]`` (contiguous) or ``[G, M_max, K]`` (masked).
@@ -62,6 +62,8 @@ def grouped_gemm_fp8(a: Any, a_sf: Any, b: Any, b_sf: Any, *, group_offsets: Any
     ``row_dst``: uint64 ``[M]`` byte addresses; row r of D is written there (0 skips it)
     instead of into ``out``. ``check_layout`` runs a one-thread device check of the
     offsets/counts first (it traps with a message on a violated contract).
+    ``a_sf_kmajor=True``: ``a_sf`` is already ``[K/gran, rows_pad]`` (rows padded to a
+    multiple of 4), the layout the SwiGLU epilogue writes, and is used without a copy.
     """
     if (group_offsets is None) == (masked_counts is None):
         raise ValueError("pass exactly one of group_offsets (contiguous layout) and masked_counts (masked layout)")
@@ -95,12 +97,19 @@ def grouped_gemm_fp8(a: Any, a_sf: Any, b: Any, b_sf: Any, *, group_offsets: Any
         masked_rows = aa.shape[1]
         rows = groups * masked_rows
     asfa = as_device_array(a_sf, "a_sf", stream=sh)
-    check_array(asfa, "a_sf", dtypes=("float32",), device=dev, align=4)
+    check_array(asfa, "a_sf", dtypes=("float32",), device=dev, align=4 if not a_sf_kmajor else 16)
     lead = tuple(aa.shape[:-1])
-    if tuple(asfa.shape[:-1]) != lead or asfa.shape[-1] not in (kk // 128, kk // 64):
-        raise ValueError(f"a_sf: expected shape {list(lead) + [kk // 128]} (1x128 scales) or "
-                         f"{list(lead) + [kk // 64]} (1x64), got {list(asfa.shape)}")
-    a_sf_gran = kk // asfa.shape[-1]
+    rows_pad = max(4, -(-rows // 4) * 4)
+    if a_sf_kmajor:
+        if asfa.ndim != 2 or asfa.shape[1] != rows_pad or asfa.shape[0] not in (kk // 128, kk // 64):
+            raise ValueError(f"a_sf: k-major scales must be [{kk // 128} or {kk // 64}, {rows_pad}], "
+                             f"got {list(asfa.shape)}")
+        a_sf_gran = kk // asfa.shape[0]
+    else:
+        if tuple(asfa.shape[:-1]) != lead or asfa.shape[-1] not in (kk // 128, kk // 64):
+            raise ValueError(f"a_sf: expected shape {list(lead) + [kk // 128]} (1x128 scales) or "
+                             f"{list(lead) + [kk // 64]} (1x64), got {list(asfa.shape)}")
+        a_sf_gran = kk // asfa.shape[-1]
 
     info = driver.require_hopper(dev)
     cupy = require_cupy()
@@ -134,7 +143,7 @@ def grouped_gemm_fp8(a: Any, a_sf: Any, b: Any, b_sf: Any, *, group_offsets: Any
             p.d_row_stride_bytes = n * 2
         if rows == 0:
             return result
-        sfa_t = _kmajor_scales(cupy, cupy.asarray(a_sf), rows, asfa.shape[-1])
+        sfa_t = asfa if a_sf_kmajor else _kmajor_scales(cupy, cupy.asarray(a_sf), rows, asfa.shape[-1])
         launch = k.GemmLaunch(cfg, aa, sfa_t, ba, p)
         if check_layout:
             k.launch_layout_check(launch, device=info.ordinal, stream=sh)

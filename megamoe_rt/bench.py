@@ -1,0 +1,204 @@
+"""Benchmarks (DESIGN §8): CUDA-event device time, L2 flushed and a short sleep before
+each call, 20 calls per observation, several observations, arms bracketed in rounds
+(A B, B A, A B); the result is the median of round medians with the min-max band."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+from .presets import DEFAULT_EP_RANKS, get_preset
+
+FP8_CEILING_TFLOPS = 1400.0
+L2_FLUSH_BYTES = 256 * 2**20  # > 4x the H200's 60 MB L2
+
+
+@dataclass
+class ArmResult:
+    name: str
+    median_us: float
+    band_us: tuple[float, float]
+    rounds_us: list[float] = field(default_factory=list)
+    error: str | None = None
+
+
+class DeviceTimer:
+    def __init__(self, *, calls: int = 20, observations: int = 3, sleep_s: float = 0.0005):
+        import cupy as cp
+
+        self.cp = cp
+        self.calls = calls
+        self.observations = observations
+        self.sleep_s = sleep_s
+        self.scratch = cp.empty(L2_FLUSH_BYTES, dtype=cp.uint8)
+
+    def observe(self, fn: Callable[[], None]) -> float:
+        """Median device time (µs) over `calls` calls, each after an L2 flush and a short sleep."""
+        cp = self.cp
+        times = []
+        for _ in range(self.calls):
+            self.scratch.fill(0x5A)
+            cp.cuda.get_current_stream().synchronize()
+            time.sleep(self.sleep_s)
+            start, end = cp.cuda.Event(), cp.cuda.Event()
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(cp.cuda.get_elapsed_time(start, end) * 1e3)
+        return statistics.median(times)
+
+    def arm_round(self, fn: Callable[[], None]) -> float:
+        return statistics.median(self.observe(fn) for _ in range(self.observations))
+
+
+def bracketed(timer: DeviceTimer, arms: dict[str, Callable[[], None]], rounds: int = 3) -> dict[str, ArmResult]:
+    """Run arms in rounds, alternating their order, so drift hits every arm alike."""
+    names = list(arms)
+    per: dict[str, list[float]] = {n: [] for n in names}
+    errors: dict[str, str] = {}
+    for fn_name in names:  # warm-up: JIT, module load, allocator
+        try:
+            arms[fn_name]()
+        except Exception as exc:  # a peer arm that cannot run is reported, not fatal
+            errors[fn_name] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+    timer.cp.cuda.get_current_stream().synchronize()
+    live = [n for n in names if n not in errors]
+    for r in range(rounds):
+        order = live if r % 2 == 0 else list(reversed(live))
+        for n in order:
+            per[n].append(timer.arm_round(arms[n]))
+    out = {}
+    for n in names:
+        if n in errors:
+            out[n] = ArmResult(n, float("nan"), (float("nan"), float("nan")), [], errors[n])
+        else:
+            out[n] = ArmResult(n, statistics.median(per[n]), (min(per[n]), max(per[n])), per[n])
+    return out
+
+
+# --- grouped GEMM -------------------------------------------------------------------------
+
+@dataclass
+class GemmShape:
+    preset: str
+    tokens: int
+    stage: str           # "l1" or "l2"
+    groups: int
+    rows_per_group: int
+    n: int
+    k: int
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.groups * self.rows_per_group * self.n * self.k
+
+
+def gemm_shapes(presets: list[str], tokens: list[int], ranks: int = DEFAULT_EP_RANKS) -> list[GemmShape]:
+    shapes = []
+    for name in presets:
+        p = get_preset(name)
+        groups = p.num_experts // ranks
+        for t in tokens:
+            rows = t * ranks * p.num_topk // p.num_experts  # uniform routing, per local expert
+            shapes.append(GemmShape(name, t, "l1", groups, rows, 2 * p.intermediate, p.hidden))
+            shapes.append(GemmShape(name, t, "l2", groups, rows, p.hidden, p.intermediate))
+    return shapes
+
+
+def _gemm_arms(shape: GemmShape, with_torch: bool) -> tuple[dict[str, Callable[[], None]], str]:
+    import cupy as cp
+    import numpy as np
+
+    from .gemm import GROUP_ALIGN, grouped_gemm_fp8
+    from .gemm_heuristics import choose_config
+    from .kernels.quantize import quantize_fp8
+    from . import driver
+
+    g, m, n, k = shape.groups, shape.rows_per_group, shape.n, shape.k
+    padded = -(-m // GROUP_ALIGN) * GROUP_ALIGN
+    rows = g * padded
+    a, _ = quantize_fp8(cp.random.standard_normal((rows, k), dtype=cp.float32))
+    b, _ = quantize_fp8(cp.random.standard_normal((g * n, k), dtype=cp.float32))
+    b = b.reshape(g, n, k)
+    rows_pad = -(-rows // 4) * 4
+    a_sf_t = cp.random.uniform(0.5, 1.5, size=(k // 128, rows_pad)).astype(cp.float32)
+    b_sf = cp.random.uniform(0.5, 1.5, size=(g, n // 128, k // 128)).astype(cp.float32) / np.sqrt(k)
+    offsets = cp.asarray(np.arange(g + 1, dtype=np.int32) * padded)
+    counts = cp.full((g,), m, dtype=cp.int32)
+    out = cp.empty((rows, n), dtype=cp.uint16)
+    info = driver.require_hopper()
+    cfg = choose_config(layout="contiguous", epilogue="bf16", num_rows=rows, n=n, k=k, num_groups=g,
+                        sm_count=info.sm_count)
+
+    def ours():
+        grouped_gemm_fp8(a, a_sf_t, b, b_sf, group_offsets=offsets, group_counts=counts, out=out,
+                         check_layout=False, a_sf_kmajor=True)
+
+    arms = {"megamoe_rt": ours}
+    if with_torch:
+        try:
+            import torch
+        except ImportError:
+            torch = None
+        if torch is not None and torch.cuda.is_available():
+            ta = torch.from_dlpack(a.reshape(rows, k)).view(torch.float8_e4m3fn)
+            tb = torch.from_dlpack(b).view(torch.float8_e4m3fn)
+            ends = torch.arange(1, g + 1, dtype=torch.int32, device="cuda") * padded
+            sa = torch.ones(rows, dtype=torch.float32, device="cuda")
+            sb = torch.ones(g, n, dtype=torch.float32, device="cuda")
+
+            def scaled_grouped():
+                torch._scaled_grouped_mm(ta, tb.transpose(-2, -1), sa, sb, offs=ends, out_dtype=torch.bfloat16)
+
+            arms["torch._scaled_grouped_mm"] = scaled_grouped
+            # Dense FP8 with the same FLOPs (the ceiling arm): [g*m, k] x [k, n].
+            dm = max(16, g * m // 16 * 16)
+            da = ta[:dm]
+            db = tb.reshape(g * n, k)[:n]
+            one = torch.ones((), dtype=torch.float32, device="cuda")
+
+            def scaled_dense():
+                torch._scaled_mm(da, db.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+
+            arms["torch._scaled_mm (dense)"] = scaled_dense
+    return arms, cfg.name
+
+
+def bench_gemm(presets: list[str], tokens: list[int], *, with_torch: bool = True, rounds: int = 3,
+               json_path: str | None = None) -> list[dict]:
+    timer = DeviceTimer()
+    rows = []
+    for shape in gemm_shapes(presets, tokens):
+        arms, cfg_name = _gemm_arms(shape, with_torch)
+        results = bracketed(timer, arms, rounds=rounds)
+        row = {"shape": asdict(shape), "config": cfg_name, "flops": shape.flops, "arms": {}}
+        for name, r in results.items():
+            dense_flops = shape.flops if "dense" not in name else 2.0 * max(16, shape.groups * shape.rows_per_group // 16 * 16) * shape.n * shape.k
+            tflops = dense_flops / (r.median_us * 1e-6) / 1e12 if r.error is None else None
+            row["arms"][name] = {"median_us": r.median_us, "band_us": list(r.band_us), "rounds_us": r.rounds_us,
+                                 "tflops": tflops, "error": r.error}
+        rows.append(row)
+        _print_gemm_row(row)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(rows, f, indent=2)
+    return rows
+
+
+def _print_gemm_row(row: dict) -> None:
+    s = row["shape"]
+    label = f"{s['preset']:>5} {s['stage']} T={s['tokens']:<5} {s['groups']}x{s['rows_per_group']:<5} N={s['n']:<5} K={s['k']:<5}"
+    parts = []
+    for name, a in row["arms"].items():
+        if a["error"]:
+            parts.append(f"{name}: n/a")
+        else:
+            parts.append(f"{name}: {a['median_us']:8.1f} us {a['tflops']:7.1f} TF/s")
+    ours = row["arms"]["megamoe_rt"].get("tflops")
+    peer = row["arms"].get("torch._scaled_grouped_mm", {}).get("tflops")
+    ratio = f"  ratio {ours / peer:5.2f}" if ours and peer else ""
+    print(f"{label} | " + " | ".join(parts) + ratio, flush=True)

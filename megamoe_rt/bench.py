@@ -126,7 +126,7 @@ def _gemm_arms(shape: GemmShape, with_torch: bool) -> tuple[dict[str, Callable[[
     b = b.reshape(g, n, k)
     rows_pad = -(-rows // 4) * 4
     a_sf_t = cp.random.uniform(0.5, 1.5, size=(k // 128, rows_pad)).astype(cp.float32)
-    b_sf = cp.random.uniform(0.5, 1.5, size=(g, n // 128, k // 128)).astype(cp.float32) / np.sqrt(k)
+    b_sf = (cp.random.uniform(0.5, 1.5, size=(g, n // 128, k // 128)) / np.sqrt(k)).astype(cp.float32)
     offsets = cp.asarray(np.arange(g + 1, dtype=np.int32) * padded)
     counts = cp.full((g,), m, dtype=cp.int32)
     out = cp.empty((rows, n), dtype=cp.uint16)

@@ -397,17 +397,35 @@ class LoadedKernel:
         return int(call(cu.cuFuncGetAttribute, attr, self.function))
 
     def launch(self, grid: Sequence[int], block: Sequence[int], args: Sequence[ctypes._SimpleCData | ctypes.Structure],
-               *, stream: Any = None, smem_bytes: int | None = None) -> None:
-        """Launch with ``args`` given as ctypes objects in parameter order."""
+               *, stream: Any = None, smem_bytes: int | None = None, cluster: Sequence[int] | None = None) -> None:
+        """Launch with ``args`` given as ctypes objects in parameter order.
+
+        ``cluster``: thread-block-cluster shape; the grid must be a multiple of it.
+        """
         g = tuple(grid) + (1,) * (3 - len(grid))
         b = tuple(block) + (1,) * (3 - len(block))
         if min(g) <= 0 or min(b) <= 0:
             raise ValueError(f"grid {g} and block {b} must be positive")
         ptrs = (ctypes.c_void_p * max(len(args), 1))(*[ctypes.addressof(a) for a in args])
         smem = self.dynamic_smem_bytes if smem_bytes is None else smem_bytes
-        call(_cu().cuLaunchKernel, self.function, *g, *b, smem, stream_handle(stream), ctypes.addressof(ptrs), 0)
-        # args and ptrs must outlive the call only: cuLaunchKernel copies parameters.
-        del ptrs
+        cu = _cu()
+        if cluster is None or tuple(cluster) in ((1,), (1, 1, 1)):
+            call(cu.cuLaunchKernel, self.function, *g, *b, smem, stream_handle(stream), ctypes.addressof(ptrs), 0)
+            return
+        c = tuple(cluster) + (1,) * (3 - len(cluster))
+        if any(gi % ci for gi, ci in zip(g, c)):
+            raise ValueError(f"grid {g} is not a multiple of the cluster shape {c}")
+        cfg = cu.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = g
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = b
+        cfg.sharedMemBytes = smem
+        cfg.hStream = cu.CUstream(stream_handle(stream))
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = c
+        cfg.attrs = [attr]
+        cfg.numAttrs = 1
+        call(cu.cuLaunchKernelEx, cfg, self.function, ctypes.addressof(ptrs), 0)
 
     def __del__(self):
         try:

@@ -44,6 +44,19 @@ def _kmajor_scales(cupy, sf: Any, rows: int, sf_cols: int) -> DeviceArray:
     return as_device_array(t, "a_sf (k-major copy)")
 
 
+def _check_config(cfg: k.GemmConfig, *, layout: str, epilogue: str, a_sf_gran: int, n: int,
+                  out_sf_gran: int | None = None) -> None:
+    if not isinstance(cfg, k.GemmConfig):
+        raise TypeError(f"config: expected a GemmConfig, got {type(cfg).__name__}")
+    if (cfg.layout, cfg.epilogue, cfg.a_sf_gran) != (layout, epilogue, a_sf_gran):
+        raise ValueError(f"config: {cfg.name} does not match layout={layout}, epilogue={epilogue}, "
+                         f"a_sf_gran={a_sf_gran}")
+    if out_sf_gran is not None and cfg.out_sf_gran != out_sf_gran:
+        raise ValueError(f"config: {cfg.name} requantizes in groups of {cfg.out_sf_gran}, the call asks {out_sf_gran}")
+    if n % (cfg.block_n * cfg.cluster_n):
+        raise ValueError(f"config: {cfg.name} needs N to be a multiple of {cfg.block_n * cfg.cluster_n}, got {n}")
+
+
 def _check_groups(name: str, arr: Any, length: int, device: int) -> DeviceArray:
     d = as_device_array(arr, name)
     check_array(d, name, dtypes=("int32",), shape=(length,), device=device, align=4)
@@ -52,7 +65,7 @@ def _check_groups(name: str, arr: Any, length: int, device: int) -> DeviceArray:
 
 def grouped_gemm_fp8(a: Any, a_sf: Any, b: Any, b_sf: Any, *, group_offsets: Any = None, group_counts: Any = None,
                      masked_counts: Any = None, out: Any = None, row_dst: Any = None, stream: Any = None,
-                     check_layout: bool = True, a_sf_kmajor: bool = False):
+                     check_layout: bool = True, a_sf_kmajor: bool = False, config: k.GemmConfig | None = None):
     """Grouped FP8 GEMM; returns ``out`` (bf16 bits as uint16) or None with ``row_dst``.
 
     a: e4m3 (uint8) ``[M, K]`` (contiguous) or ``[G, M_max, K]`` (masked).
@@ -64,6 +77,8 @@ def grouped_gemm_fp8(a: Any, a_sf: Any, b: Any, b_sf: Any, *, group_offsets: Any
     offsets/counts first (it traps with a message on a violated contract).
     ``a_sf_kmajor=True``: ``a_sf`` is already ``[K/gran, rows_pad]`` (rows padded to a
     multiple of 4), the layout the SwiGLU epilogue writes, and is used without a copy.
+    ``config`` overrides the heuristic's tile choice (tuning and tests); it must match the
+    call's layout, epilogue and scale granularity.
     """
     if (group_offsets is None) == (masked_counts is None):
         raise ValueError("pass exactly one of group_offsets (contiguous layout) and masked_counts (masked layout)")
@@ -116,9 +131,10 @@ def grouped_gemm_fp8(a: Any, a_sf: Any, b: Any, b_sf: Any, *, group_offsets: Any
     # Temporaries and outputs come from CuPy's pool on the launch stream, so a
     # block is never handed out while earlier work on another stream still uses it.
     with cupy.cuda.Device(info.ordinal), cupy_stream(cupy, sh):
-        cfg = choose_config(layout=layout, epilogue="scatter_bf16" if row_dst is not None else "bf16",
-                            num_rows=rows, n=n, k=kk, num_groups=groups, sm_count=info.sm_count,
-                            masked_rows=masked_rows, a_sf_gran=a_sf_gran)
+        epilogue = "scatter_bf16" if row_dst is not None else "bf16"
+        cfg = config or choose_config(layout=layout, epilogue=epilogue, num_rows=rows, n=n, k=kk, num_groups=groups,
+                                      sm_count=info.sm_count, masked_rows=masked_rows, a_sf_gran=a_sf_gran)
+        _check_config(cfg, layout=layout, epilogue=epilogue, a_sf_gran=a_sf_gran, n=n)
         p = k.GemmParams(num_rows=rows, n=n, k=kk, num_groups=groups, masked_rows=masked_rows, flags=0,
                          sfb=bsfa.ptr)
         if layout == "contiguous":
@@ -184,7 +200,8 @@ def prepare_swiglu_weights(w1: Any, w1_sf: Any):
 def grouped_gemm_swiglu_fp8(a: Any, a_sf: Any, w1p: Any, w1p_sf: Any, row_weight: Any, *, group_offsets: Any = None,
                             group_counts: Any = None, masked_counts: Any = None, act_sf_gran: int = 128,
                             swiglu_limit: float | None = None, pow2_scale: bool = False, out: Any = None,
-                            out_sf: Any = None, stream: Any = None, check_layout: bool = True):
+                            out_sf: Any = None, stream: Any = None, check_layout: bool = True,
+                            config: k.GemmConfig | None = None):
     """L1 GEMM with the SwiGLU x weight -> e4m3 epilogue.
 
     ``w1p``/``w1p_sf`` come from :func:`prepare_swiglu_weights`. ``row_weight`` float32 ``[rows]``
@@ -232,8 +249,10 @@ def grouped_gemm_swiglu_fp8(a: Any, a_sf: Any, w1p: Any, w1p_sf: Any, row_weight
         check_array(qa, "out", dtypes=("e4m3",), shape=lead + (inter,), device=dev, align=2)
         sfo = as_device_array(sf, "out_sf")
         check_array(sfo, "out_sf", dtypes=("float32",), shape=(inter // act_sf_gran, rows_pad), device=dev, align=4)
-        cfg = choose_config(layout=layout, epilogue="swiglu_fp8", num_rows=rows, n=two_i, k=kk, num_groups=groups,
-                            sm_count=info.sm_count, masked_rows=masked_rows, out_sf_gran=act_sf_gran)
+        cfg = config or choose_config(layout=layout, epilogue="swiglu_fp8", num_rows=rows, n=two_i, k=kk,
+                                      num_groups=groups, sm_count=info.sm_count, masked_rows=masked_rows,
+                                      out_sf_gran=act_sf_gran)
+        _check_config(cfg, layout=layout, epilogue="swiglu_fp8", a_sf_gran=128, n=two_i, out_sf_gran=act_sf_gran)
         flags = (k.FLAG_CLAMP if swiglu_limit is not None else 0) | (k.FLAG_POW2_SCALE if pow2_scale else 0)
         p = k.GemmParams(num_rows=rows, n=two_i, k=kk, num_groups=groups, masked_rows=masked_rows, flags=flags,
                          sfb=bsfa.ptr, d=qa.ptr, d_row_stride_bytes=inter, d_sf=sfo.ptr, d_sf_row_stride=rows_pad,

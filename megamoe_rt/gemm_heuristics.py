@@ -9,9 +9,15 @@ from .kernels.gemm import GemmConfig, max_stages
 TILES = ((128, 128), (64, 256), (64, 128))
 
 
-def _config(bm: int, bn: int, *, a_sf_gran: int, b_sf_n: int, out_sf_gran: int, layout: str, epilogue: str) -> GemmConfig:
+def _config(bm: int, bn: int, *, a_sf_gran: int, b_sf_n: int, out_sf_gran: int, layout: str, epilogue: str,
+            cluster_n: int = 1) -> GemmConfig:
     return GemmConfig(bm, bn, max_stages(bm, bn, a_sf_gran), a_sf_gran=a_sf_gran, b_sf_n=b_sf_n,
-                      out_sf_gran=out_sf_gran, layout=layout, epilogue=epilogue)
+                      out_sf_gran=out_sf_gran, cluster_n=cluster_n, layout=layout, epilogue=epilogue)
+
+
+def _clusters(bm: int, bn: int) -> tuple[int, ...]:
+    # 128-row tiles also come as CTA pairs sharing the A tile.
+    return (1, 2) if (bm, bn) == (128, 128) else (1,)
 
 
 def candidate_configs() -> list[GemmConfig]:
@@ -19,16 +25,18 @@ def candidate_configs() -> list[GemmConfig]:
     out: list[GemmConfig] = []
     for layout in ("contiguous", "masked"):
         for bm, bn in TILES:
-            for a_gran in (128, 64):
-                out.append(_config(bm, bn, a_sf_gran=a_gran, b_sf_n=128, out_sf_gran=128, layout=layout, epilogue="bf16"))
-                if layout == "contiguous":
+            for cl in _clusters(bm, bn):
+                for a_gran in (128, 64):
                     out.append(_config(bm, bn, a_sf_gran=a_gran, b_sf_n=128, out_sf_gran=128, layout=layout,
-                                       epilogue="scatter_bf16"))
-            for out_gran in (64, 128):
-                if out_gran == 128 and (bm, bn) != (64, 256):
-                    continue
-                out.append(_config(bm, bn, a_sf_gran=128, b_sf_n=64, out_sf_gran=out_gran, layout=layout,
-                                   epilogue="swiglu_fp8"))
+                                       epilogue="bf16", cluster_n=cl))
+                    if layout == "contiguous":
+                        out.append(_config(bm, bn, a_sf_gran=a_gran, b_sf_n=128, out_sf_gran=128, layout=layout,
+                                           epilogue="scatter_bf16", cluster_n=cl))
+                for out_gran in (64, 128):
+                    if out_gran == 128 and (bm, bn) != (64, 256):
+                        continue
+                    out.append(_config(bm, bn, a_sf_gran=128, b_sf_n=64, out_sf_gran=out_gran, layout=layout,
+                                       epilogue="swiglu_fp8", cluster_n=cl))
     return out
 
 
@@ -38,7 +46,8 @@ def choose_config(*, layout: str, epilogue: str, num_rows: int, n: int, k: int, 
 
     - 128-wide requant groups in the SwiGLU epilogue need the 64x256 tile.
     - Groups of at most 64 rows (decode) waste half of a 128-row tile: use 64 rows.
-    - Otherwise 128x128, unless that leaves most SMs idle, when 64x128 doubles the tiles.
+    - Otherwise 128x128, unless that leaves most SMs idle, when 64x128 doubles the tiles;
+      128x128 runs as CTA pairs sharing the A tile when the n-blocks pair up.
     """
     b_sf_n = 64 if epilogue == "swiglu_fp8" else 128
     kw = dict(a_sf_gran=a_sf_gran, b_sf_n=b_sf_n, out_sf_gran=out_sf_gran if epilogue == "swiglu_fp8" else 128,
@@ -52,4 +61,4 @@ def choose_config(*, layout: str, epilogue: str, num_rows: int, n: int, k: int, 
     tiles_128 = -(-total_rows // 128) * (n // 128)
     if tiles_128 < sm_count // 2:
         return _config(64, 128, **kw)
-    return _config(128, 128, **kw)
+    return _config(128, 128, cluster_n=2 if (n // 128) % 2 == 0 else 1, **kw)

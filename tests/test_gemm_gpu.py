@@ -278,3 +278,50 @@ def test_l2_consumes_swiglu_output_in_place():
             s = offsets[g]
             exp = _expected_rows(gq[s:s + c].view(ref.E4M3), gsf[:, s:s + c].T.copy(), w2[g], w2_sf[g], a_gran=gran)
             assert ref.calc_diff(_bf16_bits_to_f32(gy[s:s + c]), exp) < 1e-5
+
+
+_BF16_CONTIGUOUS = [c for c in __import__("megamoe_rt.gemm_heuristics", fromlist=["x"]).candidate_configs()
+                    if c.layout == "contiguous" and c.epilogue == "bf16"]
+
+
+@pytest.mark.parametrize("config", _BF16_CONTIGUOUS, ids=lambda c: c.name)
+def test_every_bf16_tile_config(config):
+    """Each compiled tile shape / cluster / scale granularity on ragged groups."""
+    rng = np.random.default_rng()
+    counts, n, k = [0, 1, 200, 129, 64, 600], 512, 768
+    a, a_sf, b, b_sf, offsets, cnt = _contiguous_problem(rng, counts, n, k, a_gran=config.a_sf_gran)
+    out = cp.full((a.shape[0], n), BF16_NAN, dtype=cp.uint16)
+    grouped_gemm_fp8(_dev(a), _dev(a_sf), _dev(b), _dev(b_sf), group_offsets=cp.asarray(offsets),
+                     group_counts=cp.asarray(cnt), out=out, config=config)
+    got = cp.asnumpy(out)
+    for g, c in enumerate(counts):
+        s = offsets[g]
+        if c:
+            exp = _expected_rows(a[s:s + c], a_sf[s:s + c], b[g], b_sf[g], a_gran=config.a_sf_gran)
+            assert ref.calc_diff(_bf16_bits_to_f32(got[s:s + c]), exp) < 1e-5, f"group {g}"
+        assert (got[s + c:offsets[g + 1]] == BF16_NAN).all()
+
+
+_SWIGLU_CONTIGUOUS = [c for c in __import__("megamoe_rt.gemm_heuristics", fromlist=["x"]).candidate_configs()
+                      if c.layout == "contiguous" and c.epilogue == "swiglu_fp8"]
+
+
+@pytest.mark.parametrize("config", _SWIGLU_CONTIGUOUS, ids=lambda c: c.name)
+def test_every_swiglu_tile_config(config):
+    rng = np.random.default_rng()
+    counts, inter, hidden = [130, 0, 300], 256, 512
+    gran = config.out_sf_gran
+    a, a_sf, w1, w1_sf, offsets, cnt = _contiguous_problem(rng, counts, 2 * inter, hidden)
+    weight = rng.uniform(0.05, 1.0, size=a.shape[0]).astype(np.float32)
+    w1p, w1p_sf = prepare_swiglu_weights(w1.view(np.uint8), w1_sf)
+    q, sf = grouped_gemm_swiglu_fp8(_dev(a), _dev(a_sf), cp.asarray(w1p), cp.asarray(w1p_sf), cp.asarray(weight),
+                                    group_offsets=cp.asarray(offsets), group_counts=cp.asarray(cnt),
+                                    act_sf_gran=gran, config=config)
+    gq, gsf = cp.asnumpy(q), cp.asnumpy(sf)
+    for g, c in enumerate(counts):
+        if not c:
+            continue
+        s = offsets[g]
+        act, _ = _swiglu_reference(a[s:s + c], a_sf[s:s + c], w1[g], w1_sf[g], weight[s:s + c], None, gran, False)
+        got = ref.dequantize_act(gq[s:s + c].view(ref.E4M3), gsf[:, s:s + c].T.copy(), gran=gran)
+        assert ref.calc_diff(got, act) < 1e-3

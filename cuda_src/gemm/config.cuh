@@ -3,7 +3,8 @@
 // A CTA is one producer warpgroup (one thread issues TMA) and one or two math
 // warpgroups. Each math warpgroup owns a 64 x 128 piece of the tile, computed
 // with wgmma m64n128k32: BLOCK_M 128 splits rows between two warpgroups,
-// BLOCK_N 256 splits columns, 64 x 128 uses one.
+// BLOCK_N 256 splits columns, 64 x 128 uses one. Optionally two CTAs form a
+// cluster along N that shares (multicasts) the A tile.
 #pragma once
 
 #include "common/types.cuh"
@@ -11,8 +12,8 @@
 
 namespace megamoe_rt::gemm {
 
-template <u32 kBlockM_, u32 kBlockN_, u32 kStages_, u32 kASfGran_, u32 kBSfN_, u32 kOutSfGran_, GroupLayout kLayout_,
-          Epilogue kEpilogue_>
+template <u32 kBlockM_, u32 kBlockN_, u32 kStages_, u32 kASfGran_, u32 kBSfN_, u32 kOutSfGran_, u32 kClusterN_,
+          GroupLayout kLayout_, Epilogue kEpilogue_>
 struct Config {
     static constexpr u32 kBlockM = kBlockM_;
     static constexpr u32 kBlockN = kBlockN_;
@@ -21,6 +22,9 @@ struct Config {
     static constexpr u32 kASfGran = kASfGran_;       // A scales per 64 or 128 K elements
     static constexpr u32 kBSfN = kBSfN_;             // B scales per 64 or 128 output columns
     static constexpr u32 kOutSfGran = kOutSfGran_;   // SwiGLU epilogue: requant group along the output
+    // CTAs per cluster along N: a pair computes neighbouring n-blocks of one m-block and
+    // each loads half of the shared A tile, multicast to both (half the A traffic).
+    static constexpr u32 kClusterN = kClusterN_;
     static constexpr GroupLayout kLayout = kLayout_;
     static constexpr Epilogue kEpilogue = kEpilogue_;
 
@@ -60,6 +64,8 @@ struct Config {
     static_assert(kBSfN == 64 || kBSfN == 128, "B scale granularity must be 64 or 128");
     static_assert(kSmemABytes % 1024 == 0 && kSmemBBytes % 1024 == 0, "swizzled tiles must stay 1024-aligned");
     static_assert(kStages >= 2, "at least two pipeline stages");
+    static_assert(kClusterN == 1 || kClusterN == 2, "clusters of one or two CTAs along N");
+    static constexpr u32 kEmptyArrivals = kNumMathWarpgroups * 4 * kClusterN;  // one per math warp per CTA
     static_assert(kDynamicSmemBytes <= 232448, "exceeds the 227 KiB shared-memory limit");
     static_assert(kOutSfGran == 64 || kOutSfGran == 128, "requant granularity must be 64 or 128");
     // A 128-wide requant group is 256 interleaved gate|up columns: two warpgroups side by side.

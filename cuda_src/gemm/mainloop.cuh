@@ -7,6 +7,7 @@
 #include "gemm/config.cuh"
 #include "gemm/params.cuh"
 #include "gemm/tile_scheduler.cuh"
+#include "ptx/cluster.cuh"
 #include "ptx/ld_st.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/tma.cuh"
@@ -49,14 +50,24 @@ __device__ __forceinline__ void fence_operand(float& reg) { asm volatile("" : "+
 template <class Cfg>
 __device__ __forceinline__ void produce_tile(const Tile& tile, u32 num_k_blocks, const SharedStorage<Cfg>& sm,
                                              PipelineState<Cfg::kStages>& st, const ptx::TmaDescriptor* tma_a,
-                                             const ptx::TmaDescriptor* tma_b, const ptx::TmaDescriptor* tma_sfa) {
+                                             const ptx::TmaDescriptor* tma_b, const ptx::TmaDescriptor* tma_sfa,
+                                             u32 cta_rank) {
     for (u32 kb = 0; kb < num_k_blocks; ++kb) {
         // The first pass finds every stage free: waiting on the parity before phase 0 returns at once.
         ptx::mbarrier_wait_parity_shared(sm.empty(st.stage), st.phase ^ 1);
         u64* full = sm.full(st.stage);
         ptx::mbarrier_arrive_expect_tx_shared(full, Cfg::kStageTxBytes);
         const i32 k0 = static_cast<i32>(kb * Cfg::kBlockK);
-        ptx::cp_async_bulk_tensor_2d_global_to_shared(sm.a(st.stage), tma_a, full, k0, static_cast<i32>(tile.row0));
+        if constexpr (Cfg::kClusterN == 2) {
+            // This CTA's half of the A tile goes to both CTAs of the pair. The stage was
+            // released by the consumers of both (the empty barrier counts them all).
+            constexpr u32 kHalfRows = Cfg::kBlockM / 2;
+            ptx::cp_async_bulk_tensor_2d_global_to_shared_multicast(
+                sm.a(st.stage) + cta_rank * kHalfRows * Cfg::kBlockK, tma_a, full, k0,
+                static_cast<i32>(tile.row0 + cta_rank * kHalfRows), static_cast<u16>(0b11));
+        } else {
+            ptx::cp_async_bulk_tensor_2d_global_to_shared(sm.a(st.stage), tma_a, full, k0, static_cast<i32>(tile.row0));
+        }
         ptx::cp_async_bulk_tensor_2d_global_to_shared(sm.b(st.stage), tma_b, full, k0, static_cast<i32>(tile.b_row0));
         ptx::cp_async_bulk_tensor_2d_global_to_shared(sm.sfa(st.stage), tma_sfa, full, static_cast<i32>(tile.row0),
                                                       static_cast<i32>(kb * Cfg::kSfaRowsPerStage));
@@ -83,7 +94,8 @@ struct MathThread {
 template <class Cfg>
 __device__ __forceinline__ void consume_tile(const GemmParams& p, const Tile& tile, u32 num_k_blocks,
                                              const SharedStorage<Cfg>& sm, PipelineState<Cfg::kStages>& st,
-                                             const MathThread<Cfg>& mt, float (&acc)[64], float (&out)[64]) {
+                                             const MathThread<Cfg>& mt, float (&acc)[64], float (&out)[64],
+                                             u32 cta_rank) {
 #pragma unroll
     for (int i = 0; i < 64; ++i) out[i] = 0.0f;
     const u32 sfb_per_group = p.n / Cfg::kBSfN;
@@ -129,8 +141,12 @@ __device__ __forceinline__ void consume_tile(const GemmParams& p, const Tile& ti
             }
         }
         // Every lane has read its scales and its warp's wgmmas are complete: release the stage.
+        // With a cluster, the peer's producer also writes this stage (its A half): tell it too.
         __syncwarp();
-        if (mt.lane == 0) ptx::mbarrier_arrive_shared(sm.empty(st.stage));
+        if (mt.lane == 0) {
+            ptx::mbarrier_arrive_shared(sm.empty(st.stage));
+            if constexpr (Cfg::kClusterN == 2) ptx::mbarrier_arrive_release_cluster_remote(sm.empty(st.stage), cta_rank ^ 1);
+        }
         st.advance();
     }
 }

@@ -10,6 +10,7 @@
 #include "gemm/mainloop.cuh"
 #include "gemm/params.cuh"
 #include "gemm/tile_scheduler.cuh"
+#include "ptx/cluster.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/sync.cuh"
 #include "ptx/tma.cuh"
@@ -21,13 +22,14 @@ namespace megamoe_rt::gemm {
 constexpr u32 kProducerRegs = 40;
 constexpr u32 kMathRegs = 232;
 
-template <u32 kBlockM, u32 kBlockN, u32 kStages, u32 kASfGran, u32 kBSfN, u32 kOutSfGran, GroupLayout kLayout,
-          Epilogue kEpilogue>
-__global__ void __launch_bounds__(Config<kBlockM, kBlockN, kStages, kASfGran, kBSfN, kOutSfGran, kLayout, kEpilogue>::kNumThreads, 1)
+template <u32 kBlockM, u32 kBlockN, u32 kStages, u32 kASfGran, u32 kBSfN, u32 kOutSfGran, u32 kClusterN,
+          GroupLayout kLayout, Epilogue kEpilogue>
+__global__ void __launch_bounds__(
+    Config<kBlockM, kBlockN, kStages, kASfGran, kBSfN, kOutSfGran, kClusterN, kLayout, kEpilogue>::kNumThreads, 1)
 sm90_fp8_grouped_gemm(const __grid_constant__ GemmParams p, const __grid_constant__ ptx::TmaDescriptor tma_a,
                       const __grid_constant__ ptx::TmaDescriptor tma_b,
                       const __grid_constant__ ptx::TmaDescriptor tma_sfa) {
-    using Cfg = Config<kBlockM, kBlockN, kStages, kASfGran, kBSfN, kOutSfGran, kLayout, kEpilogue>;
+    using Cfg = Config<kBlockM, kBlockN, kStages, kASfGran, kBSfN, kOutSfGran, kClusterN, kLayout, kEpilogue>;
     extern __shared__ u8 smem_raw[];
     const u32 raw_addr = ptx::smem_addr_u32(smem_raw);
     const SharedStorage<Cfg> sm{smem_raw + ((1024 - raw_addr % 1024) % 1024)};
@@ -38,16 +40,24 @@ sm90_fp8_grouped_gemm(const __grid_constant__ GemmParams p, const __grid_constan
         if (ptx::dynamic_smem_size() < Cfg::kDynamicSmemBytes) __trap();
         for (u32 s = 0; s < kStages; ++s) {
             ptx::mbarrier_init_shared(sm.full(s), 1);
-            ptx::mbarrier_init_shared(sm.empty(s), Cfg::kNumMathWarpgroups * 4);
+            ptx::mbarrier_init_shared(sm.empty(s), Cfg::kEmptyArrivals);
         }
         ptx::fence_mbarrier_init_release_cluster();
         ptx::prefetch_tensormap(&tma_a);
         ptx::prefetch_tensormap(&tma_b);
         ptx::prefetch_tensormap(&tma_sfa);
     }
-    __syncthreads();
+    // Barrier initialisation must be visible cluster-wide before a peer arrives or multicasts.
+    if constexpr (kClusterN > 1) {
+        ptx::barrier_cluster_arrive_release_wait_acquire();
+    } else {
+        __syncthreads();
+    }
 
-    const TileScheduler<kBlockM, kBlockN, kLayout> scheduler(p);
+    const TileScheduler<kBlockM, kBlockN, kLayout, kClusterN> scheduler(p);
+    const u32 cta_rank = kClusterN > 1 ? ptx::cluster_ctarank() : 0;
+    const u32 first_tile = blockIdx.x / kClusterN;
+    const u32 tile_step = gridDim.x / kClusterN;
     const u32 num_k_blocks = p.k / Cfg::kBlockK;
     const u32 warpgroup = threadIdx.x / 128;
 
@@ -55,10 +65,10 @@ sm90_fp8_grouped_gemm(const __grid_constant__ GemmParams p, const __grid_constan
         ptx::setmaxnreg_dec_sync_aligned<kProducerRegs>();
         if (threadIdx.x == 0) {
             PipelineState<kStages> st;
-            for (u32 t = blockIdx.x; t < scheduler.num_tiles; t += gridDim.x) {
-                const Tile tile = scheduler.get(t);
+            for (u32 t = first_tile; t < scheduler.num_tiles; t += tile_step) {
+                const Tile tile = scheduler.get(t, cta_rank);
                 if (!tile.valid) continue;
-                produce_tile<Cfg>(tile, num_k_blocks, sm, st, &tma_a, &tma_b, &tma_sfa);
+                produce_tile<Cfg>(tile, num_k_blocks, sm, st, &tma_a, &tma_b, &tma_sfa, cta_rank);
             }
         }
     } else {
@@ -67,10 +77,10 @@ sm90_fp8_grouped_gemm(const __grid_constant__ GemmParams p, const __grid_constan
         PipelineState<kStages> st;
         float acc[64];
         float out[64];
-        for (u32 t = blockIdx.x; t < scheduler.num_tiles; t += gridDim.x) {
-            const Tile tile = scheduler.get(t);
+        for (u32 t = first_tile; t < scheduler.num_tiles; t += tile_step) {
+            const Tile tile = scheduler.get(t, cta_rank);
             if (!tile.valid) continue;
-            consume_tile<Cfg>(p, tile, num_k_blocks, sm, st, mt, acc, out);
+            consume_tile<Cfg>(p, tile, num_k_blocks, sm, st, mt, acc, out, cta_rank);
             if constexpr (kEpilogue == Epilogue::kSwigluFp8) {
                 epilogue_swiglu_fp8<Cfg>(p, tile, mt, sm, out);
             } else {
@@ -78,6 +88,8 @@ sm90_fp8_grouped_gemm(const __grid_constant__ GemmParams p, const __grid_constan
             }
         }
     }
+    // A CTA must not exit while its peer may still multicast into it or arrive on its barriers.
+    if constexpr (kClusterN > 1) ptx::barrier_cluster_arrive_release_wait_acquire();
 }
 
 }  // namespace megamoe_rt::gemm

@@ -23,24 +23,27 @@ struct Tile {
     u32 b_row0;      // first row of B viewed as [num_groups * n, k]
 };
 
-template <u32 kBlockM, u32 kBlockN, GroupLayout kLayout>
+// With clusters of kClusterN CTAs along N, a "tile" index names one m-block and
+// kClusterN neighbouring n-blocks; CTA `rank` of the cluster takes the rank-th.
+// Both CTAs of a cluster see the same m-block, so they skip the same tiles.
+template <u32 kBlockM, u32 kBlockN, GroupLayout kLayout, u32 kClusterN = 1>
 struct TileScheduler {
     const GemmParams& p;
-    u32 num_n_blocks;
+    u32 num_n_groups;  // n-blocks / kClusterN
     u32 num_tiles;
 
     __device__ __forceinline__ explicit TileScheduler(const GemmParams& params) : p(params) {
-        num_n_blocks = p.n / kBlockN;
+        num_n_groups = p.n / (kBlockN * kClusterN);
         const u32 m_blocks = kLayout == GroupLayout::kContiguous
                                  ? (p.num_rows + kBlockM - 1) / kBlockM
                                  : p.num_groups * ((p.masked_rows + kBlockM - 1) / kBlockM);
-        num_tiles = m_blocks * num_n_blocks;
+        num_tiles = m_blocks * num_n_groups;
     }
 
-    __device__ __forceinline__ Tile get(u32 t) const {
+    __device__ __forceinline__ Tile get(u32 t, u32 rank = 0) const {
         Tile tile{};
-        const u32 mb = t / num_n_blocks;
-        const u32 nb = t % num_n_blocks;
+        const u32 mb = t / num_n_groups;
+        const u32 nb = (t % num_n_groups) * kClusterN + rank;
         tile.n0 = nb * kBlockN;
         if constexpr (kLayout == GroupLayout::kContiguous) {
             const u32 row0 = mb * kBlockM;

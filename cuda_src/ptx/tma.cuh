@@ -28,3 +28,19 @@ __device__ __forceinline__ void cp_async_bulk_tensor_2d_global_to_shared(void* d
 }
 
 }  // namespace megamoe_rt::ptx
+
+namespace megamoe_rt::ptx {
+
+// 2-d tile global -> the same shared-memory offset in every CTA of `cta_mask`; each
+// destination CTA's mbarrier (same offset) is credited with the bytes it receives.
+__device__ __forceinline__ void cp_async_bulk_tensor_2d_global_to_shared_multicast(void* dst, const TmaDescriptor* desc,
+                                                                                   u64* bar, i32 coord_inner,
+                                                                                   i32 coord_outer, u16 cta_mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+        " [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(smem_addr_u32(dst)),
+        "l"(desc), "r"(smem_addr_u32(bar)), "r"(coord_inner), "r"(coord_outer), "h"(cta_mask)
+        : "memory");
+}
+
+}  // namespace megamoe_rt::ptx

@@ -40,6 +40,7 @@ class GemmConfig:
     a_sf_gran: int = 128      # A scales per 64 or 128 K elements
     b_sf_n: int = 128         # B scales per 64 or 128 output columns
     out_sf_gran: int = 128    # SwiGLU epilogue requant group
+    cluster_n: int = 1        # CTAs per cluster along N sharing (multicasting) the A tile
     layout: str = "contiguous"
     epilogue: str = "bf16"
 
@@ -55,6 +56,8 @@ class GemmConfig:
                 raise ValueError("the SwiGLU epilogue needs 64-column B scales (interleaved gate|up halves)")
             if self.out_sf_gran == 128 and (self.block_m, self.block_n) != (64, 256):
                 raise ValueError("128-wide requant groups need the 64x256 tile")
+        if self.cluster_n not in (1, 2) or (self.cluster_n == 2 and self.block_m % 128):
+            raise ValueError(f"cluster_n={self.cluster_n}: 1, or 2 with 128-row tiles (each CTA loads 64 A rows)")
         if not 2 <= self.stages <= MAX_STAGES:
             raise ValueError(f"stages={self.stages}: expected 2..{MAX_STAGES}")
         if self.dynamic_smem_bytes > SMEM_LIMIT:
@@ -87,12 +90,12 @@ class GemmConfig:
 
     @property
     def name(self) -> str:
-        return (f"fp8_gemm[{self.layout},{self.epilogue},{self.block_m}x{self.block_n},s{self.stages},"
-                f"asf{self.a_sf_gran},bsf{self.b_sf_n},osf{self.out_sf_gran}]")
+        return (f"fp8_gemm[{self.layout},{self.epilogue},{self.block_m}x{self.block_n},c{self.cluster_n},"
+                f"s{self.stages},asf{self.a_sf_gran},bsf{self.b_sf_n},osf{self.out_sf_gran}]")
 
     def spec(self) -> KernelSpec:
         entry = (f"megamoe_rt::gemm::sm90_fp8_grouped_gemm<{self.block_m}u, {self.block_n}u, {self.stages}u, "
-                 f"{self.a_sf_gran}u, {self.b_sf_n}u, {self.out_sf_gran}u, "
+                 f"{self.a_sf_gran}u, {self.b_sf_n}u, {self.out_sf_gran}u, {self.cluster_n}u, "
                  f"megamoe_rt::gemm::GroupLayout::{_LAYOUT_CXX[self.layout]}, "
                  f"megamoe_rt::gemm::Epilogue::{_EPILOGUE_CXX[self.epilogue]}>")
         return KernelSpec(name=self.name, source=SOURCE, entry=entry, dynamic_smem_bytes=self.dynamic_smem_bytes,
@@ -145,8 +148,9 @@ class GemmLaunch:
     def tensor_maps(self) -> tuple[TensorMap2D, TensorMap2D, TensorMap2D]:
         cfg = self.config
         p = self.params
+        # With a CTA pair each CTA loads (and multicasts) half of the A tile.
         tma_a = encode_tensor_map_2d(self.a.ptr, "e4m3", inner=p.k, outer=p.num_rows, row_stride_bytes=p.k,
-                                     box_inner=BLOCK_K, box_outer=cfg.block_m, swizzle_128b=True)
+                                     box_inner=BLOCK_K, box_outer=cfg.block_m // cfg.cluster_n, swizzle_128b=True)
         tma_b = encode_tensor_map_2d(self.b.ptr, "e4m3", inner=p.k, outer=p.num_groups * p.n, row_stride_bytes=p.k,
                                      box_inner=BLOCK_K, box_outer=cfg.block_n, swizzle_128b=True)
         sf_rows = p.k // cfg.a_sf_gran
@@ -157,7 +161,8 @@ class GemmLaunch:
 
 
 def num_tiles(cfg: GemmConfig, p: GemmParams) -> int:
-    n_blocks = p.n // cfg.block_n
+    """Scheduler units: an m-block with `cluster_n` neighbouring n-blocks."""
+    n_blocks = p.n // (cfg.block_n * cfg.cluster_n)
     if cfg.layout == "contiguous":
         return -(-p.num_rows // cfg.block_m) * n_blocks
     return p.num_groups * -(-p.masked_rows // cfg.block_m) * n_blocks
@@ -172,8 +177,11 @@ def launch_gemm(launch: GemmLaunch, *, device: int, sm_count: int, stream: Any =
         return
     kernel = get_kernel(cfg.spec(), device)
     tma_a, tma_b, tma_sfa = launch.tensor_maps()
-    grid = min(tiles, sm_count)
-    kernel.launch((grid,), (cfg.num_threads,), [launch.params, tma_a.raw, tma_b.raw, tma_sfa.raw], stream=stream)
+    if launch.params.n % (cfg.block_n * cfg.cluster_n):
+        raise ValueError(f"{cfg.name}: N = {launch.params.n} is not a multiple of {cfg.block_n * cfg.cluster_n}")
+    grid = min(tiles, sm_count // cfg.cluster_n) * cfg.cluster_n
+    kernel.launch((grid,), (cfg.num_threads,), [launch.params, tma_a.raw, tma_b.raw, tma_sfa.raw], stream=stream,
+                  cluster=(cfg.cluster_n, 1, 1))
 
 
 CHECK_LAYOUT_SPEC = KernelSpec(name="fp8_gemm_check_group_layout", source="gemm/check_group_layout.cu",

@@ -13,6 +13,7 @@ from typing import Callable
 from .presets import DEFAULT_EP_RANKS, get_preset
 
 FP8_CEILING_TFLOPS = 1400.0
+HBM_BYTES_PER_S = 4.3e12  # measured device-to-device copy on the lent H200
 L2_FLUSH_BYTES = 256 * 2**20  # > 4x the H200's 60 MB L2
 
 
@@ -119,6 +120,8 @@ def _gemm_arms(shape: GemmShape, with_torch: bool) -> tuple[dict[str, Callable[[
     from . import driver
 
     g, m, n, k = shape.groups, shape.rows_per_group, shape.n, shape.k
+    if shape.stage == "decode":
+        return _decode_arms(shape)
     padded = -(-m // GROUP_ALIGN) * GROUP_ALIGN
     rows = g * padded
     a, _ = quantize_fp8(cp.random.standard_normal((rows, k), dtype=cp.float32))
@@ -168,14 +171,51 @@ def _gemm_arms(shape: GemmShape, with_torch: bool) -> tuple[dict[str, Callable[[
     return arms, cfg.name
 
 
+def _decode_arms(shape: GemmShape) -> tuple[dict[str, Callable[[], None]], str]:
+    """Masked layout, every group full: the decode-sized L1 call, bound by reading the weights."""
+    import cupy as cp
+
+    from . import driver
+    from .gemm import grouped_gemm_fp8
+    from .gemm_heuristics import choose_config
+    from .kernels.quantize import quantize_fp8
+
+    g, m, n, k = shape.groups, shape.rows_per_group, shape.n, shape.k
+    a, a_sf = quantize_fp8(cp.random.standard_normal((g * m, k), dtype=cp.float32))
+    b, _ = quantize_fp8(cp.random.standard_normal((g * n, k), dtype=cp.float32))
+    b_sf = cp.full((g, n // 128, k // 128), 1.0 / 64, dtype=cp.float32)
+    a_sf_t = cp.ascontiguousarray(a_sf.T)
+    counts = cp.full((g,), m, dtype=cp.int32)
+    out = cp.empty((g, m, n), dtype=cp.uint16)
+    a3, b3 = a.reshape(g, m, k), b.reshape(g, n, k)
+    cfg = choose_config(layout="masked", epilogue="bf16", num_rows=g * m, n=n, k=k, num_groups=g,
+                        sm_count=driver.require_hopper().sm_count, masked_rows=m)
+
+    def ours():
+        grouped_gemm_fp8(a3, a_sf_t, b3, b_sf, masked_counts=counts, out=out, check_layout=False, a_sf_kmajor=True)
+
+    return {"megamoe_rt": ours}, cfg.name
+
+
+def decode_shapes(presets: list[str], ranks: int = DEFAULT_EP_RANKS) -> list[GemmShape]:
+    out = []
+    for name in presets:
+        p = get_preset(name)
+        out.append(GemmShape(name, 64, "decode", p.num_experts // ranks, 64, 2 * p.intermediate, p.hidden))
+    return out
+
+
 def bench_gemm(presets: list[str], tokens: list[int], *, with_torch: bool = True, rounds: int = 3,
                json_path: str | None = None) -> list[dict]:
     timer = DeviceTimer()
     rows = []
-    for shape in gemm_shapes(presets, tokens):
+    for shape in gemm_shapes(presets, tokens) + decode_shapes(presets):
         arms, cfg_name = _gemm_arms(shape, with_torch)
         results = bracketed(timer, arms, rounds=rounds)
         row = {"shape": asdict(shape), "config": cfg_name, "flops": shape.flops, "arms": {}}
+        if shape.stage == "decode":
+            row["weight_bytes"] = shape.groups * shape.n * shape.k
+            row["weight_read_floor_us"] = row["weight_bytes"] / HBM_BYTES_PER_S * 1e6
         for name, r in results.items():
             dense_flops = shape.flops if "dense" not in name else 2.0 * max(16, shape.groups * shape.rows_per_group // 16 * 16) * shape.n * shape.k
             tflops = dense_flops / (r.median_us * 1e-6) / 1e12 if r.error is None else None
@@ -201,4 +241,6 @@ def _print_gemm_row(row: dict) -> None:
     ours = row["arms"]["megamoe_rt"].get("tflops")
     peer = row["arms"].get("torch._scaled_grouped_mm", {}).get("tflops")
     ratio = f"  ratio {ours / peer:5.2f}" if ours and peer else ""
+    if "weight_read_floor_us" in row and not row["arms"]["megamoe_rt"]["error"]:
+        ratio += f"  x{row['arms']['megamoe_rt']['median_us'] / row['weight_read_floor_us']:.2f} of weight-read floor"
     print(f"{label} | " + " | ".join(parts) + ratio, flush=True)

@@ -368,6 +368,24 @@ class DeviceMemory:
 # --- modules and launches -----------------------------------------------------------
 
 
+def _cluster_launch_config(grid, block, smem: int, stream: int, cluster):
+    cu = _cu()
+    c = tuple(cluster) + (1,) * (3 - len(cluster))
+    if any(gi % ci for gi, ci in zip(grid, c)):
+        raise ValueError(f"grid {tuple(grid)} is not a multiple of the cluster shape {c}")
+    cfg = cu.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
+    cfg.sharedMemBytes = smem
+    cfg.hStream = cu.CUstream(stream)
+    attr = cu.CUlaunchAttribute()
+    attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = c
+    cfg.attrs = [attr]
+    cfg.numAttrs = 1
+    return cfg
+
+
 class LoadedKernel:
     """A kernel from a cubin loaded as a CUlibrary.
 
@@ -412,20 +430,24 @@ class LoadedKernel:
         if cluster is None or tuple(cluster) in ((1,), (1, 1, 1)):
             call(cu.cuLaunchKernel, self.function, *g, *b, smem, stream_handle(stream), ctypes.addressof(ptrs), 0)
             return
-        c = tuple(cluster) + (1,) * (3 - len(cluster))
-        if any(gi % ci for gi, ci in zip(g, c)):
-            raise ValueError(f"grid {g} is not a multiple of the cluster shape {c}")
-        cfg = cu.CUlaunchConfig()
-        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = g
-        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = b
-        cfg.sharedMemBytes = smem
-        cfg.hStream = cu.CUstream(stream_handle(stream))
-        attr = cu.CUlaunchAttribute()
-        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = c
-        cfg.attrs = [attr]
-        cfg.numAttrs = 1
+        cfg = _cluster_launch_config(g, b, smem, stream_handle(stream), cluster)
         call(cu.cuLaunchKernelEx, cfg, self.function, ctypes.addressof(ptrs), 0)
+
+    def max_active_clusters(self, block: Sequence[int], cluster: Sequence[int], smem_bytes: int | None = None) -> int:
+        """How many clusters of this shape can be resident at once (persistent grids size by it).
+
+        Not every SM can host a cluster member (GPCs with an odd SM count leave one out),
+        so a persistent grid of sm_count / cluster_size clusters may not fit in one wave.
+        """
+        key = (tuple(block), tuple(cluster), smem_bytes)
+        cache = self.__dict__.setdefault("_cluster_occupancy", {})
+        if key not in cache:
+            smem = self.dynamic_smem_bytes if smem_bytes is None else smem_bytes
+            b = tuple(block) + (1,) * (3 - len(block))
+            c = tuple(cluster) + (1,) * (3 - len(cluster))
+            cfg = _cluster_launch_config(c, b, smem, 0, c)
+            cache[key] = int(call(_cu().cuOccupancyMaxActiveClusters, self.function, cfg))
+        return cache[key]
 
     def __del__(self):
         try:

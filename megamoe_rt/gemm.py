@@ -17,7 +17,8 @@ Two group layouts:
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from . import driver
 from .arrays import DeviceArray, as_device_array, check_array, cupy_stream, require_cupy
@@ -36,11 +37,10 @@ def _array_module(x):
 
 
 def _kmajor_scales(cupy, sf: Any, rows: int, sf_cols: int) -> DeviceArray:
-    """[rows, sf_cols] row scales -> [sf_cols, rows padded to 4] (TMA wants 16-byte row strides)."""
+    """Room for [rows, sf_cols] row scales as [sf_cols, rows padded to 4] (TMA wants
+    16-byte row strides); filled by the plan's refresh at run time."""
     rows_pad = max(4, -(-rows // 4) * 4)
     t = cupy.zeros((sf_cols, rows_pad), dtype=cupy.float32)
-    if rows:
-        t[:, :rows] = sf.reshape(rows, sf_cols).T
     return as_device_array(t, "a_sf (k-major copy)")
 
 
@@ -63,10 +63,42 @@ def _check_groups(name: str, arr: Any, length: int, device: int) -> DeviceArray:
     return d
 
 
-def grouped_gemm_fp8(a: Any, a_sf: Any, b: Any, b_sf: Any, *, group_offsets: Any = None, group_counts: Any = None,
+@dataclass
+class GroupedGemmPlan:
+    """A validated, resolved grouped-GEMM call bound to its arrays; ``run`` re-launches it.
+
+    Plans are what CUDA-graph capture and benchmarks replay: a run is one or two driver
+    calls (plus the scale re-layout when ``a_sf`` is not already k-major). Arrays are
+    bound by address: refill them in place between runs.
+    """
+
+    gemm: k.PreparedGemm
+    layout_check: k.PreparedGemm | None
+    result: Any
+    stream: int
+    refresh_scales: Callable[[int], None] | None = None
+    keep: tuple = ()
+
+    def run(self, stream: Any = None):
+        sh = self.stream if stream is None else driver.stream_handle(stream)
+        if self.refresh_scales is not None:
+            self.refresh_scales(sh)
+        if self.layout_check is not None:
+            self.layout_check.run(sh)
+        self.gemm.run(sh)
+        return self.result
+
+
+def grouped_gemm_fp8(a: Any, a_sf: Any, b: Any, b_sf: Any, **kwargs):
+    """Grouped FP8 GEMM; returns ``out`` (bf16 bits as uint16) or None with ``row_dst``.
+    Arguments as :func:`plan_grouped_gemm_fp8`; this plans and runs once."""
+    return plan_grouped_gemm_fp8(a, a_sf, b, b_sf, **kwargs).run()
+
+
+def plan_grouped_gemm_fp8(a: Any, a_sf: Any, b: Any, b_sf: Any, *, group_offsets: Any = None, group_counts: Any = None,
                      masked_counts: Any = None, out: Any = None, row_dst: Any = None, stream: Any = None,
                      check_layout: bool = True, a_sf_kmajor: bool = False, config: k.GemmConfig | None = None):
-    """Grouped FP8 GEMM; returns ``out`` (bf16 bits as uint16) or None with ``row_dst``.
+    """Validate and resolve a grouped FP8 GEMM call into a :class:`GroupedGemmPlan`.
 
     a: e4m3 (uint8) ``[M, K]`` (contiguous) or ``[G, M_max, K]`` (masked).
     a_sf: float32 ``[M, K/128]`` / ``[G, M_max, K/128]`` (or ``K/64`` columns for 1x64 scales).
@@ -157,14 +189,28 @@ def grouped_gemm_fp8(a: Any, a_sf: Any, b: Any, b_sf: Any, *, group_offsets: Any
             check_array(oa, "out", dtypes=("bf16",), shape=out_shape, device=dev, align=4)
             p.d = oa.ptr
             p.d_row_stride_bytes = n * 2
-        if rows == 0:
-            return result
-        sfa_t = asfa if a_sf_kmajor else _kmajor_scales(cupy, cupy.asarray(a_sf), rows, asfa.shape[-1])
-        launch = k.GemmLaunch(cfg, aa, sfa_t, ba, p)
-        if check_layout:
-            k.launch_layout_check(launch, device=info.ordinal, stream=sh)
-        k.launch_gemm(launch, device=info.ordinal, sm_count=info.sm_count, stream=sh)
-    return result
+        return _plan(cupy, info, cfg, p, aa, asfa, a_sf, ba, rows, a_sf_kmajor, check_layout, result, sh)
+
+
+def _plan(cupy, info, cfg, p, aa, asfa, a_sf_obj, ba, rows, a_sf_kmajor, check_layout, result, sh) -> GroupedGemmPlan:
+    if rows == 0:
+        return GroupedGemmPlan(k.PreparedGemm(None, 0, 0, (1, 1, 1), []), None, result, sh)
+    refresh = None
+    if a_sf_kmajor:
+        sfa_t = asfa
+    else:
+        src = cupy.asarray(a_sf_obj)
+        sfa_t = _kmajor_scales(cupy, src, rows, asfa.shape[-1])
+        dst = cupy.asarray(sfa_t.owner)
+
+        def refresh(stream_handle: int) -> None:
+            with cupy_stream(cupy, stream_handle):
+                dst[:, :rows] = src.reshape(rows, -1).T
+
+    launch = k.GemmLaunch(cfg, aa, sfa_t, ba, p)
+    gemm = k.prepare_gemm(launch, device=info.ordinal, sm_count=info.sm_count)
+    check = k.prepare_layout_check(launch, device=info.ordinal) if check_layout else None
+    return GroupedGemmPlan(gemm, check, result, sh, refresh, keep=(aa, asfa, sfa_t, ba))
 
 
 
@@ -197,7 +243,13 @@ def prepare_swiglu_weights(w1: Any, w1_sf: Any):
     return w1p, w1p_sf
 
 
-def grouped_gemm_swiglu_fp8(a: Any, a_sf: Any, w1p: Any, w1p_sf: Any, row_weight: Any, *, group_offsets: Any = None,
+def grouped_gemm_swiglu_fp8(a: Any, a_sf: Any, w1p: Any, w1p_sf: Any, row_weight: Any, **kwargs):
+    """L1 GEMM with the fused epilogue; arguments as :func:`plan_grouped_gemm_swiglu_fp8`.
+    Plans, runs once and returns ``(q, sf)``."""
+    return plan_grouped_gemm_swiglu_fp8(a, a_sf, w1p, w1p_sf, row_weight, **kwargs).run()
+
+
+def plan_grouped_gemm_swiglu_fp8(a: Any, a_sf: Any, w1p: Any, w1p_sf: Any, row_weight: Any, *, group_offsets: Any = None,
                             group_counts: Any = None, masked_counts: Any = None, act_sf_gran: int = 128,
                             swiglu_limit: float | None = None, pow2_scale: bool = False, out: Any = None,
                             out_sf: Any = None, stream: Any = None, check_layout: bool = True,
@@ -263,11 +315,4 @@ def grouped_gemm_swiglu_fp8(a: Any, a_sf: Any, w1p: Any, w1p_sf: Any, row_weight
                 p.group_counts = _check_groups("group_counts", group_counts, groups, dev).ptr
         else:
             p.masked_counts = _check_groups("masked_counts", masked_counts, groups, dev).ptr
-        if rows == 0:
-            return q, sf
-        sfa_t = _kmajor_scales(cupy, cupy.asarray(a_sf), rows, kk // 128)
-        launch = k.GemmLaunch(cfg, aa, sfa_t, ba, p)
-        if check_layout:
-            k.launch_layout_check(launch, device=info.ordinal, stream=sh)
-        k.launch_gemm(launch, device=info.ordinal, sm_count=info.sm_count, stream=sh)
-    return q, sf
+        return _plan(cupy, info, cfg, p, aa, asfa, a_sf, ba, rows, False, check_layout, (q, sf), sh)

@@ -168,20 +168,40 @@ def num_tiles(cfg: GemmConfig, p: GemmParams) -> int:
     return p.num_groups * -(-p.masked_rows // cfg.block_m) * n_blocks
 
 
-def launch_gemm(launch: GemmLaunch, *, device: int, sm_count: int, stream: Any = None) -> None:
+@dataclass
+class PreparedGemm:
+    """A launch with everything resolved: re-running it costs one driver call."""
+
+    kernel: Any
+    grid: int
+    block: int
+    cluster: tuple[int, int, int]
+    args: list  # params and tensor maps (ctypes), kept alive with the plan
+
+    def run(self, stream: Any = None) -> None:
+        if self.grid:
+            self.kernel.launch((self.grid,), (self.block,), self.args, stream=stream, cluster=self.cluster)
+
+
+def prepare_gemm(launch: GemmLaunch, *, device: int, sm_count: int) -> PreparedGemm:
     from .loader import get_kernel
 
     cfg = launch.config
-    tiles = num_tiles(cfg, launch.params)
-    if tiles == 0:
-        return
-    kernel = get_kernel(cfg.spec(), device)
-    tma_a, tma_b, tma_sfa = launch.tensor_maps()
     if launch.params.n % (cfg.block_n * cfg.cluster_n):
         raise ValueError(f"{cfg.name}: N = {launch.params.n} is not a multiple of {cfg.block_n * cfg.cluster_n}")
-    grid = min(tiles, sm_count // cfg.cluster_n) * cfg.cluster_n
-    kernel.launch((grid,), (cfg.num_threads,), [launch.params, tma_a.raw, tma_b.raw, tma_sfa.raw], stream=stream,
-                  cluster=(cfg.cluster_n, 1, 1))
+    tiles = num_tiles(cfg, launch.params)
+    kernel = get_kernel(cfg.spec(), device)
+    if cfg.cluster_n > 1:
+        resident = kernel.max_active_clusters((cfg.num_threads,), (cfg.cluster_n,))
+        slots = max(1, min(resident, sm_count // cfg.cluster_n))
+    else:
+        slots = sm_count
+    grid = min(tiles, slots) * cfg.cluster_n
+    args: list = [launch.params]
+    if grid:
+        args += [t.raw for t in launch.tensor_maps()]
+    return PreparedGemm(kernel, grid, cfg.num_threads, (cfg.cluster_n, 1, 1), args)
+
 
 
 CHECK_LAYOUT_SPEC = KernelSpec(name="fp8_gemm_check_group_layout", source="gemm/check_group_layout.cu",
@@ -189,12 +209,12 @@ CHECK_LAYOUT_SPEC = KernelSpec(name="fp8_gemm_check_group_layout", source="gemm/
                                uses_printf=True)
 
 
-def launch_layout_check(launch: GemmLaunch, *, device: int, stream: Any = None) -> None:
+def prepare_layout_check(launch: GemmLaunch, *, device: int) -> PreparedGemm:
     from .loader import get_kernel
 
     kernel = get_kernel(CHECK_LAYOUT_SPEC, device)
-    kernel.launch((1,), (32,), [launch.params, ctypes.c_uint32(launch.config.block_m),
-                                ctypes.c_uint32(LAYOUTS[launch.config.layout])], stream=stream)
+    return PreparedGemm(kernel, 1, 32, (1, 1, 1), [launch.params, ctypes.c_uint32(launch.config.block_m),
+                                                   ctypes.c_uint32(LAYOUTS[launch.config.layout])])
 
 
 def kernel_specs() -> list[KernelSpec]:

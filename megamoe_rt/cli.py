@@ -206,7 +206,8 @@ def cmd_bench(args) -> int:
     from .bench import bench_gemm
 
     print(f"device {info.ordinal}: {info.name}, {info.sm_count} SMs")
-    bench_gemm(args.presets, args.tokens, with_torch=not args.no_torch, rounds=args.rounds, json_path=args.json)
+    bench_gemm(args.presets, args.tokens, with_torch=not args.no_torch, rounds=args.rounds, json_path=args.json,
+               cluster_n=args.cluster_n)
     return 0
 
 
@@ -247,6 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--rounds", type=_positive_int, default=3)
     s.add_argument("--no-torch", action="store_true", help="skip the PyTorch peer arms")
     s.add_argument("--json", default=None, help="write the results to this JSON file")
+    s.add_argument("--cluster-n", type=int, choices=(1, 2), default=None,
+                   help="force CTA pairs (2) or single CTAs (1) on 128-row tiles instead of the heuristic's choice")
     s.set_defaults(func=cmd_bench)
     return p
 

@@ -46,8 +46,10 @@ def choose_config(*, layout: str, epilogue: str, num_rows: int, n: int, k: int, 
 
     - 128-wide requant groups in the SwiGLU epilogue need the 64x256 tile.
     - Groups of at most 64 rows (decode) waste half of a 128-row tile: use 64 rows.
-    - Otherwise 128x128, unless that leaves most SMs idle, when 64x128 doubles the tiles;
-      128x128 runs as CTA pairs sharing the A tile when the n-blocks pair up.
+    - Otherwise 128x128, unless that leaves most SMs idle, when 64x128 doubles the tiles.
+
+    The CTA-pair (A-multicast) variants are compiled and correct but measured 1.9x slower
+    than single CTAs (bench/NOTES.md), so they are chosen only through ``config=``.
     """
     b_sf_n = 64 if epilogue == "swiglu_fp8" else 128
     kw = dict(a_sf_gran=a_sf_gran, b_sf_n=b_sf_n, out_sf_gran=out_sf_gran if epilogue == "swiglu_fp8" else 128,
@@ -61,4 +63,4 @@ def choose_config(*, layout: str, epilogue: str, num_rows: int, n: int, k: int, 
     tiles_128 = -(-total_rows // 128) * (n // 128)
     if tiles_128 < sm_count // 2:
         return _config(64, 128, **kw)
-    return _config(128, 128, cluster_n=2 if (n // 128) % 2 == 0 else 1, **kw)
+    return _config(128, 128, **kw)

@@ -145,7 +145,7 @@ __device__ __forceinline__ void consume_tile(const GemmParams& p, const Tile& ti
         __syncwarp();
         if (mt.lane == 0) {
             ptx::mbarrier_arrive_shared(sm.empty(st.stage));
-            if constexpr (Cfg::kClusterN == 2) ptx::mbarrier_arrive_release_cluster_remote(sm.empty(st.stage), cta_rank ^ 1);
+            if constexpr (Cfg::kClusterN == 2) ptx::mbarrier_arrive_shared_cluster_remote(sm.empty(st.stage), cta_rank ^ 1);
         }
         st.advance();
     }

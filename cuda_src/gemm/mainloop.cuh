@@ -91,6 +91,55 @@ struct MathThread {
     __device__ __forceinline__ u32 pair_col(u32 i) const { return 8 * i + 2 * (lane % 4); }
 };
 
+// One promotion step: the wgmmas of A-scale group `h` of the k-block in `stage`.
+template <class Cfg>
+__device__ __forceinline__ void issue_step(const SharedStorage<Cfg>& sm, u32 stage, u32 h, u32 a_offset, u32 b_offset,
+                                           float (&acc)[64]) {
+    const u64 desc_a = ptx::smem_desc_k_major_sw128(sm.a(stage) + a_offset);
+    const u64 desc_b = ptx::smem_desc_k_major_sw128(sm.b(stage) + b_offset);
+#pragma unroll
+    for (int i = 0; i < 64; ++i) fence_operand(acc[i]);
+    ptx::wgmma_fence_sync_aligned();
+#pragma unroll
+    for (u32 k = 0; k < Cfg::kWgmmaPerPromotion; ++k) {
+        const u32 bytes = (h * Cfg::kWgmmaPerPromotion + k) * Cfg::kWgmmaK;
+        ptx::wgmma_m64n128k32_f32_e4m3_e4m3(acc, ptx::smem_desc_advance_bytes(desc_a, bytes),
+                                            ptx::smem_desc_advance_bytes(desc_b, bytes), k > 0);
+    }
+    ptx::wgmma_commit_group_sync_aligned();
+}
+
+// out += acc * sa[row] * sb: fp32 promotion of one step's partial sums.
+template <class Cfg>
+__device__ __forceinline__ void promote_step(const SharedStorage<Cfg>& sm, u32 stage, u32 h, const MathThread<Cfg>& mt,
+                                             float sb_lo, float sb_hi, float (&acc)[64], float (&out)[64]) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) fence_operand(acc[i]);
+    const float* sfa = sm.sfa(stage) + h * Cfg::kBlockM;
+    const float sa0 = sfa[mt.row0];
+    const float sa1 = sfa[mt.row0 + 8];
+#pragma unroll
+    for (u32 i = 0; i < 16; ++i) {
+        // With 64-column B scales the upper eight pairs (columns 64..127) take the second scale.
+        const float sb = (Cfg::kBSfN == 64 && i >= 8) ? sb_hi : sb_lo;
+        const float s0 = sa0 * sb, s1 = sa1 * sb;
+        out[4 * i + 0] += acc[4 * i + 0] * s0;
+        out[4 * i + 1] += acc[4 * i + 1] * s0;
+        out[4 * i + 2] += acc[4 * i + 2] * s1;
+        out[4 * i + 3] += acc[4 * i + 3] * s1;
+    }
+}
+
+// Every lane has read its scales and its warp's wgmmas on the stage are complete: hand the
+// stage back. With a cluster, the peer's producer also writes this stage (its A half).
+template <class Cfg>
+__device__ __forceinline__ void release_stage(const SharedStorage<Cfg>& sm, u32 stage, const MathThread<Cfg>& mt,
+                                              u32 cta_rank) {
+    __syncwarp();
+    ptx::mbarrier_arrive_shared_if(sm.empty(stage), mt.lane == 0);
+    if constexpr (Cfg::kClusterN == 2) ptx::mbarrier_arrive_shared_cluster_remote_if(sm.empty(stage), cta_rank ^ 1, mt.lane == 0);
+}
+
 template <class Cfg>
 __device__ __forceinline__ void consume_tile(const GemmParams& p, const Tile& tile, u32 num_k_blocks,
                                              const SharedStorage<Cfg>& sm, PipelineState<Cfg::kStages>& st,
@@ -102,6 +151,7 @@ __device__ __forceinline__ void consume_tile(const GemmParams& p, const Tile& ti
     const float* sfb = p.sfb + (static_cast<u64>(tile.group) * sfb_per_group + mt.col0(tile) / Cfg::kBSfN) * num_k_blocks;
     const u32 a_offset = mt.wg_m * Cfg::kWgTileM * Cfg::kBlockK;
     const u32 b_offset = mt.wg_n * Cfg::kWgTileN * Cfg::kBlockK;
+    constexpr u32 kSteps = Cfg::kSfaRowsPerStage;
 
     for (u32 kb = 0; kb < num_k_blocks; ++kb) {
         // B scales come straight from global (L2-resident, a few words per k-block),
@@ -109,44 +159,13 @@ __device__ __forceinline__ void consume_tile(const GemmParams& p, const Tile& ti
         const float sb_lo = ptx::ld_global_nc_f32(sfb + kb);
         const float sb_hi = Cfg::kBSfN == 64 ? ptx::ld_global_nc_f32(sfb + num_k_blocks + kb) : sb_lo;
         ptx::mbarrier_wait_parity_shared(sm.full(st.stage), st.phase);
-        const u64 desc_a = ptx::smem_desc_k_major_sw128(sm.a(st.stage) + a_offset);
-        const u64 desc_b = ptx::smem_desc_k_major_sw128(sm.b(st.stage) + b_offset);
 #pragma unroll
-        for (u32 h = 0; h < Cfg::kSfaRowsPerStage; ++h) {
-#pragma unroll
-            for (int i = 0; i < 64; ++i) fence_operand(acc[i]);
-            ptx::wgmma_fence_sync_aligned();
-#pragma unroll
-            for (u32 k = 0; k < Cfg::kWgmmaPerPromotion; ++k) {
-                const u32 bytes = (h * Cfg::kWgmmaPerPromotion + k) * Cfg::kWgmmaK;
-                ptx::wgmma_m64n128k32_f32_e4m3_e4m3(acc, ptx::smem_desc_advance_bytes(desc_a, bytes),
-                                                    ptx::smem_desc_advance_bytes(desc_b, bytes), k > 0);
-            }
-            ptx::wgmma_commit_group_sync_aligned();
+        for (u32 h = 0; h < kSteps; ++h) {
+            issue_step<Cfg>(sm, st.stage, h, a_offset, b_offset, acc);
             ptx::wgmma_wait_group_sync_aligned<0>();
-#pragma unroll
-            for (int i = 0; i < 64; ++i) fence_operand(acc[i]);
-            const float* sfa = sm.sfa(st.stage) + h * Cfg::kBlockM;
-            const float sa0 = sfa[mt.row0];
-            const float sa1 = sfa[mt.row0 + 8];
-#pragma unroll
-            for (u32 i = 0; i < 16; ++i) {
-                // With 64-column B scales the upper eight pairs (columns 64..127) take the second scale.
-                const float sb = (Cfg::kBSfN == 64 && i >= 8) ? sb_hi : sb_lo;
-                const float s0 = sa0 * sb, s1 = sa1 * sb;
-                out[4 * i + 0] += acc[4 * i + 0] * s0;
-                out[4 * i + 1] += acc[4 * i + 1] * s0;
-                out[4 * i + 2] += acc[4 * i + 2] * s1;
-                out[4 * i + 3] += acc[4 * i + 3] * s1;
-            }
+            promote_step<Cfg>(sm, st.stage, h, mt, sb_lo, sb_hi, acc, out);
         }
-        // Every lane has read its scales and its warp's wgmmas are complete: release the stage.
-        // With a cluster, the peer's producer also writes this stage (its A half): tell it too.
-        __syncwarp();
-        if (mt.lane == 0) {
-            ptx::mbarrier_arrive_shared(sm.empty(st.stage));
-            if constexpr (Cfg::kClusterN == 2) ptx::mbarrier_arrive_shared_cluster_remote(sm.empty(st.stage), cta_rank ^ 1);
-        }
+        release_stage<Cfg>(sm, st.stage, mt, cta_rank);
         st.advance();
     }
 }

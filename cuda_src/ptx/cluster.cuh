@@ -24,10 +24,18 @@ __device__ __forceinline__ void barrier_cluster_arrive_release_wait_acquire() {
 // wgmma reads before the peer's next TMA write, which the barrier round trip already
 // orders; a cluster-scope release would also drain every outstanding global store of
 // the warp on each k-block.
-__device__ __forceinline__ void mbarrier_arrive_shared_cluster_remote(u64* local_bar, u32 cta_rank) {
-    u32 remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr_u32(local_bar)), "r"(cta_rank));
-    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+// Only where `pred` holds (one predicated instruction, see mbarrier_arrive_shared_if).
+__device__ __forceinline__ void mbarrier_arrive_shared_cluster_remote_if(u64* local_bar, u32 cta_rank, bool pred) {
+    asm volatile(
+        "{\n"
+        "  .reg .pred p;\n"
+        "  .reg .b32 remote;\n"
+        "  setp.ne.b32 p, %2, 0;\n"
+        "  mapa.shared::cluster.u32 remote, %0, %1;\n"
+        "  @p mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
+        "}\n" ::"r"(smem_addr_u32(local_bar)),
+        "r"(cta_rank), "r"(static_cast<u32>(pred))
+        : "memory");
 }
 
 }  // namespace megamoe_rt::ptx

@@ -27,6 +27,19 @@ __device__ __forceinline__ void mbarrier_arrive_shared(u64* bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr_u32(bar)) : "memory");
 }
 
+// Arrive only where `pred` holds, as one predicated instruction: a C++ branch on a
+// lane index would be a divergent path, across which ptxas serialises in-flight wgmma.
+__device__ __forceinline__ void mbarrier_arrive_shared_if(u64* bar, bool pred) {
+    asm volatile(
+        "{\n"
+        "  .reg .pred p;\n"
+        "  setp.ne.b32 p, %1, 0;\n"
+        "  @p mbarrier.arrive.shared::cta.b64 _, [%0];\n"
+        "}\n" ::"r"(smem_addr_u32(bar)),
+        "r"(static_cast<u32>(pred))
+        : "memory");
+}
+
 __device__ __forceinline__ bool mbarrier_try_wait_parity_shared(u64* bar, u32 parity) {
     u32 done;
     asm volatile(
@@ -41,11 +54,19 @@ __device__ __forceinline__ bool mbarrier_try_wait_parity_shared(u64* bar, u32 pa
     return done != 0;
 }
 
-// Waits until the phase with the given parity has completed. Intra-CTA only:
-// every arrival it waits for comes from this CTA's own warps or its own TMA.
+// Waits until the phase with the given parity has completed. The retry loop lives
+// inside one asm block: a C++ loop would be a divergent path to ptxas, which then
+// serialises any wgmma still in flight across it.
 __device__ __forceinline__ void mbarrier_wait_parity_shared(u64* bar, u32 parity) {
-    while (!mbarrier_try_wait_parity_shared(bar, parity)) {
-    }
+    asm volatile(
+        "{\n"
+        "  .reg .pred done;\n"
+        "WAIT_%=:\n"
+        "  mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "  @!done bra WAIT_%=;\n"
+        "}\n" ::"r"(smem_addr_u32(bar)),
+        "r"(parity)
+        : "memory");
 }
 
 }  // namespace megamoe_rt::ptx

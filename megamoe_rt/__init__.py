@@ -12,6 +12,10 @@ from .errors import CudaError, GpuUnavailableError, NvrtcError
 # Heavier pieces load on first use so `import megamoe_rt` stays cheap.
 _LAZY = {
     "quantize_fp8": ("megamoe_rt.kernels.quantize", "quantize_fp8"),
+    "quantize_weight_fp8": ("megamoe_rt.kernels.quantize", "quantize_weight_fp8"),
+    "MegaMoE": ("megamoe_rt.layer", "MegaMoE"),
+    "grouped_gemm_fp8": ("megamoe_rt.gemm", "grouped_gemm_fp8"),
+    "plan_grouped_gemm_fp8": ("megamoe_rt.gemm", "plan_grouped_gemm_fp8"),
     "calc_diff": ("megamoe_rt.reference", "calc_diff"),
     "symm_buffer_layout": ("megamoe_rt.layout", "symm_buffer_layout"),
     "get_preset": ("megamoe_rt.presets", "get_preset"),

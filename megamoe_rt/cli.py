@@ -211,6 +211,22 @@ def cmd_bench(args) -> int:
     return 0
 
 
+# --- demo -------------------------------------------------------------------------------
+
+
+def cmd_demo(args) -> int:
+    from . import driver
+
+    try:
+        info = driver.require_hopper()
+    except RuntimeError as exc:
+        print(f"megamoe-rt demo: {exc}", file=sys.stderr)
+        return 1
+    from .demo import run_demo
+
+    return run_demo(args.preset, args.tokens, check_tokens=args.check_tokens, device=info)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     from .presets import PRESETS
@@ -240,6 +256,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--lineinfo", action="store_true", help="compile with -lineinfo")
     s.add_argument("--no-cache", action="store_true", help="compile even where a cached cubin exists")
     s.set_defaults(func=cmd_compile)
+
+    s = sub.add_parser("demo", help="run one MoE layer on random inputs and check it against the reference")
+    s.add_argument("--preset", default="flash", choices=sorted(PRESETS), help="model shape (EP8 per-rank slice)")
+    s.add_argument("--tokens", type=_positive_int, default=2048, help="tokens (default 2048)")
+    s.add_argument("--check-tokens", type=_positive_int, default=64,
+                   help="tokens checked against the NumPy reference (default 64)")
+    s.set_defaults(func=cmd_demo)
 
     s = sub.add_parser("bench", help="benchmarks on a Hopper GPU (method of DESIGN section 8)")
     s.add_argument("what", choices=("gemm",), help="what to measure")

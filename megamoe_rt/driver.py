@@ -316,6 +316,17 @@ class Event:
             pass
 
 
+def memset_d32_async(ptr: int, value: int, count: int, stream: Any = None) -> None:
+    if count:
+        call(_cu().cuMemsetD32Async, ptr, value & 0xFFFFFFFF, count, stream_handle(stream))
+
+
+def stream_is_capturing(stream: Any = None) -> bool:
+    cu = _cu()
+    status = call(cu.cuStreamIsCapturing, stream_handle(stream))
+    return status != cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+
+
 def synchronize_stream(stream: Any = None) -> None:
     call(_cu().cuStreamSynchronize, stream_handle(stream))
 

@@ -253,7 +253,7 @@ def plan_grouped_gemm_swiglu_fp8(a: Any, a_sf: Any, w1p: Any, w1p_sf: Any, row_w
                             group_counts: Any = None, masked_counts: Any = None, act_sf_gran: int = 128,
                             swiglu_limit: float | None = None, pow2_scale: bool = False, out: Any = None,
                             out_sf: Any = None, stream: Any = None, check_layout: bool = True,
-                            config: k.GemmConfig | None = None):
+                            config: k.GemmConfig | None = None, a_sf_kmajor: bool = False):
     """L1 GEMM with the SwiGLU x weight -> e4m3 epilogue.
 
     ``w1p``/``w1p_sf`` come from :func:`prepare_swiglu_weights`. ``row_weight`` float32 ``[rows]``
@@ -287,7 +287,11 @@ def plan_grouped_gemm_swiglu_fp8(a: Any, a_sf: Any, w1p: Any, w1p_sf: Any, row_w
         rows = groups * masked_rows
     lead = tuple(aa.shape[:-1])
     asfa = as_device_array(a_sf, "a_sf", stream=sh)
-    check_array(asfa, "a_sf", dtypes=("float32",), shape=lead + (kk // 128,), device=dev, align=4)
+    if a_sf_kmajor:
+        check_array(asfa, "a_sf", dtypes=("float32",), shape=(kk // 128, max(4, -(-rows // 4) * 4)), device=dev,
+                    align=16)
+    else:
+        check_array(asfa, "a_sf", dtypes=("float32",), shape=lead + (kk // 128,), device=dev, align=4)
     rw = as_device_array(row_weight, "row_weight", stream=sh)
     check_array(rw, "row_weight", dtypes=("float32",), shape=(rows,), device=dev, align=4)
 
@@ -315,4 +319,4 @@ def plan_grouped_gemm_swiglu_fp8(a: Any, a_sf: Any, w1p: Any, w1p_sf: Any, row_w
                 p.group_counts = _check_groups("group_counts", group_counts, groups, dev).ptr
         else:
             p.masked_counts = _check_groups("masked_counts", masked_counts, groups, dev).ptr
-        return _plan(cupy, info, cfg, p, aa, asfa, a_sf, ba, rows, False, check_layout, (q, sf), sh)
+        return _plan(cupy, info, cfg, p, aa, asfa, a_sf, ba, rows, a_sf_kmajor, check_layout, (q, sf), sh)

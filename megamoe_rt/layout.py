@@ -54,6 +54,7 @@ _POOL_CHOICES = ("full", "ring")
 _GRID_SYNC_WORDS = 32
 _BARRIER_BANKS = 2
 _STREAM_GEN_WORDS = 3
+_ERROR_FLAG_WORDS = 4
 
 
 def _align_up(n: int, a: int) -> int:
@@ -265,8 +266,10 @@ def symm_buffer_layout(
     ws = _Packer(WORKSPACE_ALIGN)
     ws.add("expert_recv_counts", "int32", (r, el),
            "rows each source rank sends to each local expert")
-    ws.add("expert_pool_block_offsets", "int32", (el + 1,),
-           "first pool block of each local expert (prefix sum, last = total)")
+    ws.add("expert_pool_offsets", "int32", (el + 1,),
+           "first pool row of each local expert (block-aligned prefix sum, last = total rows)")
+    ws.add("expert_cursors", "int32", (el,),
+           "rows placed so far per local expert while dispatching")
     ws.add("l1_arrival_counts", "int32", (pool_blocks,),
            "rows landed in each pool block, gates its L1 GEMM")
     ws.add("l2_arrival_masks", "uint64", (pool_blocks,),
@@ -278,6 +281,8 @@ def symm_buffer_layout(
            "cross-rank signal words, one bank per launch parity")
     ws.add("grid_sync", "uint32", (_GRID_SYNC_WORDS,),
            "grid-wide barrier counters")
+    ws.add("error_flags", "uint32", (_ERROR_FLAG_WORDS,),
+           "device-side input checks (bit 0: expert id out of range)")
     if slots:
         ws.add("stream_ring_gens", "uint64", (r, slots, _STREAM_GEN_WORDS),
                "per peer and slot: route_ready, layout_ready, consumed generations")
@@ -295,6 +300,8 @@ def symm_buffer_layout(
             "source of each row: (src_rank*T + token)*K + slot, -1 for padding")
     top.add("l1_pool_weight", "float32", (rows,),
             "top-k weight of each row, applied in the L1 epilogue")
+    top.add("l1_pool_dst", "uint64", (rows,),
+            "byte address each row's L2 output goes to (its combine slot, local or a peer's)")
     top.add("l2_pool", "e4m3", (rows, i), "L1 output (activated), L2 input")
     top.add("l2_pool_sf", "float32", (i // act_sf_gran, rows), "scales of l2_pool, k-block-major")
     top.add("combine", "bf16", (k, t, h), "expert outputs returned per top-k slot")

@@ -17,7 +17,7 @@ DTYPE_BYTES = {"e4m3": 1, "uint8": 1, "bf16": 2, "int32": 4, "uint32": 4,
                "float32": 4, "uint64": 8}
 
 TOP_LEVEL = ["x", "x_sf", "topk_idx", "topk_weights", "l1_pool", "l1_pool_sf",
-             "l1_pool_src", "l1_pool_weight", "l2_pool", "l2_pool_sf", "combine",
+             "l1_pool_src", "l1_pool_weight", "l1_pool_dst", "l2_pool", "l2_pool_sf", "combine",
              "workspace"]
 
 MiB = 2**20
@@ -119,6 +119,7 @@ def test_flash_full_pool_sizes():
         "l1_pool_sf": (4096 // 128) * rows * 4,
         "l1_pool_src": rows * 4,
         "l1_pool_weight": rows * 4,
+        "l1_pool_dst": rows * 8,
         "l2_pool": 3103 * 128 * 2048,
         "l2_pool_sf": (2048 // 128) * rows * 4,
         "combine": 6 * 8192 * 4096 * 2,
@@ -126,17 +127,19 @@ def test_flash_full_pool_sizes():
     # Workspace: each part starts on 128 bytes, the whole rounded to 1024.
     ws_parts = [
         R * EL * 4,        # expert_recv_counts      1024
-        (EL + 1) * 4,      # expert_pool_block_offsets 132
+        (EL + 1) * 4,      # expert_pool_offsets      132
+        EL * 4,            # expert_cursors           128
         blocks * 4,        # l1_arrival_counts      12412
         blocks * 8,        # l2_arrival_masks       24824
         2 * R * 8,         # barrier_signals          128
         32 * 4,            # grid_sync                128
+        4 * 4,             # error_flags               16
     ]
     ws_end = 0
     for part in ws_parts:
         ws_end = up(ws_end, 128) + part
     expected["workspace"] = up(ws_end, 1024)
-    assert expected["workspace"] == up(1024 + 256 + 12416 + 24832 + 128 + 128, 1024)
+    assert expected["workspace"] == up(1024 + 256 + 128 + 12416 + 24832 + 128 + 128 + 16, 1024)
 
     for name, nbytes in expected.items():
         assert lay.region(name).nbytes == nbytes, name
@@ -153,12 +156,13 @@ def test_flash_full_pool_sizes():
         + up(32 * 3103 * 128 * 4)           # l1_pool_sf
         + up(3103 * 128 * 4)                # l1_pool_src
         + up(3103 * 128 * 4)                # l1_pool_weight
+        + up(3103 * 128 * 8)                # l1_pool_dst
         + up(3103 * 128 * 2048)             # l2_pool
         + up(16 * 3103 * 128 * 4)           # l2_pool_sf
         + up(6 * 8192 * 4096 * 2)           # combine
         + expected["workspace"]             # workspace
     )
-    assert lay.total_bytes == total == 2_957_424_640
+    assert lay.total_bytes == total == 2_960_603_136
     assert lay.region("l1_pool").offset == sum(up(expected[n]) for n in TOP_LEVEL[:4])
 
 

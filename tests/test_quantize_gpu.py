@@ -104,3 +104,17 @@ def test_torch_bfloat16_via_dlpack():
     ref_q, ref_sf = reference.quantize_act_1x128(host)
     assert np.array_equal(cp.asnumpy(q), ref_q.view(np.uint8))
     assert np.array_equal(cp.asnumpy(sf), ref_sf)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "float32"])
+@pytest.mark.parametrize("shape", [(128, 128), (3, 256, 512), (2, 4096, 384)])
+def test_weight_quantizer_matches_reference_bit_for_bit(dtype, shape):
+    rng = np.random.default_rng()
+    w32 = (rng.standard_normal(shape) * np.exp2(rng.integers(-10, 4, size=shape[:-1] + (1,)))).astype(np.float32)
+    w32[..., :128, :128] = 0.0  # an all-zero block takes the floor scale
+    host = w32.astype(ml_dtypes.bfloat16) if dtype == "bf16" else w32
+    dev = cp.asarray(host.view(np.uint16)) if dtype == "bf16" else cp.asarray(host)
+    q, sf = megamoe_rt.quantize_weight_fp8(dev)
+    ref_q, ref_sf = reference.quantize_weight_128x128(host)
+    assert np.array_equal(cp.asnumpy(sf), ref_sf)
+    assert np.array_equal(cp.asnumpy(q), ref_q.view(np.uint8))

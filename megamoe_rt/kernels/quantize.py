@@ -40,7 +40,7 @@ def _spec(input_dtype: str) -> KernelSpec:
 
 
 def kernel_specs() -> list[KernelSpec]:
-    return [_spec("bf16"), _spec("float32")]
+    return [_spec("bf16"), _spec("float32"), _weight_spec("bf16"), _weight_spec("float32")]
 
 
 def quantize_fp8(x: Any, *, out: Any = None, out_sf: Any = None, stream: Any = None):
@@ -79,4 +79,61 @@ def quantize_fp8(x: Any, *, out: Any = None, out_sf: Any = None, stream: Any = N
     # Enough blocks for ~16 resident per SM; the kernel strides over the rest.
     blocks = min(-(-num_groups // groups_per_block), info.sm_count * 16)
     kernel.launch((blocks,), (THREADS,), [params], stream=sh)
+    return q, sf
+
+
+# --- 128x128 weight blocks -------------------------------------------------------------------
+
+_WEIGHT_SOURCE = "quantize/quantize_weight_fp8.cu"
+_WEIGHT_THREADS = 512
+
+
+class WeightQuantizeParams(ctypes.Structure):
+    """Mirror of ``megamoe_rt::WeightQuantizeParams`` in quantize/quantize_weight_fp8.cu."""
+
+    _fields_ = [
+        ("w", ctypes.c_uint64),
+        ("q", ctypes.c_uint64),
+        ("sf", ctypes.c_uint64),
+        ("n", ctypes.c_uint32),
+        ("k", ctypes.c_uint32),
+        ("num_blocks", ctypes.c_uint32),
+        ("pad_", ctypes.c_uint32),
+    ]
+
+
+def _weight_spec(input_dtype: str) -> KernelSpec:
+    return KernelSpec(
+        name=f"quantize_fp8_128x128[{input_dtype}]",
+        source=_WEIGHT_SOURCE,
+        entry=f"megamoe_rt::quantize_fp8_128x128<{'true' if input_dtype == 'bf16' else 'false'}>",
+        block_threads=_WEIGHT_THREADS,
+        expect_sass=("F2FP",),
+    )
+
+
+def quantize_weight_fp8(w: Any, *, stream: Any = None):
+    """Quantize weights ``[..., N, K]`` (bf16 bits as uint16, or fp32; N, K multiples of 128)
+    to e4m3 codes (uint8, same shape) and fp32 128x128 block scales ``[..., N/128, K/128]``."""
+    sh = driver.stream_handle(stream)
+    wa = as_device_array(w, "w", stream=sh)
+    dtype = check_array(wa, "w", dtypes=("bf16", "float32"))
+    if wa.ndim < 2 or wa.shape[-1] % GROUP or wa.shape[-2] % GROUP or 0 in wa.shape:
+        raise ValueError(f"w: expected [..., N, K] with N and K positive multiples of {GROUP}, got {list(wa.shape)}")
+    n, k = wa.shape[-2:]
+    lead = tuple(wa.shape[:-2])
+    groups = 1
+    for d in lead:
+        groups *= d
+    info = driver.require_hopper(wa.device)
+    cupy = require_cupy()
+    with cupy.cuda.Device(info.ordinal), cupy_stream(cupy, sh):
+        q = cupy.empty(wa.shape, dtype=cupy.uint8)
+        sf = cupy.empty(lead + (n // GROUP, k // GROUP), dtype=cupy.float32)
+    from .loader import get_kernel
+
+    num_blocks = groups * (n // GROUP) * (k // GROUP)
+    params = WeightQuantizeParams(wa.ptr, int(q.data.ptr), int(sf.data.ptr), n, k, num_blocks, 0)
+    get_kernel(_weight_spec(dtype), info.ordinal).launch((min(num_blocks, info.sm_count * 8),),
+                                                         (_WEIGHT_THREADS,), [params], stream=sh)
     return q, sf

@@ -1,0 +1,53 @@
+// Dispatch: one warp per (token, slot). A routed pair claims the next row of its
+// expert's pool range and copies the token's e4m3 row and its scales there
+// (scales k-block-major, the layout the L1 GEMM's TMA reads), with the row's
+// top-k weight and the address its L2 output goes to (its combine slot).
+//
+// Row order inside an expert follows the atomic claims and may differ between
+// runs; every output depends only on its own row, so results do not.
+
+#include "common/types.cuh"
+#include "moe/params.cuh"
+#include "ptx/ld_st.cuh"
+
+namespace megamoe_rt::moe {
+
+constexpr u32 kDispatchThreads = 256;
+
+template <typename IdxT>
+__global__ void __launch_bounds__(kDispatchThreads) moe_dispatch(const __grid_constant__ MoeParams p) {
+    const u32 lane = threadIdx.x % 32;
+    const u32 warps = gridDim.x * (kDispatchThreads / 32);
+    const u32 pairs = p.num_tokens * p.num_topk;
+    const u32 sf_cols = p.hidden / 128;
+    for (u32 pair = (blockIdx.x * kDispatchThreads + threadIdx.x) / 32; pair < pairs; pair += warps) {
+        i32 row = -1;
+        if (lane == 0) {
+            const i32 e = local_expert<IdxT>(p, pair);
+            if (e >= 0) {
+                row = p.expert_offsets[e] + atomicAdd(&p.expert_cursors[e], 1);
+                if (static_cast<u32>(row) >= p.pool_rows) {
+                    atomicOr(p.error_flags, ErrorFlags::kPoolOverflow);
+                    row = -1;
+                }
+            }
+        }
+        row = __shfl_sync(0xFFFFFFFFu, row, 0);
+        if (row < 0) continue;
+        const u32 token = pair / p.num_topk;
+        const u32 slot = pair % p.num_topk;
+        const ptx::u32x4* src = reinterpret_cast<const ptx::u32x4*>(p.x + static_cast<u64>(token) * p.hidden);
+        ptx::u32x4* dst = reinterpret_cast<ptx::u32x4*>(p.pool + static_cast<u64>(row) * p.hidden);
+        for (u32 v = lane; v < p.hidden / 16; v += 32) dst[v] = ptx::ld_global_nc_v4_u32(src + v);
+        for (u32 j = lane; j < sf_cols; j += 32)
+            p.pool_sf[static_cast<u64>(j) * p.pool_rows + row] = p.x_sf[static_cast<u64>(token) * sf_cols + j];
+        if (lane == 0) {
+            p.pool_src[row] = static_cast<i32>(pair);
+            p.pool_weight[row] = p.topk_weights[pair];
+            p.pool_dst[row] = reinterpret_cast<u64>(p.combine) +
+                              (static_cast<u64>(slot) * p.token_capacity + token) * p.hidden * 2ull;
+        }
+    }
+}
+
+}  // namespace megamoe_rt::moe

@@ -1,0 +1,58 @@
+// Routing: count the (token, slot) pairs of every local expert, then lay the
+// experts out in the pool (block-aligned exclusive scan) and reset the dispatch
+// cursors. Two launches on the caller's stream; nothing reaches the host.
+
+#include "common/types.cuh"
+#include "moe/params.cuh"
+
+namespace megamoe_rt::moe {
+
+constexpr u32 kCountThreads = 256;
+constexpr u32 kMaxLocalExperts = 1024;
+
+// Block-local histogram in shared memory, then one global atomic per expert and block.
+template <typename IdxT>
+__global__ void __launch_bounds__(kCountThreads) moe_count_routes(const __grid_constant__ MoeParams p) {
+    __shared__ i32 hist[kMaxLocalExperts];
+    for (u32 e = threadIdx.x; e < p.num_local_experts; e += kCountThreads) hist[e] = 0;
+    __syncthreads();
+    const u32 pairs = p.num_tokens * p.num_topk;
+    for (u32 i = blockIdx.x * kCountThreads + threadIdx.x; i < pairs; i += gridDim.x * kCountThreads) {
+        const i32 e = local_expert<IdxT>(p, i);
+        if (e >= 0) atomicAdd(&hist[e], 1);
+    }
+    __syncthreads();
+    for (u32 e = threadIdx.x; e < p.num_local_experts; e += kCountThreads)
+        if (hist[e]) atomicAdd(&p.expert_counts[e], hist[e]);
+}
+
+constexpr u32 kScanThreads = 1024;
+
+// One block: offsets[e] = sum over e' < e of align(count[e'], pool_align).
+__global__ void __launch_bounds__(kScanThreads) moe_pool_offsets(const __grid_constant__ MoeParams p) {
+    __shared__ i32 scan[kScanThreads];
+    const u32 e = threadIdx.x;
+    const i32 count = e < p.num_local_experts ? p.expert_counts[e] : 0;
+    const i32 align = static_cast<i32>(p.pool_align);
+    const i32 padded = (count + align - 1) / align * align;
+    scan[e] = padded;
+    __syncthreads();
+    // Hillis-Steele inclusive scan; the experts fit one block (checked on the host).
+    for (u32 step = 1; step < kScanThreads; step *= 2) {
+        const i32 v = e >= step ? scan[e - step] : 0;
+        __syncthreads();
+        scan[e] += v;
+        __syncthreads();
+    }
+    if (e < p.num_local_experts) {
+        p.expert_offsets[e] = scan[e] - padded;
+        p.expert_cursors[e] = 0;
+        if (p.expert_recv_stats != nullptr) p.expert_recv_stats[e] += count;
+    }
+    if (e == p.num_local_experts - 1) {
+        p.expert_offsets[p.num_local_experts] = scan[e];
+        if (static_cast<u32>(scan[e]) > p.pool_rows) atomicOr(p.error_flags, ErrorFlags::kPoolOverflow);
+    }
+}
+
+}  // namespace megamoe_rt::moe

@@ -1,0 +1,101 @@
+"""Routing, dispatch and combine kernels of the unfused MoE path: specs, params, launches."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from ..jit import KernelSpec
+
+COUNT_THREADS = 256
+SCAN_THREADS = 1024
+DISPATCH_THREADS = 256
+COMBINE_THREADS = 128
+MAX_LOCAL_EXPERTS = 1024
+MAX_TOPK = 32
+
+ERROR_EXPERT_ID_OUT_OF_RANGE = 1
+ERROR_POOL_OVERFLOW = 2
+
+_IDX_CXX = {"int32": "megamoe_rt::i32", "int64": "megamoe_rt::i64"}
+
+
+class MoeParams(ctypes.Structure):
+    """Mirror of ``megamoe_rt::moe::MoeParams`` (moe/params.cuh)."""
+
+    _fields_ = [
+        ("topk_idx", ctypes.c_uint64),
+        ("topk_weights", ctypes.c_uint64),
+        ("x", ctypes.c_uint64),
+        ("x_sf", ctypes.c_uint64),
+        ("num_tokens", ctypes.c_uint32),
+        ("num_topk", ctypes.c_uint32),
+        ("hidden", ctypes.c_uint32),
+        ("num_experts", ctypes.c_uint32),
+        ("num_local_experts", ctypes.c_uint32),
+        ("first_local_expert", ctypes.c_uint32),
+        ("pool_rows", ctypes.c_uint32),
+        ("pool_align", ctypes.c_uint32),
+        ("token_capacity", ctypes.c_uint32),
+        ("pad_", ctypes.c_uint32),
+        ("expert_counts", ctypes.c_uint64),
+        ("expert_offsets", ctypes.c_uint64),
+        ("expert_cursors", ctypes.c_uint64),
+        ("expert_recv_stats", ctypes.c_uint64),
+        ("error_flags", ctypes.c_uint64),
+        ("pool", ctypes.c_uint64),
+        ("pool_sf", ctypes.c_uint64),
+        ("pool_src", ctypes.c_uint64),
+        ("pool_weight", ctypes.c_uint64),
+        ("pool_dst", ctypes.c_uint64),
+        ("combine", ctypes.c_uint64),
+        ("y", ctypes.c_uint64),
+    ]
+
+
+def _spec(kind: str, source: str, entry: str, idx: str | None, threads: int) -> KernelSpec:
+    name = f"moe_{kind}" + (f"[{idx}]" if idx else "")
+    expr = f"megamoe_rt::moe::{entry}" + (f"<{_IDX_CXX[idx]}>" if idx else "")
+    return KernelSpec(name=name, source=source, entry=expr, block_threads=threads)
+
+
+def count_spec(idx: str) -> KernelSpec:
+    return _spec("count_routes", "moe/route.cu", "moe_count_routes", idx, COUNT_THREADS)
+
+
+def offsets_spec() -> KernelSpec:
+    return _spec("pool_offsets", "moe/route.cu", "moe_pool_offsets", None, SCAN_THREADS)
+
+
+def dispatch_spec(idx: str) -> KernelSpec:
+    return _spec("dispatch", "moe/dispatch.cu", "moe_dispatch", idx, DISPATCH_THREADS)
+
+
+def combine_spec(idx: str) -> KernelSpec:
+    return _spec("combine", "moe/combine.cu", "moe_combine", idx, COMBINE_THREADS)
+
+
+def kernel_specs() -> list[KernelSpec]:
+    out = [offsets_spec()]
+    for idx in ("int32", "int64"):
+        out += [count_spec(idx), dispatch_spec(idx), combine_spec(idx)]
+    return out
+
+
+def grids(num_tokens: int, num_topk: int, sm_count: int) -> dict[str, int]:
+    pairs = num_tokens * num_topk
+    return {
+        "count": max(1, min(-(-pairs // COUNT_THREADS), sm_count * 4)),
+        "dispatch": max(1, min(-(-pairs // (DISPATCH_THREADS // 32)), sm_count * 16)),
+        "combine": max(1, min(num_tokens, sm_count * 16)),
+    }
+
+
+def launch_route_dispatch(kernels: dict[str, Any], params: MoeParams, grid: dict[str, int], stream: int) -> None:
+    kernels["count"].launch((grid["count"],), (COUNT_THREADS,), [params], stream=stream)
+    kernels["offsets"].launch((1,), (SCAN_THREADS,), [params], stream=stream)
+    kernels["dispatch"].launch((grid["dispatch"],), (DISPATCH_THREADS,), [params], stream=stream)
+
+
+def launch_combine(kernels: dict[str, Any], params: MoeParams, grid: dict[str, int], stream: int) -> None:
+    kernels["combine"].launch((grid["combine"],), (COMBINE_THREADS,), [params], stream=stream)

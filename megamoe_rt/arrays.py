@@ -216,6 +216,19 @@ def require_cupy():
     return cupy
 
 
+class _StreamHandle:
+    def __init__(self, handle: int):
+        self._handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self._handle)
+
+
 def cupy_stream(cupy, handle: int):
     """A CuPy stream object for a raw handle (0: the legacy default stream)."""
-    return cupy.cuda.ExternalStream(handle) if handle else cupy.cuda.Stream.null
+    if not handle:
+        return cupy.cuda.Stream.null
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is not None:
+        return from_external(_StreamHandle(handle))
+    return cupy.cuda.ExternalStream(handle)

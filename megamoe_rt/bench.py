@@ -255,3 +255,57 @@ def _print_gemm_row(row: dict) -> None:
     if "weight_read_floor_us" in row and not row["arms"]["megamoe_rt"]["error"]:
         ratio += f"  x{row['arms']['megamoe_rt']['median_us'] / row['weight_read_floor_us']:.2f} of weight-read floor"
     print(f"{label} | " + " | ".join(parts) + ratio, flush=True)
+
+
+# --- whole layer --------------------------------------------------------------------------
+
+def bench_moe(presets: list[str], tokens: list[int], *, mode: str = "unfused", rounds: int = 3,
+              json_path: str | None = None) -> list[dict]:
+    """The layer (a preset's EP8 per-rank slice on one GPU) captured in a CUDA graph and
+    replayed: device time, useful TFLOP/s, HBM GB/s of the compulsory traffic, buffer MiB."""
+    import cupy as cp
+
+    from .demo import random_layer_inputs
+    from .layer import MegaMoE
+
+    if mode != "unfused":
+        raise ValueError(f"mode: {mode!r} is not available yet (modes: unfused)")
+    timer = DeviceTimer()
+    rows = []
+    for name in presets:
+        p = get_preset(name)
+        experts = p.num_experts // DEFAULT_EP_RANKS
+        for t in tokens:
+            inp = random_layer_inputs(cp, t, p.hidden, p.intermediate, experts, p.num_topk, seed=t)
+            layer = MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, t)
+            layer.load_weights(inp["w1"], inp["w1_sf"], inp["w2"], inp["w2_sf"])
+            args = (inp["x"], inp["x_sf"], inp["topk_idx"], inp["topk_weights"])
+            y = cp.empty((t, p.hidden), dtype=cp.uint16)
+            stream = cp.cuda.Stream(non_blocking=True)
+            with stream:
+                layer(*args, out=y, stream=stream)
+                stream.synchronize()
+                stream.begin_capture()
+                layer(*args, out=y, stream=stream)
+                graph = stream.end_capture()
+            with stream:
+                res = bracketed(timer, {mode: lambda: graph.launch(stream=stream)}, rounds=rounds)[mode]
+            pairs = t * p.num_topk
+            active = len(set(cp.asnumpy(inp["topk_idx"]).ravel().tolist()))
+            weight_bytes = active * (2 * p.intermediate * p.hidden + p.hidden * p.intermediate)
+            act_bytes = t * p.hidden * 2 + pairs * (p.hidden + p.intermediate) * 2 + pairs * p.hidden * 2 * 2
+            row = {"preset": name, "tokens": t, "mode": mode, "experts": experts, "topk": p.num_topk,
+                   "median_us": res.median_us, "band_us": list(res.band_us), "rounds_us": res.rounds_us,
+                   "tflops": layer.flops(pairs) / (res.median_us * 1e-6) / 1e12,
+                   "hbm_gbps": (weight_bytes + act_bytes) / (res.median_us * 1e-6) / 1e9,
+                   "buffer_mib": layer.layout.total_bytes / 2**20}
+            rows.append(row)
+            print(f"{name:>5} T={t:<5} {mode}: {row['median_us']:9.1f} us ({row['band_us'][0]:.1f}-"
+                  f"{row['band_us'][1]:.1f})  {row['tflops']:7.1f} TFLOP/s  {row['hbm_gbps']:7.0f} GB/s  "
+                  f"buffer {row['buffer_mib']:8.1f} MiB", flush=True)
+            del layer, graph, inp
+            cp.get_default_memory_pool().free_all_blocks()
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(rows, f, indent=2)
+    return rows

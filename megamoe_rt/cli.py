@@ -203,11 +203,15 @@ def cmd_bench(args) -> int:
     except RuntimeError as exc:
         print(f"megamoe-rt bench: {exc}", file=sys.stderr)
         return 1
-    from .bench import bench_gemm
+    from .bench import bench_gemm, bench_moe
 
     print(f"device {info.ordinal}: {info.name}, {info.sm_count} SMs")
-    bench_gemm(args.presets, args.tokens, with_torch=not args.no_torch, rounds=args.rounds, json_path=args.json,
-               cluster_n=args.cluster_n)
+    if args.what == "gemm":
+        bench_gemm(args.presets, args.tokens or [512, 2048, 8192], with_torch=not args.no_torch, rounds=args.rounds,
+                   json_path=args.json, cluster_n=args.cluster_n)
+    else:
+        bench_moe(args.presets, args.tokens or [64, 256, 2048, 8192], mode=args.mode, rounds=args.rounds,
+                  json_path=args.json)
     return 0
 
 
@@ -265,9 +269,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_demo)
 
     s = sub.add_parser("bench", help="benchmarks on a Hopper GPU (method of DESIGN section 8)")
-    s.add_argument("what", choices=("gemm",), help="what to measure")
-    s.add_argument("--presets", type=_csv(str, sorted(PRESETS)), default=["flash", "pro", "v3"])
-    s.add_argument("--tokens", type=_csv(int), default=[512, 2048, 8192], help="tokens per rank (EP8 slice)")
+    s.add_argument("what", choices=("gemm", "moe"), help="what to measure")
+    s.add_argument("--mode", choices=("unfused",), default="unfused", help="moe: execution mode")
+    s.add_argument("--presets", "--preset", type=_csv(str, sorted(PRESETS)), default=["flash", "pro", "v3"])
+    s.add_argument("--tokens", type=_csv(int), default=None,
+                   help="tokens per rank, EP8 slice (gemm default 512,2048,8192; moe default 64,256,2048,8192)")
     s.add_argument("--rounds", type=_positive_int, default=3)
     s.add_argument("--no-torch", action="store_true", help="skip the PyTorch peer arms")
     s.add_argument("--json", default=None, help="write the results to this JSON file")

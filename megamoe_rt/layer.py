@@ -176,8 +176,8 @@ class MegaMoE:
         t = xa.shape[0]
         if xa.shape[1] != h:
             raise ValueError(f"x: expected shape [T, {h}], got {list(xa.shape)}")
-        if t > self.token_capacity:
-            raise ValueError(f"x: {t} tokens exceed the layer's capacity of {self.token_capacity} "
+        if t > self.num_max_tokens_per_rank:
+            raise ValueError(f"x: {t} tokens exceed the layer's capacity "
                              f"(num_max_tokens_per_rank={self.num_max_tokens_per_rank})")
         sfa = as_device_array(x_sf, "x_sf", stream=sh)
         check_array(sfa, "x_sf", dtypes=("float32",), shape=(t, h // 128), device=self.device, align=4)

@@ -195,13 +195,20 @@ def _csv(kind, valid=None):
     return parse
 
 
-def cmd_bench(args) -> int:
+def _hopper_or_none(command: str):
+    """The GPU to run on, or None after printing the one-line reason (exit status 1)."""
     from . import driver
 
     try:
-        info = driver.require_hopper()
+        return driver.require_hopper()
     except RuntimeError as exc:
-        print(f"megamoe-rt bench: {exc}", file=sys.stderr)
+        print(f"megamoe-rt {command}: {exc}", file=sys.stderr)
+        return None
+
+
+def cmd_bench(args) -> int:
+    info = _hopper_or_none("bench")
+    if info is None:
         return 1
     from .bench import bench_gemm, bench_moe
 
@@ -219,12 +226,8 @@ def cmd_bench(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from . import driver
-
-    try:
-        info = driver.require_hopper()
-    except RuntimeError as exc:
-        print(f"megamoe-rt demo: {exc}", file=sys.stderr)
+    info = _hopper_or_none("demo")
+    if info is None:
         return 1
     from .demo import run_demo
 

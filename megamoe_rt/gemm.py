@@ -57,6 +57,16 @@ def _check_config(cfg: k.GemmConfig, *, layout: str, epilogue: str, a_sf_gran: i
         raise ValueError(f"config: {cfg.name} needs N to be a multiple of {cfg.block_n * cfg.cluster_n}, got {n}")
 
 
+def _set_groups(p: k.GemmParams, layout: str, group_offsets: Any, group_counts: Any, masked_counts: Any,
+                groups: int, dev: int) -> None:
+    if layout == "contiguous":
+        p.group_offsets = _check_groups("group_offsets", group_offsets, groups + 1, dev).ptr
+        if group_counts is not None:
+            p.group_counts = _check_groups("group_counts", group_counts, groups, dev).ptr
+    else:
+        p.masked_counts = _check_groups("masked_counts", masked_counts, groups, dev).ptr
+
+
 def _check_groups(name: str, arr: Any, length: int, device: int) -> DeviceArray:
     d = as_device_array(arr, name)
     check_array(d, name, dtypes=("int32",), shape=(length,), device=device, align=4)
@@ -169,12 +179,7 @@ def plan_grouped_gemm_fp8(a: Any, a_sf: Any, b: Any, b_sf: Any, *, group_offsets
         _check_config(cfg, layout=layout, epilogue=epilogue, a_sf_gran=a_sf_gran, n=n)
         p = k.GemmParams(num_rows=rows, n=n, k=kk, num_groups=groups, masked_rows=masked_rows, flags=0,
                          sfb=bsfa.ptr)
-        if layout == "contiguous":
-            p.group_offsets = _check_groups("group_offsets", group_offsets, groups + 1, dev).ptr
-            if group_counts is not None:
-                p.group_counts = _check_groups("group_counts", group_counts, groups, dev).ptr
-        else:
-            p.masked_counts = _check_groups("masked_counts", masked_counts, groups, dev).ptr
+        _set_groups(p, layout, group_offsets, group_counts, masked_counts, groups, dev)
         if row_dst is not None:
             if out is not None:
                 raise ValueError("pass either out or row_dst, not both")
@@ -313,10 +318,5 @@ def plan_grouped_gemm_swiglu_fp8(a: Any, a_sf: Any, w1p: Any, w1p_sf: Any, row_w
         p = k.GemmParams(num_rows=rows, n=two_i, k=kk, num_groups=groups, masked_rows=masked_rows, flags=flags,
                          sfb=bsfa.ptr, d=qa.ptr, d_row_stride_bytes=inter, d_sf=sfo.ptr, d_sf_row_stride=rows_pad,
                          row_weight=rw.ptr, swiglu_limit=float(swiglu_limit or 0.0))
-        if layout == "contiguous":
-            p.group_offsets = _check_groups("group_offsets", group_offsets, groups + 1, dev).ptr
-            if group_counts is not None:
-                p.group_counts = _check_groups("group_counts", group_counts, groups, dev).ptr
-        else:
-            p.masked_counts = _check_groups("masked_counts", masked_counts, groups, dev).ptr
+        _set_groups(p, layout, group_offsets, group_counts, masked_counts, groups, dev)
         return _plan(cupy, info, cfg, p, aa, asfa, a_sf, ba, rows, a_sf_kmajor, check_layout, (q, sf), sh)

@@ -91,19 +91,18 @@ struct MathThread {
     __device__ __forceinline__ u32 pair_col(u32 i) const { return 8 * i + 2 * (lane % 4); }
 };
 
-// Issues wgmmas [first, first + kCount) (k32 steps) of the k-block in `stage` into `acc`
-// as one commit group.
-template <class Cfg, u32 kCount>
-__device__ __forceinline__ void issue_wgmmas(const SharedStorage<Cfg>& sm, u32 stage, u32 first, u32 a_offset,
-                                             u32 b_offset, float (&acc)[64]) {
+// One promotion step: the wgmmas of A-scale group `h` of the k-block in `stage`.
+template <class Cfg>
+__device__ __forceinline__ void issue_step(const SharedStorage<Cfg>& sm, u32 stage, u32 h, u32 a_offset, u32 b_offset,
+                                           float (&acc)[64]) {
     const u64 desc_a = ptx::smem_desc_k_major_sw128(sm.a(stage) + a_offset);
     const u64 desc_b = ptx::smem_desc_k_major_sw128(sm.b(stage) + b_offset);
 #pragma unroll
     for (int i = 0; i < 64; ++i) fence_operand(acc[i]);
     ptx::wgmma_fence_sync_aligned();
 #pragma unroll
-    for (u32 k = 0; k < kCount; ++k) {
-        const u32 bytes = (first + k) * Cfg::kWgmmaK;
+    for (u32 k = 0; k < Cfg::kWgmmaPerPromotion; ++k) {
+        const u32 bytes = (h * Cfg::kWgmmaPerPromotion + k) * Cfg::kWgmmaK;
         ptx::wgmma_m64n128k32_f32_e4m3_e4m3(acc, ptx::smem_desc_advance_bytes(desc_a, bytes),
                                             ptx::smem_desc_advance_bytes(desc_b, bytes), k > 0);
     }
@@ -144,8 +143,8 @@ __device__ __forceinline__ void release_stage(const SharedStorage<Cfg>& sm, u32 
 template <class Cfg>
 __device__ __forceinline__ void consume_tile(const GemmParams& p, const Tile& tile, u32 num_k_blocks,
                                              const SharedStorage<Cfg>& sm, PipelineState<Cfg::kStages>& st,
-                                             const MathThread<Cfg>& mt, float (&acc)[64], float (&acc2)[64],
-                                             float (&out)[64], u32 cta_rank) {
+                                             const MathThread<Cfg>& mt, float (&acc)[64], float (&out)[64],
+                                             u32 cta_rank) {
 #pragma unroll
     for (int i = 0; i < 64; ++i) out[i] = 0.0f;
     const u32 sfb_per_group = p.n / Cfg::kBSfN;
@@ -160,17 +159,12 @@ __device__ __forceinline__ void consume_tile(const GemmParams& p, const Tile& ti
         const float sb_lo = ptx::ld_global_nc_f32(sfb + kb);
         const float sb_hi = Cfg::kBSfN == 64 ? ptx::ld_global_nc_f32(sfb + num_k_blocks + kb) : sb_lo;
         ptx::mbarrier_wait_parity_shared(sm.full(st.stage), st.phase);
-        // The k-block's wgmmas go out as two commit groups into two accumulators, so the
-        // first half is promoted while the second still runs on the tensor cores. With
-        // 1x128 A scales both halves share one scale (scaling is linear); with 1x64
-        // scales the halves are the two scale groups.
-        constexpr u32 kHalf = Cfg::kBlockK / Cfg::kWgmmaK / 2;
-        issue_wgmmas<Cfg, kHalf>(sm, st.stage, 0, a_offset, b_offset, acc);
-        issue_wgmmas<Cfg, kHalf>(sm, st.stage, kHalf, a_offset, b_offset, acc2);
-        ptx::wgmma_wait_group_sync_aligned<1>();
-        promote_step<Cfg>(sm, st.stage, 0, mt, sb_lo, sb_hi, acc, out);
-        ptx::wgmma_wait_group_sync_aligned<0>();
-        promote_step<Cfg>(sm, st.stage, kSteps - 1, mt, sb_lo, sb_hi, acc2, out);
+#pragma unroll
+        for (u32 h = 0; h < kSteps; ++h) {
+            issue_step<Cfg>(sm, st.stage, h, a_offset, b_offset, acc);
+            ptx::wgmma_wait_group_sync_aligned<0>();
+            promote_step<Cfg>(sm, st.stage, h, mt, sb_lo, sb_hi, acc, out);
+        }
         release_stage<Cfg>(sm, st.stage, mt, cta_rank);
         st.advance();
     }

@@ -76,12 +76,11 @@ sm90_fp8_grouped_gemm(const __grid_constant__ GemmParams p, const __grid_constan
         const MathThread<Cfg> mt(warpgroup - 1);
         PipelineState<kStages> st;
         float acc[64];
-        float acc2[64];
         float out[64];
         for (u32 t = first_tile; t < scheduler.num_tiles; t += tile_step) {
             const Tile tile = scheduler.get(t, cta_rank);
             if (!tile.valid) continue;
-            consume_tile<Cfg>(p, tile, num_k_blocks, sm, st, mt, acc, acc2, out, cta_rank);
+            consume_tile<Cfg>(p, tile, num_k_blocks, sm, st, mt, acc, out, cta_rank);
             if constexpr (kEpilogue == Epilogue::kSwigluFp8) {
                 epilogue_swiglu_fp8<Cfg>(p, tile, mt, sm, out);
             } else {

@@ -1,0 +1,90 @@
+"""Property tests of the fused lag-ordered task stream and its ring pool (CPU)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from megamoe_rt.plan import LAG_GROUP_UNITS, UNIT_BLOCKS, fused_schedule, lag_units
+from megamoe_rt.schedule import (RingViolation, check_stream, expert_units, lag_ordered_stream, ring_blocks_for,
+                                 single_wave_stream)
+
+blocks_lists = st.lists(st.integers(min_value=0, max_value=40), min_size=1, max_size=48)
+
+
+def test_units_split_experts_in_runs_of_at_most_eight_blocks():
+    units = expert_units([0, 3, 17, 8])
+    assert [(u.expert, u.num_blocks) for u in units] == [(1, 3), (2, 8), (2, 8), (2, 1), (3, 8)]
+    assert [u.first_block for u in units] == [0, 3, 11, 19, 20]
+
+
+def test_l2_trails_l1_by_the_lag_in_groups():
+    stream = lag_ordered_stream([8] * 20, lag=8, group=4)  # 20 units of 8 blocks
+    order = [(t.kind, t.unit.index) for t in stream]
+    # The first L2 group (units 0-3) is released right after L1 of unit 11 = 0 + lag + group - 1.
+    first_l2 = order.index(("l2", 0))
+    assert order[first_l2 - 1] == ("l1", 11)
+    assert order[first_l2:first_l2 + 4] == [("l2", 0), ("l2", 1), ("l2", 2), ("l2", 3)]
+    for u in range(20):
+        assert order.index(("l1", u)) < order.index(("l2", u))
+
+
+@settings(max_examples=300, deadline=None)
+@given(blocks=blocks_lists, lag=st.integers(8, 64), group=st.integers(1, 8))
+def test_ring_of_eight_times_lag_plus_group_plus_margin_is_sufficient(blocks, lag, group):
+    stream = lag_ordered_stream(blocks, lag, group)
+    ring = UNIT_BLOCKS * (lag + group) + 4
+    max_live = check_stream(stream, ring)
+    # The live window never exceeds (lag + group) units of at most 8 blocks.
+    assert max_live <= UNIT_BLOCKS * (lag + group)
+    assert sum(t.kind == "l1" for t in stream) == sum(t.kind == "l2" for t in stream) == len(expert_units(blocks))
+
+
+@settings(max_examples=200, deadline=None)
+@given(blocks=blocks_lists, lag=st.integers(8, 64))
+def test_default_group_ring_is_what_the_host_allocates(blocks, lag):
+    check_stream(lag_ordered_stream(blocks, lag, LAG_GROUP_UNITS), ring_blocks_for(lag))
+
+
+def test_a_ring_below_the_live_window_is_caught():
+    stream = lag_ordered_stream([8] * 40, lag=8, group=4)
+    check_stream(stream, ring_blocks_for(8))
+    with pytest.raises(RingViolation, match="overwrites ring slot"):
+        check_stream(stream, UNIT_BLOCKS * 8)  # lag units only: the group is missing
+
+
+@settings(max_examples=100, deadline=None)
+@given(blocks=blocks_lists)
+def test_single_wave_needs_the_whole_pool(blocks):
+    stream = single_wave_stream(blocks)
+    total = sum(blocks)
+    if total == 0:
+        assert stream == []
+        return
+    assert check_stream(stream, total) == total
+    if total > 1:
+        with pytest.raises(RingViolation):
+            check_stream(stream, total - 1)
+
+
+def test_order_violations_are_reported():
+    units = expert_units([2, 2])
+    from megamoe_rt.schedule import Task
+
+    with pytest.raises(RingViolation, match="before its L1"):
+        check_stream([Task("l2", units[0]), Task("l1", units[0])], 16)
+    with pytest.raises(RingViolation, match="without an L2"):
+        check_stream([Task("l1", units[0]), Task("l1", units[1]), Task("l2", units[0])], 16)
+
+
+@pytest.mark.parametrize("preset,tokens,expect_lag", [("flash", 8192, 29), ("flash", 2048, 14), ("pro", 8192, 22)])
+def test_host_schedule_is_safe_for_uniform_routing_at_the_bound(preset, tokens, expect_lag):
+    from megamoe_rt.presets import get_preset
+
+    p = get_preset(preset)
+    sched = fused_schedule(tokens, 8, p.num_topk, p.num_experts)
+    assert sched.lag_units == expect_lag == lag_units(
+        (p.num_experts // 8) * -(-(-(-8 * tokens * p.num_topk // p.num_experts) // 128) // 8))
+    per_expert = -(-8 * tokens * p.num_topk // p.num_experts) // 128 + 1
+    check_stream(lag_ordered_stream([per_expert] * (p.num_experts // 8), sched.lag_units), sched.ring_blocks)

@@ -426,10 +426,13 @@ class LoadedKernel:
         return int(call(cu.cuFuncGetAttribute, attr, self.function))
 
     def launch(self, grid: Sequence[int], block: Sequence[int], args: Sequence[ctypes._SimpleCData | ctypes.Structure],
-               *, stream: Any = None, smem_bytes: int | None = None, cluster: Sequence[int] | None = None) -> None:
+               *, stream: Any = None, smem_bytes: int | None = None, cluster: Sequence[int] | None = None,
+               in_stream_context: bool = False) -> None:
         """Launch with ``args`` given as ctypes objects in parameter order.
 
         ``cluster``: thread-block-cluster shape; the grid must be a multiple of it.
+        ``in_stream_context``: launch the context-independent ``CUkernel`` so it runs in the
+        stream's own context (a green context's stream keeps it inside that partition).
         """
         g = tuple(grid) + (1,) * (3 - len(grid))
         b = tuple(block) + (1,) * (3 - len(block))
@@ -438,11 +441,12 @@ class LoadedKernel:
         ptrs = (ctypes.c_void_p * max(len(args), 1))(*[ctypes.addressof(a) for a in args])
         smem = self.dynamic_smem_bytes if smem_bytes is None else smem_bytes
         cu = _cu()
+        func = cu.CUfunction(int(self.kernel)) if in_stream_context else self.function
         if cluster is None or tuple(cluster) in ((1,), (1, 1, 1)):
-            call(cu.cuLaunchKernel, self.function, *g, *b, smem, stream_handle(stream), ctypes.addressof(ptrs), 0)
+            call(cu.cuLaunchKernel, func, *g, *b, smem, stream_handle(stream), ctypes.addressof(ptrs), 0)
             return
         cfg = _cluster_launch_config(g, b, smem, stream_handle(stream), cluster)
-        call(cu.cuLaunchKernelEx, cfg, self.function, ctypes.addressof(ptrs), 0)
+        call(cu.cuLaunchKernelEx, cfg, func, ctypes.addressof(ptrs), 0)
 
     def max_active_clusters(self, block: Sequence[int], cluster: Sequence[int], smem_bytes: int | None = None) -> int:
         """How many clusters of this shape can be resident at once (persistent grids size by it).

@@ -1,0 +1,107 @@
+"""CUDA graphs built node by node with the driver API: kernel nodes bound to green-context
+partitions (a ``CUkernel`` with the node's ``ctx``), memset nodes, explicit dependencies,
+instantiation, replay and kernel-parameter updates between replays."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from .. import driver
+
+
+def _cu():
+    from cuda.bindings import driver as cu
+
+    return cu
+
+
+@dataclass
+class KernelNode:
+    node: Any
+    kernel: driver.LoadedKernel
+    params: Any   # CUDA_KERNEL_NODE_PARAMS (kept: updates start from it)
+    args: list    # ctypes arguments, alive as long as the node
+
+
+def _kernel_params(kernel: driver.LoadedKernel, grid, block, args: Sequence, ctx, smem: int | None):
+    cu = _cu()
+    g = tuple(grid) + (1,) * (3 - len(tuple(grid)))
+    b = tuple(block) + (1,) * (3 - len(tuple(block)))
+    p = cu.CUDA_KERNEL_NODE_PARAMS()
+    p.gridDimX, p.gridDimY, p.gridDimZ = g
+    p.blockDimX, p.blockDimY, p.blockDimZ = b
+    p.sharedMemBytes = kernel.dynamic_smem_bytes if smem is None else smem
+    # A context-independent CUkernel with the node's context: this is what binds the node
+    # to a green context's SM partition (func must stay NULL).
+    p.kern = kernel.kernel
+    p.ctx = ctx
+    ptrs = (ctypes.c_void_p * max(len(args), 1))(*[ctypes.addressof(a) for a in args])
+    p.kernelParams = ctypes.addressof(ptrs)
+    return p, ptrs
+
+
+class GraphBuilder:
+    def __init__(self):
+        self.graph = driver.call(_cu().cuGraphCreate, 0)
+        self.exec = None
+        self._keep: list = []
+
+    def add_kernel(self, kernel: driver.LoadedKernel, grid, block, args: Sequence, *, ctx: Any = None,
+                   deps: Sequence[Any] = (), smem: int | None = None) -> KernelNode:
+        cu = _cu()
+        if ctx is None:
+            ctx = driver.ensure_context()
+        params, ptrs = _kernel_params(kernel, grid, block, args, ctx, smem)
+        dep_nodes = [d.node if isinstance(d, KernelNode) else d for d in deps]
+        node = driver.call(cu.cuGraphAddKernelNode, self.graph, dep_nodes, len(dep_nodes), params)
+        self._keep.append((ptrs, list(args)))
+        return KernelNode(node, kernel, params, list(args))
+
+    def add_memset_u32(self, ptr: int, value: int, count: int, *, deps: Sequence[Any] = (), ctx: Any = None):
+        cu = _cu()
+        p = cu.CUDA_MEMSET_NODE_PARAMS()
+        p.dst = ptr
+        p.value = value & 0xFFFFFFFF
+        p.elementSize = 4
+        p.width = count
+        p.height = 1
+        p.pitch = 0
+        dep_nodes = [d.node if isinstance(d, KernelNode) else d for d in deps]
+        return driver.call(cu.cuGraphAddMemsetNode, self.graph, dep_nodes, len(dep_nodes), p,
+                           ctx if ctx is not None else driver.ensure_context())
+
+    def instantiate(self):
+        self.exec = driver.call(_cu().cuGraphInstantiate, self.graph, 0)
+        return self
+
+    def launch(self, stream: Any = None) -> None:
+        if self.exec is None:
+            self.instantiate()
+        driver.call(_cu().cuGraphLaunch, self.exec, driver.stream_handle(stream))
+
+    def set_kernel_args(self, node: KernelNode, args: Sequence) -> None:
+        """Replace a kernel node's arguments in the executable graph (same kernel and shape)."""
+        cu = _cu()
+        p = node.params
+        ptrs = (ctypes.c_void_p * max(len(args), 1))(*[ctypes.addressof(a) for a in args])
+        p.kernelParams = ctypes.addressof(ptrs)
+        driver.call(cu.cuGraphExecKernelNodeSetParams, self.exec, node.node, p)
+        self._keep.append((ptrs, list(args)))
+        node.args = list(args)
+
+    def close(self) -> None:
+        cu = _cu()
+        if self.exec is not None:
+            driver.call(cu.cuGraphExecDestroy, self.exec)
+            self.exec = None
+        if self.graph is not None:
+            driver.call(cu.cuGraphDestroy, self.graph)
+            self.graph = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,113 @@
+"""Green contexts over SM partitions of one device (driver API, every call checked)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from .. import driver
+from .partition import PartitionPlan, Request, plan_partitions
+
+
+def _cu():
+    from cuda.bindings import driver as cu
+
+    return cu
+
+
+def sm_resource(device: int):
+    cu = _cu()
+    driver.ensure_context(device)
+    dev = driver.call(cu.cuDeviceGet, device)
+    return driver.call(cu.cuDeviceGetDevResource, dev, cu.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM)
+
+
+def partition_granularity(device: int) -> int:
+    """Minimum SMs per partition, as the driver reports it (or, where the field is not
+    filled in, as the driver rounds a one-SM request)."""
+    res = sm_resource(device)
+    reported = int(getattr(res.sm, "minSmPartitionSize", 0) or 0)
+    align = int(getattr(res.sm, "smCoscheduledAlignment", 0) or 0)
+    if reported:
+        return max(reported, align)
+    cu = _cu()
+    groups, _, _ = driver.call(cu.cuDevSmResourceSplitByCount, 1, res, 0, 1)
+    return int(groups[0].sm.smCount)
+
+
+@dataclass
+class GreenPartition:
+    name: str
+    sm_count: int
+    green_ctx: Any
+    ctx: Any          # CUcontext view of the green context (kernel nodes' ctx)
+    stream: Any       # non-blocking stream of the green context
+
+    @property
+    def stream_handle(self) -> int:
+        return int(self.stream)
+
+
+class GreenPartitions:
+    """Named SM partitions of a device, each with a green context and a stream.
+
+    Partitions are carved in request order from the device's SM resource; ``close()``
+    (or leaving the ``with`` block) destroys streams, then green contexts.
+    """
+
+    def __init__(self, requests: Sequence[tuple[str, Request]], *, device: int = 0):
+        cu = _cu()
+        self.device = device
+        info = driver.require_hopper(device)
+        self.granularity = partition_granularity(device)
+        self.plan: PartitionPlan = plan_partitions(info.sm_count, self.granularity, requests)
+        dev = driver.call(cu.cuDeviceGet, device)
+        remaining = sm_resource(device)
+        self.partitions: dict[str, GreenPartition] = {}
+        self._closed = False
+        try:
+            for name, count in self.plan.sizes:
+                groups, n, rest = driver.call(cu.cuDevSmResourceSplitByCount, 1, remaining, 0, count)
+                group = groups[0]
+                got = int(group.sm.smCount)
+                if got != count:
+                    raise RuntimeError(f"partition {name!r}: asked the driver for {count} SMs, got {got}")
+                desc = driver.call(cu.cuDevResourceGenerateDesc, [group], 1)
+                gctx = driver.call(cu.cuGreenCtxCreate, desc, dev, cu.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM)
+                ctx = driver.call(cu.cuCtxFromGreenCtx, gctx)
+                stream = driver.call(cu.cuGreenCtxStreamCreate, gctx, cu.CUstream_flags.CU_STREAM_NON_BLOCKING, 0)
+                self.partitions[name] = GreenPartition(name, got, gctx, ctx, stream)
+                remaining = rest
+            self.remainder_sms = int(remaining.sm.smCount)
+        except BaseException:
+            self.close()
+            raise
+
+    def __getitem__(self, name: str) -> GreenPartition:
+        try:
+            return self.partitions[name]
+        except KeyError:
+            raise KeyError(f"no partition {name!r}; have {', '.join(self.partitions)}") from None
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        cu = _cu()
+        for part in reversed(list(self.partitions.values())):
+            driver.call(cu.cuStreamDestroy, part.stream)
+            driver.call(cu.cuGreenCtxDestroy, part.green_ctx)
+        self.partitions.clear()
+        driver.ensure_context(self.device)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

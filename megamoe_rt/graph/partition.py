@@ -1,0 +1,61 @@
+"""SM partition arithmetic (no GPU): how a device's SMs split into named partitions.
+
+Green-context partitions on Hopper come in multiples of a minimum partition size
+(8 SMs; queried from the device by megamoe_rt.graph.green, passed in here). A request is
+a count of SMs or ``"rest"``: everything the other partitions leave, rounded down to the
+granularity; SMs no partition takes are the remainder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence, Union
+
+Request = Union[int, str]
+
+
+@dataclass(frozen=True)
+class PartitionPlan:
+    total_sms: int
+    granularity: int
+    sizes: tuple[tuple[str, int], ...]   # (name, SMs), in request order
+    remainder: int
+
+    def size(self, name: str) -> int:
+        for n, s in self.sizes:
+            if n == name:
+                return s
+        raise KeyError(name)
+
+
+def valid_counts(total_sms: int, granularity: int) -> list[int]:
+    return list(range(granularity, total_sms - total_sms % granularity + 1, granularity))
+
+
+def plan_partitions(total_sms: int, granularity: int, requests: Sequence[tuple[str, Request]]) -> PartitionPlan:
+    if total_sms <= 0 or granularity <= 0:
+        raise ValueError(f"total_sms={total_sms}, granularity={granularity}: expected positive values")
+    names = [n for n, _ in requests]
+    if len(set(names)) != len(names):
+        raise ValueError(f"partition names must be unique, got {names}")
+    rest = [n for n, r in requests if r == "rest"]
+    if len(rest) > 1:
+        raise ValueError(f"at most one partition may take the rest, got {rest}")
+    fixed = 0
+    for name, req in requests:
+        if req == "rest":
+            continue
+        if isinstance(req, bool) or not isinstance(req, int) or req <= 0 or req % granularity:
+            shown = valid_counts(total_sms, granularity)
+            raise ValueError(f"partition {name!r}: {req!r} SMs is not a positive multiple of {granularity}; "
+                             f"valid counts on this device: {', '.join(map(str, shown))}")
+        fixed += req
+    if fixed > total_sms:
+        raise ValueError(f"partitions ask for {fixed} SMs; the device has {total_sms}")
+    left = total_sms - fixed
+    rest_size = left - left % granularity
+    if rest and rest_size == 0:
+        raise ValueError(f"partition {rest[0]!r} takes the rest, but only {left} SMs are left "
+                         f"(less than the {granularity}-SM minimum)")
+    sizes = tuple((n, rest_size if r == "rest" else int(r)) for n, r in requests)
+    return PartitionPlan(total_sms, granularity, sizes, total_sms - sum(s for _, s in sizes))

@@ -1,0 +1,145 @@
+"""Pipeline specs (``graphs/*.toml``): partitions and kernel nodes, validated.
+
+    name = "two-way"
+    [[partition]]
+    name = "k1"
+    sms = 64            # a multiple of the device's partition granularity, or "rest"
+    [[node]]
+    name = "probe_a"
+    kernel = "probe"    # a kernel known to the runner
+    partition = "k1"
+    grid = 256
+    block = 128
+    smem = 0            # dynamic shared memory, bytes (optional)
+    deps = []           # names of nodes that must finish first (optional)
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from .partition import PartitionPlan, plan_partitions
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+
+class SpecError(ValueError):
+    """A pipeline spec that cannot run as written; the message says where and why."""
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    kernel: str
+    partition: str
+    grid: int
+    block: int
+    smem: int = 0
+    deps: tuple[str, ...] = ()
+    args: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    name: str
+    partitions: tuple[tuple[str, Any], ...]   # (name, SMs or "rest")
+    nodes: tuple[NodeSpec, ...]
+
+    def plan(self, total_sms: int, granularity: int) -> PartitionPlan:
+        try:
+            return plan_partitions(total_sms, granularity, self.partitions)
+        except ValueError as exc:
+            raise SpecError(f"spec {self.name!r}: {exc}") from None
+
+    def topological_order(self) -> list[NodeSpec]:
+        by_name = {n.name: n for n in self.nodes}
+        order: list[NodeSpec] = []
+        state: dict[str, int] = {}  # 1 = visiting, 2 = done
+
+        def visit(name: str, path: list[str]) -> None:
+            if state.get(name) == 2:
+                return
+            if state.get(name) == 1:
+                cycle = path[path.index(name):] + [name]
+                raise SpecError(f"spec {self.name!r}: dependency cycle {' -> '.join(cycle)}")
+            state[name] = 1
+            for dep in by_name[name].deps:
+                visit(dep, path + [name])
+            state[name] = 2
+            order.append(by_name[name])
+
+        for n in self.nodes:
+            visit(n.name, [])
+        return order
+
+
+def _positive_int(where: str, key: str, value: Any, *, allow_zero: bool = False) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
+        raise SpecError(f"{where}: {key} = {value!r}, expected a {'non-negative' if allow_zero else 'positive'} integer")
+    return value
+
+
+def parse_spec(data: dict, *, name: str = "<spec>", known_kernels: Iterable[str] | None = None) -> PipelineSpec:
+    spec_name = str(data.get("name", name))
+    parts_raw = data.get("partition", [])
+    if not isinstance(parts_raw, list) or not parts_raw:
+        raise SpecError(f"spec {spec_name!r}: needs at least one [[partition]]")
+    partitions = []
+    for i, p in enumerate(parts_raw):
+        where = f"spec {spec_name!r}, partition #{i + 1}"
+        if not isinstance(p, dict) or "name" not in p or "sms" not in p:
+            raise SpecError(f"{where}: needs name and sms")
+        sms = p["sms"]
+        if sms != "rest":
+            _positive_int(where, "sms", sms)
+        partitions.append((str(p["name"]), sms))
+    pnames = {n for n, _ in partitions}
+    if len(pnames) != len(partitions):
+        raise SpecError(f"spec {spec_name!r}: partition names must be unique")
+    known = None if known_kernels is None else set(known_kernels)
+    nodes = []
+    for i, n in enumerate(data.get("node", [])):
+        where = f"spec {spec_name!r}, node #{i + 1}"
+        for key in ("name", "kernel", "partition", "grid", "block"):
+            if key not in n:
+                raise SpecError(f"{where}: missing {key}")
+        where = f"spec {spec_name!r}, node {n['name']!r}"
+        if n["partition"] not in pnames:
+            raise SpecError(f"{where}: unknown partition {n['partition']!r}; spec has {', '.join(sorted(pnames))}")
+        if known is not None and n["kernel"] not in known:
+            raise SpecError(f"{where}: unknown kernel {n['kernel']!r}; known: {', '.join(sorted(known))}")
+        block = _positive_int(where, "block", n["block"])
+        if block > 1024 or block % 32:
+            raise SpecError(f"{where}: block = {block}, expected a multiple of 32 up to 1024")
+        deps = n.get("deps", [])
+        if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
+            raise SpecError(f"{where}: deps must be a list of node names")
+        extra = {k: v for k, v in n.items() if k not in ("name", "kernel", "partition", "grid", "block", "smem", "deps")}
+        nodes.append(NodeSpec(str(n["name"]), str(n["kernel"]), str(n["partition"]),
+                              _positive_int(where, "grid", n["grid"]), block,
+                              _positive_int(where, "smem", n.get("smem", 0), allow_zero=True), tuple(deps), extra))
+    names = [n.name for n in nodes]
+    if len(set(names)) != len(names):
+        raise SpecError(f"spec {spec_name!r}: node names must be unique")
+    for n in nodes:
+        for d in n.deps:
+            if d not in names:
+                raise SpecError(f"spec {spec_name!r}, node {n.name!r}: depends on unknown node {d!r}")
+    spec = PipelineSpec(spec_name, tuple(partitions), tuple(nodes))
+    spec.topological_order()  # raises on cycles
+    return spec
+
+
+def load_spec(path: str | Path, *, known_kernels: Iterable[str] | None = None) -> PipelineSpec:
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{path}: not valid TOML ({exc})") from None
+    return parse_spec(data, name=path.stem, known_kernels=known_kernels)

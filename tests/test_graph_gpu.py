@@ -1,0 +1,121 @@
+"""Green-context partitions and partition-bound graph nodes on the GPU (needs a Hopper GPU).
+
+The probe kernel records %smid and %globaltimer per block; a partition holds if every
+block of a node ran on at most the partition's SM count of distinct SMs and two nodes in
+disjoint partitions used disjoint SM sets."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+cp = pytest.importorskip("cupy")
+
+GRID = 512
+SPIN_NS = 300_000
+
+
+def _probe_buffers(n):
+    return cp.zeros(n, cp.uint32), cp.zeros(n, cp.uint64), cp.zeros(n, cp.uint64)
+
+
+def _args(bufs, spin=SPIN_NS):
+    from megamoe_rt.kernels.probe import SmProbeParams
+
+    smid, start, end = bufs
+    return [SmProbeParams(int(smid.data.ptr), int(start.data.ptr), int(end.data.ptr), spin)]
+
+
+def _kernel():
+    from megamoe_rt import driver
+    from megamoe_rt.kernels.loader import get_kernel
+    from megamoe_rt.kernels.probe import SPEC
+
+    return get_kernel(SPEC, driver.current_device())
+
+
+def test_partition_granularity_is_queried_and_splits_match():
+    from megamoe_rt import driver
+    from megamoe_rt.graph.green import GreenPartitions, partition_granularity
+
+    g = partition_granularity(0)
+    assert g == 8  # Hopper
+    sms = driver.device_info(0).sm_count
+    with GreenPartitions([("a", 64), ("b", "rest")]) as parts:
+        assert parts["a"].sm_count == 64
+        assert parts["b"].sm_count == (sms - 64) // 8 * 8
+        assert parts.remainder_sms == sms - 64 - parts["b"].sm_count
+
+
+def test_graph_nodes_stay_in_their_partitions_and_overlap():
+    from megamoe_rt.graph.builder import GraphBuilder
+    from megamoe_rt.graph.green import GreenPartitions
+
+    k = _kernel()
+    left, right = _probe_buffers(GRID), _probe_buffers(GRID)
+    with GreenPartitions([("left", 64), ("right", 64)]) as parts:
+        g = GraphBuilder()
+        g.add_kernel(k, (GRID,), (32,), _args(left), ctx=parts["left"].ctx)
+        g.add_kernel(k, (GRID,), (32,), _args(right), ctx=parts["right"].ctx)
+        g.instantiate()
+        stream = cp.cuda.Stream(non_blocking=True)
+        g.launch(stream.ptr)
+        stream.synchronize()
+        g.close()
+    sm_l, sm_r = set(cp.asnumpy(left[0]).tolist()), set(cp.asnumpy(right[0]).tolist())
+    assert len(sm_l) <= 64 and len(sm_r) <= 64, (len(sm_l), len(sm_r))
+    assert not (sm_l & sm_r)
+    # Without a dependency the two nodes run at the same time.
+    s_l, e_l = int(cp.asnumpy(left[1]).min()), int(cp.asnumpy(left[2]).max())
+    s_r, e_r = int(cp.asnumpy(right[1]).min()), int(cp.asnumpy(right[2]).max())
+    overlap = min(e_l, e_r) - max(s_l, s_r)
+    assert overlap > 0.5 * min(e_l - s_l, e_r - s_r), (s_l, e_l, s_r, e_r)
+    print(f"left used {len(sm_l)} SMs, right {len(sm_r)} SMs, overlap {overlap / 1e3:.0f} us of "
+          f"{(e_l - s_l) / 1e3:.0f}/{(e_r - s_r) / 1e3:.0f} us")
+
+
+def test_dependency_serialises_and_params_update_between_replays():
+    from megamoe_rt.graph.builder import GraphBuilder
+    from megamoe_rt.graph.green import GreenPartitions
+
+    k = _kernel()
+    first, second, other = _probe_buffers(64), _probe_buffers(64), _probe_buffers(64)
+    with GreenPartitions([("a", 32), ("b", 32)]) as parts:
+        g = GraphBuilder()
+        n1 = g.add_kernel(k, (64,), (32,), _args(first, 50_000), ctx=parts["a"].ctx)
+        g.add_kernel(k, (64,), (32,), _args(second, 50_000), ctx=parts["b"].ctx, deps=[n1])
+        g.instantiate()
+        g.launch()
+        cp.cuda.Device().synchronize()
+        assert int(cp.asnumpy(second[1]).min()) >= int(cp.asnumpy(first[2]).max())
+        g.set_kernel_args(n1, _args(other, 10_000))
+        g.launch()
+        cp.cuda.Device().synchronize()
+        g.close()
+    assert (cp.asnumpy(other[2]) > 0).all()
+    assert len(set(cp.asnumpy(other[0]).tolist())) <= 32
+
+
+def test_stream_capture_from_a_green_context_stream_keeps_the_partition():
+    from cuda.bindings import driver as cu
+
+    from megamoe_rt import driver
+    from megamoe_rt.graph.green import GreenPartitions
+
+    k = _kernel()
+    bufs = _probe_buffers(GRID)
+    with GreenPartitions([("p", 16), ("q", "rest")]) as parts:
+        s = parts["p"].stream
+        driver.call(cu.cuStreamBeginCapture, s, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        k.launch((GRID,), (32,), _args(bufs, 20_000), stream=int(s), in_stream_context=True)
+        graph = driver.call(cu.cuStreamEndCapture, s)
+        exe = driver.call(cu.cuGraphInstantiate, graph, 0)
+        driver.call(cu.cuGraphLaunch, exe, int(s))
+        driver.call(cu.cuStreamSynchronize, s)
+        driver.call(cu.cuGraphExecDestroy, exe)
+        driver.call(cu.cuGraphDestroy, graph)
+    used = set(cp.asnumpy(bufs[0]).tolist())
+    assert 0 < len(used) <= 16, len(used)

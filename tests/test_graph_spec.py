@@ -1,0 +1,102 @@
+"""Partition arithmetic and pipeline specs (CPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from megamoe_rt.graph import SpecError, load_spec, parse_spec, plan_partitions, valid_counts
+
+GRAPHS = Path(__file__).resolve().parent.parent / "graphs"
+
+
+@pytest.mark.parametrize("requests,expected,remainder", [
+    ([("a", 64), ("b", 64)], [("a", 64), ("b", 64)], 4),
+    ([("a", 64), ("b", "rest")], [("a", 64), ("b", 64)], 4),
+    ([("k1", 96), ("k2", 32)], [("k1", 96), ("k2", 32)], 4),
+    ([("a", 8), ("b", "rest")], [("a", 8), ("b", 120)], 4),
+    ([("x", 128)], [("x", 128)], 4),
+    ([("a", 40), ("b", 48), ("c", "rest")], [("a", 40), ("b", 48), ("c", 40)], 4),
+])
+def test_splits_of_132_sms_in_units_of_8(requests, expected, remainder):
+    plan = plan_partitions(132, 8, requests)
+    assert list(plan.sizes) == expected and plan.remainder == remainder
+    assert sum(s for _, s in plan.sizes) + plan.remainder == 132
+
+
+def test_invalid_partitions_name_the_problem():
+    with pytest.raises(ValueError, match=r"'a': 60 SMs is not a positive multiple of 8; valid counts on this device: 8, 16"):
+        plan_partitions(132, 8, [("a", 60)])
+    with pytest.raises(ValueError, match="ask for 136 SMs; the device has 132"):
+        plan_partitions(132, 8, [("a", 128), ("b", 8)])
+    with pytest.raises(ValueError, match="only 4 SMs are left"):
+        plan_partitions(132, 8, [("a", 128), ("b", "rest")])
+    with pytest.raises(ValueError, match="at most one partition may take the rest"):
+        plan_partitions(132, 8, [("a", "rest"), ("b", "rest")])
+    assert valid_counts(132, 8)[-1] == 128 and valid_counts(132, 8)[0] == 8
+
+
+def _spec(**over):
+    data = {
+        "name": "t",
+        "partition": [{"name": "p", "sms": 64}, {"name": "q", "sms": "rest"}],
+        "node": [
+            {"name": "a", "kernel": "sm_probe", "partition": "p", "grid": 8, "block": 32},
+            {"name": "b", "kernel": "sm_probe", "partition": "q", "grid": 8, "block": 32, "deps": ["a"]},
+            {"name": "c", "kernel": "sm_probe", "partition": "p", "grid": 8, "block": 64, "deps": ["a", "b"]},
+        ],
+    }
+    data.update(over)
+    return data
+
+
+def test_dependency_order_and_node_fields():
+    spec = parse_spec(_spec(), known_kernels=["sm_probe"])
+    assert [n.name for n in spec.topological_order()] == ["a", "b", "c"]
+    plan = spec.plan(132, 8)
+    assert plan.size("q") == 64
+    reordered = _spec(node=list(reversed(_spec()["node"])))
+    assert [n.name for n in parse_spec(reordered).topological_order()] == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda d: d["node"][0].update(deps=["c"]), "dependency cycle a -> c -> a"),
+    (lambda d: d["node"][1].update(partition="zz"), "unknown partition 'zz'"),
+    (lambda d: d["node"][1].update(kernel="nope"), "unknown kernel 'nope'"),
+    (lambda d: d["node"][1].update(deps=["ghost"]), "depends on unknown node 'ghost'"),
+    (lambda d: d["node"][1].update(block=48), "block = 48"),
+    (lambda d: d["node"][1].update(grid=0), "grid = 0"),
+    (lambda d: d["node"][1].pop("grid"), "missing grid"),
+    (lambda d: d["partition"][0].update(sms=-8), "sms = -8"),
+    (lambda d: d.update(partition=[]), "at least one"),
+])
+def test_spec_errors(mutate, message):
+    data = _spec()
+    mutate(data)
+    with pytest.raises(SpecError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_spec(data, known_kernels=["sm_probe"])
+
+
+def test_partition_sizes_are_checked_against_the_device():
+    spec = parse_spec(_spec(partition=[{"name": "p", "sms": 60}, {"name": "q", "sms": "rest"}]))
+    with pytest.raises(SpecError, match="not a positive multiple of 8"):
+        spec.plan(132, 8)
+
+
+@pytest.mark.parametrize("path", sorted(GRAPHS.glob("*.toml")), ids=lambda p: p.name)
+def test_shipped_specs_are_valid_on_a_132_sm_h200(path):
+    spec = load_spec(path, known_kernels=["sm_probe"])
+    plan = spec.plan(132, 8)
+    assert plan.remainder >= 0 and spec.topological_order()
+
+
+def test_shipped_specs_exist():
+    assert len(list(GRAPHS.glob("*.toml"))) >= 2
+
+
+def test_bad_toml_is_reported(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("name = \n")
+    with pytest.raises(SpecError, match="not valid TOML"):
+        load_spec(bad)

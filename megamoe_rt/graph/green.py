@@ -61,24 +61,30 @@ class GreenPartitions:
         info = driver.require_hopper(device)
         self.granularity = partition_granularity(device)
         self.plan: PartitionPlan = plan_partitions(info.sm_count, self.granularity, requests)
-        dev = driver.call(cu.cuDeviceGet, device)
-        remaining = sm_resource(device)
         self.partitions: dict[str, GreenPartition] = {}
         self._closed = False
+        dev = driver.call(cu.cuDeviceGet, device)
+        # One split into granularity-sized groups; each partition is the union of as many
+        # consecutive groups as it needs (splitting a remainder again is not accepted by
+        # every driver, a single split is).
+        total_groups = info.sm_count // self.granularity
+        groups, _, _ = driver.call(cu.cuDevSmResourceSplitByCount, total_groups, sm_resource(device), 0,
+                                   self.granularity)
         try:
+            first = 0
             for name, count in self.plan.sizes:
-                groups, n, rest = driver.call(cu.cuDevSmResourceSplitByCount, 1, remaining, 0, count)
-                group = groups[0]
-                got = int(group.sm.smCount)
+                take = count // self.granularity
+                mine = list(groups[first:first + take])
+                first += take
+                got = sum(int(g.sm.smCount) for g in mine)
                 if got != count:
                     raise RuntimeError(f"partition {name!r}: asked the driver for {count} SMs, got {got}")
-                desc = driver.call(cu.cuDevResourceGenerateDesc, [group], 1)
+                desc = driver.call(cu.cuDevResourceGenerateDesc, mine, len(mine))
                 gctx = driver.call(cu.cuGreenCtxCreate, desc, dev, cu.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM)
                 ctx = driver.call(cu.cuCtxFromGreenCtx, gctx)
                 stream = driver.call(cu.cuGreenCtxStreamCreate, gctx, cu.CUstream_flags.CU_STREAM_NON_BLOCKING, 0)
                 self.partitions[name] = GreenPartition(name, got, gctx, ctx, stream)
-                remaining = rest
-            self.remainder_sms = int(remaining.sm.smCount)
+            self.remainder_sms = info.sm_count - sum(p.sm_count for p in self.partitions.values())
         except BaseException:
             self.close()
             raise

@@ -45,9 +45,14 @@ def test_partition_granularity_is_queried_and_splits_match():
     assert g == 8  # Hopper
     sms = driver.device_info(0).sm_count
     with GreenPartitions([("a", 64), ("b", "rest")]) as parts:
+        # "rest" is what the driver's granularity-sized groups leave (not every SM forms one).
+        assert 64 < parts.available_sms <= sms
         assert parts["a"].sm_count == 64
-        assert parts["b"].sm_count == (sms - 64) // 8 * 8
-        assert parts.remainder_sms == sms - 64 - parts["b"].sm_count
+        assert parts["b"].sm_count == parts.available_sms - 64
+        assert parts.remainder_sms == sms - parts.available_sms
+        print(f"{sms} SMs: {parts.available_sms} in 8-SM groups; a=64, b={parts['b'].sm_count}")
+    with GreenPartitions([("x", 64), ("y", 64)]) as parts:
+        assert parts["x"].sm_count == parts["y"].sm_count == 64 and parts.remainder_sms == sms - 128
 
 
 def test_graph_nodes_stay_in_their_partitions_and_overlap():

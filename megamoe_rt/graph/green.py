@@ -60,22 +60,35 @@ class GreenPartitions:
         self.device = device
         info = driver.require_hopper(device)
         self.granularity = partition_granularity(device)
-        self.plan: PartitionPlan = plan_partitions(info.sm_count, self.granularity, requests)
         self.partitions: dict[str, GreenPartition] = {}
         self._closed = False
         dev = driver.call(cu.cuDeviceGet, device)
-        # One split into granularity-sized groups; each partition is the union of as many
-        # consecutive groups as it needs (splitting a remainder again is not accepted by
-        # every driver, a single split is).
-        total_groups = info.sm_count // self.granularity
-        groups, _, _ = driver.call(cu.cuDevSmResourceSplitByCount, total_groups, sm_resource(device), 0,
-                                   self.granularity)
-        try:
-            first = 0
-            for name, count in self.plan.sizes:
+        full = sm_resource(device)
+        sizes = [r for _, r in requests]
+        # The driver forms groups along the chip's topology, so not every sum of
+        # granularity-sized pieces is reachable (an H200 gives 2 x 64 SMs in one split but
+        # only 15 groups of 8). Equal partitions come from one split of that size; others
+        # are unions of one split's granularity-sized groups, "rest" taking what is left.
+        if "rest" not in sizes and len(set(sizes)) == 1:
+            count = sizes[0]
+            self.plan = plan_partitions(info.sm_count, self.granularity, requests)
+            groups, made, _ = driver.call(cu.cuDevSmResourceSplitByCount, len(sizes), full, 0, count)
+            if made < len(sizes):
+                raise ValueError(f"the device forms only {made} partition(s) of {count} SMs, {len(sizes)} asked")
+            pieces = [[g] for g in groups[:len(sizes)]]
+            self.available_sms = made * count
+        else:
+            groups, made, _ = driver.call(cu.cuDevSmResourceSplitByCount, info.sm_count // self.granularity, full, 0,
+                                          self.granularity)
+            self.available_sms = made * self.granularity
+            self.plan = plan_partitions(self.available_sms, self.granularity, requests)
+            pieces, first = [], 0
+            for _, count in self.plan.sizes:
                 take = count // self.granularity
-                mine = list(groups[first:first + take])
+                pieces.append(list(groups[first:first + take]))
                 first += take
+        try:
+            for (name, count), mine in zip(self.plan.sizes, pieces):
                 got = sum(int(g.sm.smCount) for g in mine)
                 if got != count:
                     raise RuntimeError(f"partition {name!r}: asked the driver for {count} SMs, got {got}")

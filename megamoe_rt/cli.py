@@ -222,6 +222,37 @@ def cmd_bench(args) -> int:
     return 0
 
 
+# --- sweep ------------------------------------------------------------------------------
+
+
+def cmd_sweep(args) -> int:
+    from .graph import SpecError, load_spec
+    from .graph.sweep import format_table, parse_vary, plot, run_sweep
+    from .graph.workloads import KNOWN
+
+    try:
+        name, values = parse_vary(args.vary)
+        spec = load_spec(args.spec, known_kernels=KNOWN)
+    except (ValueError, OSError) as exc:
+        raise UsageError(f"megamoe-rt sweep: {exc}") from None
+    info = _hopper_or_none("sweep")
+    if info is None:
+        return 1
+    try:
+        rows = run_sweep(spec, name, values, device=info.ordinal, reps=args.reps)
+    except SpecError as exc:
+        raise UsageError(f"megamoe-rt sweep: {exc}") from None
+    print(f"spec {spec.name} on {info.name} ({info.sm_count} SMs), varying {name}")
+    print(format_table(rows, name))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"spec": spec.name, "vary": name, "device": info.name, "rows": rows}, f, indent=2)
+    if args.plot and not plot(rows, name, args.plot):
+        print("megamoe-rt sweep: matplotlib is not installed (pip install 'megamoe-rt[plot]'); no plot written",
+              file=sys.stderr)
+    return 0
+
+
 # --- demo -------------------------------------------------------------------------------
 
 
@@ -270,6 +301,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--check-tokens", type=_positive_int, default=64,
                    help="tokens checked against the NumPy reference (default 64)")
     s.set_defaults(func=cmd_demo)
+
+    s = sub.add_parser("sweep", help="run a pipeline spec's graph across SM splits of one partition")
+    s.add_argument("--spec", required=True, help="graphs/<file>.toml")
+    s.add_argument("--vary", required=True, help="PARTITION=START..STOP[:STEP], e.g. left=8..120:8")
+    s.add_argument("--reps", type=_positive_int, default=10, help="timed replays per point (median)")
+    s.add_argument("--json", default=None, help="write the rows to this JSON file")
+    s.add_argument("--plot", default=None, help="write a PNG plot (needs matplotlib)")
+    s.set_defaults(func=cmd_sweep)
 
     s = sub.add_parser("bench", help="benchmarks on a Hopper GPU (method of DESIGN section 8)")
     s.add_argument("what", choices=("gemm", "moe"), help="what to measure")

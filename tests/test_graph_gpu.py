@@ -124,3 +124,24 @@ def test_stream_capture_from_a_green_context_stream_keeps_the_partition():
         driver.call(cu.cuGraphDestroy, graph)
     used = set(cp.asnumpy(bufs[0]).tolist())
     assert 0 < len(used) <= 16, len(used)
+
+
+def test_sweep_runs_a_spec_across_splits(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    spec = Path(__file__).resolve().parent.parent / "graphs" / "membound_vs_gemm.toml"
+    out_json = tmp_path / "sweep.json"
+    run = subprocess.run([sys.executable, "-m", "megamoe_rt", "sweep", "--spec", str(spec), "--vary", "gemm=32..64:32",
+                          "--reps", "3", "--json", str(out_json)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    rows = json.loads(out_json.read_text())["rows"]
+    assert [r["value"] for r in rows] == [32, 64]
+    for r in rows:
+        assert r["partitions"]["gemm"] == r["value"]
+        assert r["total_us"] > 0 and all(t > 0 for t in r["nodes_us"].values())
+    # More SMs for the GEMM make it faster.
+    assert rows[1]["nodes_us"]["gemm"] < rows[0]["nodes_us"]["gemm"]
+    print(run.stdout)

@@ -100,3 +100,26 @@ def test_bad_toml_is_reported(tmp_path):
     bad.write_text("name = \n")
     with pytest.raises(SpecError, match="not valid TOML"):
         load_spec(bad)
+
+
+def test_vary_syntax():
+    from megamoe_rt.graph.sweep import parse_vary
+
+    assert parse_vary("left=8..32:8") == ("left", [8, 16, 24, 32])
+    assert parse_vary("k1=16..16") == ("k1", [16])
+    for bad in ("left=8-32", "=8..16", "left=32..8", "left=8..32:0"):
+        with pytest.raises(ValueError, match="--vary"):
+            parse_vary(bad)
+
+
+def test_sweep_cli_rejects_bad_arguments_without_a_gpu():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "megamoe_rt", "sweep", "--spec", str(GRAPHS / "nope.toml"),
+                          "--vary", "a=8..16"], capture_output=True, text=True)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    out = subprocess.run([sys.executable, "-m", "megamoe_rt", "sweep", "--spec",
+                          str(GRAPHS / "two_partitions_probe.toml"), "--vary", "left=8-16"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "--vary" in out.stderr

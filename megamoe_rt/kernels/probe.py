@@ -1,4 +1,4 @@
-"""The SM probe kernel (cuda_src/probe/sm_probe.cu): %smid and %globaltimer per block."""
+"""Probe and synthetic workloads for partition experiments (cuda_src/probe/)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,18 @@ from ..jit import KernelSpec
 SPEC = KernelSpec(name="sm_probe", source="probe/sm_probe.cu", entry="megamoe_rt::probe::sm_probe", block_threads=32)
 
 
+COPY_SPEC = KernelSpec(name="stream_copy", source="probe/stream_copy.cu", entry="megamoe_rt::probe::stream_copy",
+                       block_threads=256)
+
+
+class StreamCopyParams(ctypes.Structure):
+    _fields_ = [("src", ctypes.c_uint64), ("dst", ctypes.c_uint64), ("n16", ctypes.c_uint64)]
+
+
 class SmProbeParams(ctypes.Structure):
     _fields_ = [("smid", ctypes.c_uint64), ("start_ns", ctypes.c_uint64), ("end_ns", ctypes.c_uint64),
                 ("spin_ns", ctypes.c_uint64)]
 
 
 def kernel_specs() -> list[KernelSpec]:
-    return [SPEC]
+    return [SPEC, COPY_SPEC]

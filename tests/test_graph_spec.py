@@ -86,7 +86,9 @@ def test_partition_sizes_are_checked_against_the_device():
 
 @pytest.mark.parametrize("path", sorted(GRAPHS.glob("*.toml")), ids=lambda p: p.name)
 def test_shipped_specs_are_valid_on_a_132_sm_h200(path):
-    spec = load_spec(path, known_kernels=["sm_probe"])
+    from megamoe_rt.graph.workloads import KNOWN
+
+    spec = load_spec(path, known_kernels=KNOWN)
     plan = spec.plan(132, 8)
     assert plan.remainder >= 0 and spec.topological_order()
 

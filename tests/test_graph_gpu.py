@@ -145,3 +145,22 @@ def test_sweep_runs_a_spec_across_splits(tmp_path):
     # More SMs for the GEMM make it faster.
     assert rows[1]["nodes_us"]["gemm"] < rows[0]["nodes_us"]["gemm"]
     print(run.stdout)
+
+
+def test_memset_node_runs_before_its_dependent_kernel():
+    from megamoe_rt.graph.builder import GraphBuilder
+    from megamoe_rt.graph.green import GreenPartitions
+
+    k = _kernel()
+    target = cp.zeros(4096, cp.uint32)
+    bufs = _probe_buffers(32)
+    with GreenPartitions([("a", 32), ("b", 32)]) as parts:
+        g = GraphBuilder()
+        m = g.add_memset_u32(int(target.data.ptr), 0xA5A5F00D, target.size, ctx=parts["a"].ctx)
+        g.add_kernel(k, (32,), (32,), _args(bufs, 1_000), ctx=parts["b"].ctx, deps=[m])
+        g.instantiate()
+        g.launch()
+        cp.cuda.Device().synchronize()
+        g.close()
+    assert (cp.asnumpy(target) == 0xA5A5F00D).all()
+    assert (cp.asnumpy(bufs[2]) > 0).all()

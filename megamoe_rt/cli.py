@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 from typing import Sequence
@@ -253,6 +254,17 @@ def cmd_sweep(args) -> int:
     return 0
 
 
+# --- launch -----------------------------------------------------------------------------
+
+
+def cmd_launch(args) -> int:
+    from .launch import launch_script
+
+    if not os.path.isfile(args.script):
+        raise UsageError(f"megamoe-rt launch: script {args.script!r} not found")
+    return launch_script(args.nprocs, args.script, args.script_args, timeout=args.timeout)
+
+
 # --- demo -------------------------------------------------------------------------------
 
 
@@ -301,6 +313,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--check-tokens", type=_positive_int, default=64,
                    help="tokens checked against the NumPy reference (default 64)")
     s.set_defaults(func=cmd_demo)
+
+    s = sub.add_parser("launch", help="run a script as N ranks, one process per GPU")
+    s.add_argument("-n", "--nprocs", type=_positive_int, required=True, help="number of ranks")
+    s.add_argument("--timeout", type=float, default=None, help="stop every rank after this many seconds")
+    s.add_argument("script", help="Python script; it calls megamoe_rt.launch.context_from_env()")
+    s.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    s.set_defaults(func=cmd_launch)
 
     s = sub.add_parser("sweep", help="run a pipeline spec's graph across SM splits of one partition")
     s.add_argument("--spec", required=True, help="graphs/<file>.toml")

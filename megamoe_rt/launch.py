@@ -1,0 +1,258 @@
+"""One process per GPU: ``spawn(fn, nprocs)`` and ``megamoe-rt launch -n N script.py``.
+
+Ranks bootstrap through a small hub the launcher runs on a local socket (no MPI): rank 0
+can broadcast bytes (an NVSHMEM unique id) to the others, and all can meet at a barrier.
+NVLink multicast stays off in every rank (``NVSHMEM_DISABLE_NVLS=1``,
+``NCCL_NVLS_ENABLE=0``). When a rank raises or dies, the launcher stops the others and
+reports the failing rank's error; no process is left behind.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Client, Listener
+from typing import Any, Callable, Sequence
+
+SAFE_ENV = {"NVSHMEM_DISABLE_NVLS": "1", "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+_ENV_RANK, _ENV_WORLD, _ENV_HUB, _ENV_KEY = ("MEGAMOE_RT_RANK", "MEGAMOE_RT_WORLD_SIZE", "MEGAMOE_RT_HUB",
+                                             "MEGAMOE_RT_HUB_KEY")
+_GRACE_S = 5.0
+
+
+class RankFailed(RuntimeError):
+    """A rank raised or exited with a non-zero status; the other ranks were stopped."""
+
+    def __init__(self, rank: int, detail: str):
+        self.rank = rank
+        self.detail = detail
+        super().__init__(f"rank {rank} failed: {detail}")
+
+
+# --- the hub ---------------------------------------------------------------------------------
+
+class _Hub:
+    """Serves broadcasts (by key, from rank 0) and barriers to the ranks of one launch."""
+
+    def __init__(self, world_size: int):
+        self.world_size = world_size
+        self.key = secrets.token_bytes(16)
+        self._dir = tempfile.mkdtemp(prefix="megamoe-rt-")
+        self.address = os.path.join(self._dir, "hub.sock")
+        self._listener = Listener(self.address, family="AF_UNIX", authkey=self.key)
+        self._values: dict[str, bytes] = {}
+        self._waiting: dict[str, list] = {}
+        self._barriers: dict[int, list] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                conn = self._listener.accept()
+            except (OSError, EOFError):
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn) -> None:
+        try:
+            while True:
+                msg = conn.recv()
+                op = msg[0]
+                with self._lock:
+                    if op == "put":
+                        _, key, value = msg
+                        self._values[key] = value
+                        for c in self._waiting.pop(key, []):
+                            c.send(value)
+                        conn.send(True)
+                    elif op == "get":
+                        key = msg[1]
+                        if key in self._values:
+                            conn.send(self._values[key])
+                        else:
+                            self._waiting.setdefault(key, []).append(conn)
+                    elif op == "barrier":
+                        gen = msg[1]
+                        group = self._barriers.setdefault(gen, [])
+                        group.append(conn)
+                        if len(group) == self.world_size:
+                            for c in self._barriers.pop(gen):
+                                c.send(True)
+        except (EOFError, OSError):
+            return
+
+    def close(self) -> None:
+        self._closed = True
+        try:
+            self._listener.close()
+        finally:
+            try:
+                os.unlink(self.address)
+            except FileNotFoundError:
+                pass
+            os.rmdir(self._dir)
+
+
+# --- what a rank sees ------------------------------------------------------------------------
+
+@dataclass
+class RankContext:
+    rank: int
+    world_size: int
+    hub_address: str
+    hub_key: bytes
+
+    @property
+    def device(self) -> int:
+        """This rank's GPU ordinal: ranks map onto the visible devices in order."""
+        return self.rank
+
+    def _call(self, msg):
+        conn = Client(self.hub_address, family="AF_UNIX", authkey=self.hub_key)
+        try:
+            conn.send(msg)
+            return conn.recv()
+        finally:
+            conn.close()
+
+    def broadcast(self, value: bytes | None, *, key: str = "default", root: int = 0) -> bytes:
+        """``root`` passes bytes, every rank gets them (e.g. an NVSHMEM unique id)."""
+        if self.rank == root:
+            if not isinstance(value, (bytes, bytearray)):
+                raise TypeError(f"broadcast: rank {root} must pass bytes, got {type(value).__name__}")
+            self._call(("put", key, bytes(value)))
+            return bytes(value)
+        return self._call(("get", key))
+
+    _barrier_gen = 0
+
+    def barrier(self) -> None:
+        self._barrier_gen += 1
+        self._call(("barrier", self._barrier_gen))
+
+
+def context_from_env() -> RankContext:
+    """The rank context of a process started by ``megamoe-rt launch``."""
+    try:
+        return RankContext(int(os.environ[_ENV_RANK]), int(os.environ[_ENV_WORLD]), os.environ[_ENV_HUB],
+                           bytes.fromhex(os.environ[_ENV_KEY]))
+    except KeyError as exc:
+        raise RuntimeError(f"not started by `megamoe-rt launch` ({exc.args[0]} is not set)") from None
+
+
+# --- spawn(fn) -------------------------------------------------------------------------------
+
+def _rank_main(fn, rank, world, address, key, args, results):
+    os.environ.update(SAFE_ENV)
+    ctx = RankContext(rank, world, address, key)
+    try:
+        out = fn(ctx, *args)
+        results.put((rank, "ok", out))
+    except BaseException as exc:  # noqa: BLE001 - everything a rank raises is reported
+        results.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        sys.exit(1)
+
+
+def _stop(procs: Sequence[Any]) -> None:
+    """SIGTERM, then SIGKILL after a grace period; wait for every process."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + _GRACE_S
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def spawn(fn: Callable[..., Any], nprocs: int, *, args: Sequence[Any] = (), timeout: float | None = None) -> list:
+    """Run ``fn(ctx, *args)`` in ``nprocs`` processes (one per GPU); return their results by rank.
+
+    ``fn`` must be importable (defined at module level). The first failure stops every
+    other rank and raises :class:`RankFailed` with that rank's error.
+    """
+    if nprocs < 1:
+        raise ValueError(f"nprocs: expected >= 1, got {nprocs}")
+    ctx = mp.get_context("spawn")
+    hub = _Hub(nprocs)
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_rank_main, args=(fn, r, nprocs, hub.address, hub.key, tuple(args), results))
+             for r in range(nprocs)]
+    out: dict[int, Any] = {}
+    start = time.monotonic()
+    try:
+        for p in procs:
+            p.start()
+        while len(out) < nprocs:
+            try:
+                rank, status, value = results.get(timeout=0.1)
+            except Exception:  # queue.Empty: look for ranks that died without reporting
+                for r, p in enumerate(procs):
+                    if r not in out and p.exitcode not in (None, 0):
+                        time.sleep(0.2)  # a report may still be in flight
+                        if results.empty():
+                            raise RankFailed(r, f"process exited with status {p.exitcode}") from None
+                if timeout is not None and time.monotonic() - start > timeout:
+                    raise TimeoutError(f"spawn: ranks still running after {timeout} s") from None
+                continue
+            if status == "error":
+                raise RankFailed(rank, value)
+            out[rank] = value
+        for p in procs:
+            p.join()
+        return [out[r] for r in range(nprocs)]
+    finally:
+        _stop(procs)
+        hub.close()
+
+
+# --- megamoe-rt launch -n N script.py ---------------------------------------------------------
+
+def launch_script(nprocs: int, script: str, script_args: Sequence[str], *, timeout: float | None = None) -> int:
+    """Run ``python script args`` as ``nprocs`` ranks; returns the exit status to use."""
+    hub = _Hub(nprocs)
+    procs: list[subprocess.Popen] = []
+    try:
+        for r in range(nprocs):
+            env = dict(os.environ, **SAFE_ENV)
+            env.update({_ENV_RANK: str(r), _ENV_WORLD: str(nprocs), _ENV_HUB: hub.address, _ENV_KEY: hub.key.hex()})
+            procs.append(subprocess.Popen([sys.executable, script, *script_args], env=env))
+        start = time.monotonic()
+        while True:
+            codes = [p.poll() for p in procs]
+            failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+            if failed:
+                r, c = failed[0]
+                print(f"megamoe-rt launch: rank {r} exited with status {c}; stopping the other ranks",
+                      file=sys.stderr)
+                return c if c > 0 else 128 - c
+            if all(c == 0 for c in codes):
+                return 0
+            if timeout is not None and time.monotonic() - start > timeout:
+                print(f"megamoe-rt launch: ranks still running after {timeout} s; stopping them", file=sys.stderr)
+                return 124
+            time.sleep(0.05)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + _GRACE_S
+        for p in procs:
+            try:
+                p.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        hub.close()

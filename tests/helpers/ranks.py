@@ -1,0 +1,30 @@
+"""Rank functions for the launcher tests (module level: spawn pickles them by name)."""
+
+import os
+import time
+
+
+def double_rank(ctx, offset):
+    return ctx.rank * 2 + offset
+
+
+def share_id(ctx):
+    uid = ctx.broadcast(b"uid-" + os.urandom(8) if ctx.rank == 0 else None, key="uid")
+    ctx.barrier()
+    ctx.barrier()
+    return uid, os.environ.get("NVSHMEM_DISABLE_NVLS"), os.getpid()
+
+
+def one_raises(ctx, pid_dir):
+    with open(os.path.join(pid_dir, f"{ctx.rank}.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    if ctx.rank == 1:
+        time.sleep(0.5)
+        raise ValueError("rank one is broken")
+    time.sleep(120)
+
+
+def one_dies(ctx):
+    if ctx.rank == 2:
+        os._exit(7)
+    time.sleep(120)

@@ -1,0 +1,102 @@
+"""The process launcher: results, bootstrap broadcast, failure propagation, no orphans (CPU)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from megamoe_rt.launch import RankFailed, spawn
+from tests.helpers import ranks
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _env():
+    """Scripts run by the launcher import megamoe_rt from this checkout too."""
+    return dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); look at its state.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_results_come_back_by_rank():
+    assert spawn(ranks.double_rank, 3, args=(1,)) == [1, 3, 5]
+
+
+def test_rank_zero_broadcasts_and_barriers_meet():
+    out = spawn(ranks.share_id, 3)
+    uids = {o[0] for o in out}
+    assert len(uids) == 1 and next(iter(uids)).startswith(b"uid-")
+    assert all(o[1] == "1" for o in out)  # NVLink multicast stays off in every rank
+    assert len({o[2] for o in out}) == 3
+
+
+def test_a_raising_rank_stops_the_others(tmp_path):
+    t0 = time.monotonic()
+    with pytest.raises(RankFailed) as info:
+        spawn(ranks.one_raises, 3, args=(str(tmp_path),))
+    assert info.value.rank == 1 and "rank one is broken" in str(info.value)
+    assert time.monotonic() - t0 < 60
+    pids = [int((tmp_path / f"{r}.pid").read_text()) for r in range(3)]
+    assert not any(_alive(p) for p in pids)
+
+
+def test_a_dying_rank_is_reported_with_its_status():
+    with pytest.raises(RankFailed, match="rank 2 failed: process exited with status 7"):
+        spawn(ranks.one_dies, 4)
+
+
+def test_launch_command_runs_a_script_per_rank(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys
+        from megamoe_rt.launch import context_from_env
+        ctx = context_from_env()
+        uid = ctx.broadcast(b"abc" if ctx.rank == 0 else None)
+        ctx.barrier()
+        line = (f"rank {ctx.rank}/{ctx.world_size} uid={uid.decode()} nvls={os.environ['NVSHMEM_DISABLE_NVLS']} "
+                f"arg={sys.argv[1]}\\n")
+        os.write(1, line.encode())  # one write: lines from the two ranks cannot interleave
+    """))
+    out = subprocess.run([sys.executable, "-m", "megamoe_rt", "launch", "-n", "2", str(script), "X"],
+                         capture_output=True, text=True, timeout=120, env=_env())
+    assert out.returncode == 0, out.stderr
+    lines = sorted(l for l in out.stdout.splitlines() if l.startswith("rank"))
+    assert lines == ["rank 0/2 uid=abc nvls=1 arg=X", "rank 1/2 uid=abc nvls=1 arg=X"]
+
+
+def test_launch_command_stops_the_others_when_one_fails(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys, time
+        from megamoe_rt.launch import context_from_env
+        ctx = context_from_env()
+        open(os.path.join(sys.argv[1], f"{ctx.rank}.pid"), "w").write(str(os.getpid()))
+        if ctx.rank == 0:
+            time.sleep(0.5)
+            sys.exit(3)
+        time.sleep(120)
+    """))
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "megamoe_rt", "launch", "-n", "3", str(script), str(tmp_path)],
+                         capture_output=True, text=True, timeout=120, env=_env())
+    assert out.returncode == 3
+    assert "rank 0 exited with status 3" in out.stderr
+    assert time.monotonic() - t0 < 60
+    assert not any(_alive(int((tmp_path / f"{r}.pid").read_text())) for r in range(3))

@@ -115,16 +115,7 @@ def gemm_shapes(presets: list[str], tokens: list[int], ranks: int = DEFAULT_EP_R
     return shapes
 
 
-def _with_cluster(cfg, cluster_n: int | None, n: int):
-    """The heuristic's choice, or its CTA-pair variant when asked for and the shape allows it."""
-    import dataclasses
-
-    if cluster_n is None or cfg.block_m != 128 or n % (cfg.block_n * cluster_n):
-        return cfg
-    return dataclasses.replace(cfg, cluster_n=cluster_n)
-
-
-def _gemm_arms(shape: GemmShape, with_torch: bool, cluster_n: int | None = None) -> tuple[dict[str, Callable[[], None]], str]:
+def _gemm_arms(shape: GemmShape, with_torch: bool) -> tuple[dict[str, Callable[[], None]], str]:
     import cupy as cp
     import numpy as np
 
@@ -217,11 +208,11 @@ def decode_shapes(presets: list[str], ranks: int = DEFAULT_EP_RANKS) -> list[Gem
 
 
 def bench_gemm(presets: list[str], tokens: list[int], *, with_torch: bool = True, rounds: int = 3,
-               json_path: str | None = None, cluster_n: int | None = None) -> list[dict]:
+               json_path: str | None = None) -> list[dict]:
     timer = DeviceTimer()
     rows = []
     for shape in gemm_shapes(presets, tokens) + decode_shapes(presets):
-        arms, cfg_name = _gemm_arms(shape, with_torch, cluster_n)
+        arms, cfg_name = _gemm_arms(shape, with_torch)
         results = bracketed(timer, arms, rounds=rounds)
         row = {"shape": asdict(shape), "config": cfg_name, "flops": shape.flops, "arms": {}}
         if shape.stage == "decode":

@@ -216,7 +216,7 @@ def cmd_bench(args) -> int:
     print(f"device {info.ordinal}: {info.name}, {info.sm_count} SMs")
     if args.what == "gemm":
         bench_gemm(args.presets, args.tokens or [512, 2048, 8192], with_torch=not args.no_torch, rounds=args.rounds,
-                   json_path=args.json, cluster_n=args.cluster_n)
+                   json_path=args.json)
     else:
         bench_moe(args.presets, args.tokens or [64, 256, 2048, 8192], mode=args.mode, rounds=args.rounds,
                   json_path=args.json)
@@ -338,8 +338,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--rounds", type=_positive_int, default=3)
     s.add_argument("--no-torch", action="store_true", help="skip the PyTorch peer arms")
     s.add_argument("--json", default=None, help="write the results to this JSON file")
-    s.add_argument("--cluster-n", type=int, choices=(1, 2), default=None,
-                   help="force CTA pairs (2) or single CTAs (1) on 128-row tiles instead of the heuristic's choice")
     s.set_defaults(func=cmd_bench)
     return p
 

@@ -16,8 +16,8 @@ def _config(bm: int, bn: int, *, a_sf_gran: int, b_sf_n: int, out_sf_gran: int, 
 
 
 def _clusters(bm: int, bn: int) -> tuple[int, ...]:
-    # 128-row tiles also come as CTA pairs sharing the A tile.
-    return (1, 2) if (bm, bn) == (128, 128) else (1,)
+    # CTA pairs sharing the A tile are not built (their cross-CTA waits have no deadline yet).
+    return (1,)
 
 
 def candidate_configs() -> list[GemmConfig]:
@@ -47,9 +47,6 @@ def choose_config(*, layout: str, epilogue: str, num_rows: int, n: int, k: int, 
     - 128-wide requant groups in the SwiGLU epilogue need the 64x256 tile.
     - Groups of at most 64 rows (decode) waste half of a 128-row tile: use 64 rows.
     - Otherwise 128x128, unless that leaves most SMs idle, when 64x128 doubles the tiles.
-
-    The CTA-pair (A-multicast) variants are compiled and correct but measured 1.9x slower
-    than single CTAs (bench/NOTES.md), so they are chosen only through ``config=``.
     """
     b_sf_n = 64 if epilogue == "swiglu_fp8" else 128
     kw = dict(a_sf_gran=a_sf_gran, b_sf_n=b_sf_n, out_sf_gran=out_sf_gran if epilogue == "swiglu_fp8" else 128,

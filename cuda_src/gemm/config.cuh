@@ -23,7 +23,8 @@ struct Config {
     static constexpr u32 kBSfN = kBSfN_;             // B scales per 64 or 128 output columns
     static constexpr u32 kOutSfGran = kOutSfGran_;   // SwiGLU epilogue: requant group along the output
     // CTAs per cluster along N: a pair computes neighbouring n-blocks of one m-block and
-    // each loads half of the shared A tile, multicast to both (half the A traffic).
+    // each loads half of the shared A tile, multicast to both (half the A traffic). The
+    // host builds only kClusterN == 1 until the peer waits below carry a deadline.
     static constexpr u32 kClusterN = kClusterN_;
     static constexpr GroupLayout kLayout = kLayout_;
     static constexpr Epilogue kEpilogue = kEpilogue_;

@@ -120,7 +120,8 @@ def cmd_plan(args) -> int:
             "num_experts": experts, "num_local_experts": layout.num_local_experts, "num_topk": preset.num_topk,
             "num_max_tokens_per_rank": layout.num_max_tokens_per_rank, "num_ranks": ranks, "pool": layout.pool,
             "pool_blocks": layout.pool_blocks, "pool_rows": layout.pool_rows, "block_m": layout.block_m,
-            "fused_lag_units": sched.lag_units, "fused_ring_blocks": sched.ring_blocks,
+            "fused_lag_units": sched.lag_units, "fused_group_units": sched.group_units,
+            "fused_ring_blocks": sched.ring_blocks,
             "total_bytes": layout.total_bytes,
             "regions": [{"name": n, "bytes": b, "mib": round(m, 4)} for n, b, m in layout.report()],
         }, indent=2))
@@ -129,7 +130,7 @@ def cmd_plan(args) -> int:
           f"{experts} experts ({layout.num_local_experts} per rank), top-{preset.num_topk}, "
           f"{ranks} rank(s), {layout.num_max_tokens_per_rank} tokens/rank capacity")
     print(f"pool: {layout.pool}, {layout.pool_blocks} blocks x {layout.block_m} rows = {layout.pool_rows} rows; "
-          f"fused schedule: lag {sched.lag_units} units, ring {sched.ring_blocks} blocks"
+          f"fused schedule: lag {sched.lag_units} units, group {sched.group_units}, ring {sched.ring_blocks} blocks"
           f"{' (covers the full pool)' if sched.covers_full_pool else ''}")
     print(layout.format_report())
     return 0

@@ -89,8 +89,12 @@ def _from_cai(obj: Any, name: str) -> DeviceArray:
     ptr = int(cai["data"][0])
     device = None
     dev = getattr(obj, "device", None)
-    if dev is not None and hasattr(dev, "id"):
-        device = int(dev.id)
+    # CuPy devices have .id; torch devices .index (None for the current device).
+    for attr in ("id", "index"):
+        value = getattr(dev, attr, None) if dev is not None else None
+        if isinstance(value, int):
+            device = value
+            break
     return DeviceArray(ptr, shape, dtype, strides, device, owner=obj)
 
 

@@ -17,6 +17,7 @@ Two group layouts:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -268,16 +269,20 @@ def plan_grouped_gemm_swiglu_fp8(a: Any, a_sf: Any, w1p: Any, w1p_sf: Any, row_w
     """
     if act_sf_gran not in (64, 128):
         raise ValueError(f"act_sf_gran: expected 64 or 128, got {act_sf_gran}")
+    if swiglu_limit is not None and not (math.isfinite(float(swiglu_limit)) and float(swiglu_limit) > 0):
+        raise ValueError(f"swiglu_limit: expected a positive finite number or None, got {swiglu_limit!r}")
     if (group_offsets is None) == (masked_counts is None):
         raise ValueError("pass exactly one of group_offsets (contiguous layout) and masked_counts (masked layout)")
     layout = "contiguous" if group_offsets is not None else "masked"
+    if group_counts is not None and layout != "contiguous":
+        raise ValueError("group_counts applies to the contiguous layout only")
     sh = driver.stream_handle(stream)
     ba = as_device_array(w1p, "w1p", stream=sh)
     check_array(ba, "w1p", dtypes=("e4m3",), ndim=3)
     groups, two_i, kk = ba.shape
     dev = ba.device
-    if two_i % 256 or kk % 128:
-        raise ValueError(f"w1p: shape {list(ba.shape)} needs 2I a multiple of 256 and H a multiple of 128")
+    if two_i % 256 or kk % 128 or two_i == 0 or kk == 0:
+        raise ValueError(f"w1p: shape {list(ba.shape)} needs 2I a positive multiple of 256 and H of 128")
     inter = two_i // 2
     bsfa = as_device_array(w1p_sf, "w1p_sf", stream=sh)
     check_array(bsfa, "w1p_sf", dtypes=("float32",), shape=(groups, two_i // SWIGLU_HALF, kk // 128), device=dev,

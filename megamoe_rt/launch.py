@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import secrets
 import signal
 import subprocess
@@ -127,28 +128,42 @@ class RankContext:
             conn.close()
 
     def broadcast(self, value: bytes | None, *, key: str = "default", root: int = 0) -> bytes:
-        """``root`` passes bytes, every rank gets them (e.g. an NVSHMEM unique id)."""
+        """``root`` passes bytes, every rank gets them (e.g. an NVSHMEM unique id).
+
+        Every rank calls broadcast with a key the same number of times, in the same order;
+        the n-th call of a key is its own exchange, so a reused key never hands out old bytes.
+        """
+        self._uses[key] = n = self._uses.get(key, 0) + 1
+        slot = f"{key}#{n}"
         if self.rank == root:
             if not isinstance(value, (bytes, bytearray)):
                 raise TypeError(f"broadcast: rank {root} must pass bytes, got {type(value).__name__}")
-            self._call(("put", key, bytes(value)))
+            self._call(("put", slot, bytes(value)))
             return bytes(value)
-        return self._call(("get", key))
-
-    _barrier_gen = 0
+        return self._call(("get", slot))
 
     def barrier(self) -> None:
-        self._barrier_gen += 1
-        self._call(("barrier", self._barrier_gen))
+        self._uses["<barrier>"] = n = self._uses.get("<barrier>", 0) + 1
+        self._call(("barrier", n))
+
+    def __post_init__(self):
+        self._uses: dict[str, int] = {}
+
+
+_env_context: RankContext | None = None
 
 
 def context_from_env() -> RankContext:
-    """The rank context of a process started by ``megamoe-rt launch``."""
-    try:
-        return RankContext(int(os.environ[_ENV_RANK]), int(os.environ[_ENV_WORLD]), os.environ[_ENV_HUB],
-                           bytes.fromhex(os.environ[_ENV_KEY]))
-    except KeyError as exc:
-        raise RuntimeError(f"not started by `megamoe-rt launch` ({exc.args[0]} is not set)") from None
+    """The rank context of a process started by ``megamoe-rt launch`` (one per process:
+    broadcast and barrier counts must agree across ranks)."""
+    global _env_context
+    if _env_context is None:
+        try:
+            _env_context = RankContext(int(os.environ[_ENV_RANK]), int(os.environ[_ENV_WORLD]),
+                                       os.environ[_ENV_HUB], bytes.fromhex(os.environ[_ENV_KEY]))
+        except KeyError as exc:
+            raise RuntimeError(f"not started by `megamoe-rt launch` ({exc.args[0]} is not set)") from None
+    return _env_context
 
 
 # --- spawn(fn) -------------------------------------------------------------------------------
@@ -158,6 +173,7 @@ def _rank_main(fn, rank, world, address, key, args, results):
     ctx = RankContext(rank, world, address, key)
     try:
         out = fn(ctx, *args)
+        pickle.dumps(out)  # a result the queue cannot carry is this rank's error, not a silent hang
         results.put((rank, "ok", out))
     except BaseException as exc:  # noqa: BLE001 - everything a rank raises is reported
         results.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
@@ -198,20 +214,21 @@ def spawn(fn: Callable[..., Any], nprocs: int, *, args: Sequence[Any] = (), time
         while len(out) < nprocs:
             try:
                 rank, status, value = results.get(timeout=0.1)
-            except Exception:  # queue.Empty: look for ranks that died without reporting
+            except Exception:  # queue.Empty: look for ranks that ended without reporting
                 for r, p in enumerate(procs):
-                    if r not in out and p.exitcode not in (None, 0):
+                    if r not in out and p.exitcode is not None:
                         time.sleep(0.2)  # a report may still be in flight
                         if results.empty():
-                            raise RankFailed(r, f"process exited with status {p.exitcode}") from None
+                            raise RankFailed(r, f"process exited with status {p.exitcode} without a result") from None
                 if timeout is not None and time.monotonic() - start > timeout:
                     raise TimeoutError(f"spawn: ranks still running after {timeout} s") from None
                 continue
             if status == "error":
                 raise RankFailed(rank, value)
             out[rank] = value
+        deadline = time.monotonic() + _GRACE_S
         for p in procs:
-            p.join()
+            p.join(max(0.0, deadline - time.monotonic()))  # stragglers are stopped below
         return [out[r] for r in range(nprocs)]
     finally:
         _stop(procs)
@@ -220,8 +237,15 @@ def spawn(fn: Callable[..., Any], nprocs: int, *, args: Sequence[Any] = (), time
 
 # --- megamoe-rt launch -n N script.py ---------------------------------------------------------
 
+def _exit_on_signal(signum, _frame):
+    raise SystemExit(128 + signum)
+
+
 def launch_script(nprocs: int, script: str, script_args: Sequence[str], *, timeout: float | None = None) -> int:
     """Run ``python script args`` as ``nprocs`` ranks; returns the exit status to use."""
+    # SIGTERM / SIGHUP to the launcher must still run the clean-up below (no orphans).
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _exit_on_signal)
     hub = _Hub(nprocs)
     procs: list[subprocess.Popen] = []
     try:

@@ -108,14 +108,14 @@ class MegaMoE:
         with cupy.cuda.Device(self.device):
             for name, arr in (("w1", w1), ("w1_sf", w1_sf), ("w2", w2), ("w2_sf", w2_sf)):
                 is_sf = name.endswith("_sf")
-                arrays[name] = self._weight_to_device(cupy, name, arr, expect[name], is_sf)
+                arrays[name] = self._weight_to_device(cupy, name, arr, expect[name], is_sf, self.device)
             w1p, w1p_sf = prepare_swiglu_weights(arrays["w1"], arrays["w1_sf"])
         self._w1p, self._w1p_sf = w1p, w1p_sf
         self._w2, self._w2_sf = arrays["w2"], arrays["w2_sf"]
         self._plans = self._build_plans()
 
     @staticmethod
-    def _weight_to_device(cupy, name: str, arr: Any, shape: tuple, is_sf: bool):
+    def _weight_to_device(cupy, name: str, arr: Any, shape: tuple, is_sf: bool, device: int):
         if tuple(arr.shape) != shape:
             raise ValueError(f"{name}: expected shape {list(shape)}, got {list(arr.shape)}")
         if isinstance(arr, np.ndarray):
@@ -127,7 +127,7 @@ class MegaMoE:
                 raise TypeError(f"{name}: expected e4m3 (ml_dtypes.float8_e4m3fn or uint8 codes), got {arr.dtype}")
             return cupy.asarray(np.ascontiguousarray(arr).view(np.uint8))
         d = as_device_array(arr, name)
-        check_array(d, name, dtypes=("float32",) if is_sf else ("e4m3",), shape=shape, align=16)
+        check_array(d, name, dtypes=("float32",) if is_sf else ("e4m3",), shape=shape, align=16, device=device)
         if d.dtype == "e4m3":  # a native float8 DLPack tensor: view its bytes
             return cupy.ndarray(shape, dtype=cupy.uint8,
                                 memptr=cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(d.ptr, d.nbytes, d.owner), 0))
@@ -166,6 +166,8 @@ class MegaMoE:
 
         ``x`` e4m3 (uint8) ``[T, H]``, ``x_sf`` float32 ``[T, H/128]``, ``topk_idx`` int32/int64
         ``[T, K]`` (global expert ids, -1 = empty), ``topk_weights`` float32 ``[T, K]``.
+        Inputs must be ready on ``stream``. A layer owns one buffer: calls must be ordered
+        (one stream, or streams the caller orders with events).
         """
         if self._plans is None:
             raise RuntimeError("MegaMoE: call load_weights(w1, w1_sf, w2, w2_sf) before running the layer")
@@ -182,7 +184,8 @@ class MegaMoE:
         sfa = as_device_array(x_sf, "x_sf", stream=sh)
         check_array(sfa, "x_sf", dtypes=("float32",), shape=(t, h // 128), device=self.device, align=4)
         ia = as_device_array(topk_idx, "topk_idx", stream=sh)
-        idx = check_array(ia, "topk_idx", dtypes=("int32", "int64"), shape=(t, k), device=self.device, align=4)
+        idx = check_array(ia, "topk_idx", dtypes=("int32", "int64"), shape=(t, k), device=self.device,
+                          align=ia.itemsize)
         wa = as_device_array(topk_weights, "topk_weights", stream=sh)
         check_array(wa, "topk_weights", dtypes=("float32",), shape=(t, k), device=self.device, align=4)
         cupy = require_cupy()
@@ -192,7 +195,8 @@ class MegaMoE:
             check_array(ya, "out", dtypes=("bf16",), shape=(t, h), device=self.device)
             if t == 0:
                 return y
-            if self.validate_ids and not driver.stream_is_capturing(sh):
+            capturing = driver.stream_is_capturing(sh)
+            if self.validate_ids and not capturing:
                 ids = cupy.asarray(topk_idx)
                 bad = cupy.count_nonzero((ids < -1) | (ids >= self.num_experts))
                 if int(bad):
@@ -208,7 +212,7 @@ class MegaMoE:
             l1.run(sh)
             l2.run(sh)
             mk.launch_combine(kernels, params, grid, sh)
-            if self.debug:
+            if self.debug and not capturing:  # a read-back would break the capture
                 flags = int(b.view("error_flags")[0].get(stream=cupy_stream(cupy, sh)))
                 if flags & mk.ERROR_EXPERT_ID_OUT_OF_RANGE:
                     raise ValueError(f"topk_idx: expert ids outside [-1, {self.num_experts}) (found on the device)")

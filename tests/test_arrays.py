@@ -85,3 +85,16 @@ def test_dlpack_struct_reader_on_host_capsule(monkeypatch):
     assert arr.strides == host.strides == (24, 8) and not arr.is_c_contiguous()
     ints = np.arange(10, dtype=np.int64)
     assert arrays.as_device_array(Pretend(ints), "i").dtype == "int64"
+
+
+def test_device_from_cupy_and_torch_style_objects():
+    class Dev:
+        def __init__(self, **kw):
+            self.__dict__.update(kw)
+
+    a = FakeCai((4, 4), "<f4")
+    a.device = Dev(id=1)
+    assert as_device_array(a, "a").device == 1
+    b = FakeCai((4, 4), "<f4")
+    b.device = Dev(index=2, type="cuda")
+    assert as_device_array(b, "b").device == 2

@@ -107,3 +107,18 @@ def test_quantize_params_mirror_matches_source():
     text = (cuda_src_dir() / "quantize" / "quantize_fp8.cu").read_text()
     for field, *_ in QuantizeParams._fields_:
         assert f" {field};" in text, field
+
+
+@pytest.mark.parametrize("limit", [-1.0, 0.0, float("nan"), float("inf")])
+def test_swiglu_limit_is_validated_before_anything_else(limit):
+    from megamoe_rt.gemm import grouped_gemm_swiglu_fp8
+
+    with pytest.raises(ValueError, match="swiglu_limit"):
+        grouped_gemm_swiglu_fp8(None, None, None, None, None, group_offsets=object(), swiglu_limit=limit)
+
+
+def test_group_counts_only_with_the_contiguous_layout():
+    from megamoe_rt.gemm import grouped_gemm_swiglu_fp8
+
+    with pytest.raises(ValueError, match="group_counts applies to the contiguous layout only"):
+        grouped_gemm_swiglu_fp8(None, None, None, None, None, masked_counts=object(), group_counts=object())

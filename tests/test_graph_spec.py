@@ -125,3 +125,16 @@ def test_sweep_cli_rejects_bad_arguments_without_a_gpu():
                           str(GRAPHS / "two_partitions_probe.toml"), "--vary", "left=8-16"],
                          capture_output=True, text=True)
     assert out.returncode == 2 and "--vary" in out.stderr
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda d: d.update(node=["not a table"]), "expected a table"),
+    (lambda d: d["node"][2].update(deps=["a", "a"]), "lists a node twice"),
+    (lambda d: d["node"][0].update(grid=2**31), "exceeds"),
+    (lambda d: d["node"][0].update(smem=300_000), "shared-memory limit"),
+])
+def test_more_spec_errors(mutate, message):
+    data = _spec()
+    mutate(data)
+    with pytest.raises(SpecError, match=message):
+        parse_spec(data)

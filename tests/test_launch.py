@@ -100,3 +100,17 @@ def test_launch_command_stops_the_others_when_one_fails(tmp_path):
     assert "rank 0 exited with status 3" in out.stderr
     assert time.monotonic() - t0 < 60
     assert not any(_alive(int((tmp_path / f"{r}.pid").read_text())) for r in range(3))
+
+
+def test_a_reused_broadcast_key_carries_the_new_value():
+    assert spawn(ranks.broadcast_twice, 3) == [(b"one", b"two")] * 3
+
+
+def test_an_unpicklable_result_is_an_error_not_a_hang():
+    with pytest.raises(RankFailed, match=r"rank \d failed: .*pickle"):
+        spawn(ranks.unpicklable, 2, timeout=60)
+
+
+def test_a_rank_exiting_cleanly_without_a_result_is_reported():
+    with pytest.raises(RankFailed, match="rank 1 failed: process exited with status 0 without a result"):
+        spawn(ranks.quiet_exit, 2, timeout=60)

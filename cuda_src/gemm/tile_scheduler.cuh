@@ -56,6 +56,7 @@ struct TileScheduler {
                 if (static_cast<u32>(ptx::ld_global_nc_s32(p.group_offsets + mid)) <= row0) lo = mid; else hi = mid;
             }
             const u32 start = static_cast<u32>(ptx::ld_global_nc_s32(p.group_offsets + lo));
+            if (row0 < start) return tile;  // rows before the first group belong to none
             u32 limit = static_cast<u32>(ptx::ld_global_nc_s32(p.group_offsets + lo + 1));
             if (p.group_counts != nullptr) {
                 const u32 count = static_cast<u32>(ptx::ld_global_nc_s32(p.group_counts + lo));

@@ -11,6 +11,7 @@ namespace megamoe_rt::moe {
 
 constexpr u32 kCombineThreads = 128;
 constexpr u32 kMaxTopk = 32;
+static_assert(kMaxTopk <= 32, "valid_mask holds one bit per top-k slot");
 
 template <typename IdxT>
 __global__ void __launch_bounds__(kCombineThreads) moe_combine(const __grid_constant__ MoeParams p) {

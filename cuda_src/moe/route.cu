@@ -27,6 +27,7 @@ __global__ void __launch_bounds__(kCountThreads) moe_count_routes(const __grid_c
 }
 
 constexpr u32 kScanThreads = 1024;
+static_assert(kScanThreads >= kMaxLocalExperts, "the scan gives every local expert a thread");
 
 // One block: offsets[e] = sum over e' < e of align(count[e'], pool_align).
 __global__ void __launch_bounds__(kScanThreads) moe_pool_offsets(const __grid_constant__ MoeParams p) {

@@ -73,7 +73,11 @@ class GraphBuilder:
                            ctx if ctx is not None else driver.ensure_context())
 
     def instantiate(self):
-        self.exec = driver.call(_cu().cuGraphInstantiate, self.graph, 0)
+        cu = _cu()
+        if self.exec is not None:
+            driver.call(cu.cuGraphExecDestroy, self.exec)
+            self.exec = None
+        self.exec = driver.call(cu.cuGraphInstantiate, self.graph, 0)
         return self
 
     def launch(self, stream: Any = None) -> None:
@@ -87,8 +91,7 @@ class GraphBuilder:
         p = node.params
         ptrs = (ctypes.c_void_p * max(len(args), 1))(*[ctypes.addressof(a) for a in args])
         p.kernelParams = ctypes.addressof(ptrs)
-        driver.call(cu.cuGraphExecKernelNodeSetParams, self.exec, node.node, p)
-        self._keep.append((ptrs, list(args)))
+        driver.call(cu.cuGraphExecKernelNodeSetParams, self.exec, node.node, p)  # copies the arguments
         node.args = list(args)
 
     def close(self) -> None:

@@ -91,12 +91,13 @@ class GreenPartitions:
             for (name, count), mine in zip(self.plan.sizes, pieces):
                 got = sum(int(g.sm.smCount) for g in mine)
                 if got != count:
-                    raise RuntimeError(f"partition {name!r}: asked the driver for {count} SMs, got {got}")
+                    raise ValueError(f"partition {name!r}: asked the driver for {count} SMs, got {got}")
                 desc = driver.call(cu.cuDevResourceGenerateDesc, mine, len(mine))
                 gctx = driver.call(cu.cuGreenCtxCreate, desc, dev, cu.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM)
-                ctx = driver.call(cu.cuCtxFromGreenCtx, gctx)
-                stream = driver.call(cu.cuGreenCtxStreamCreate, gctx, cu.CUstream_flags.CU_STREAM_NON_BLOCKING, 0)
-                self.partitions[name] = GreenPartition(name, got, gctx, ctx, stream)
+                # Registered at once, so a failure below still destroys it in close().
+                part = self.partitions[name] = GreenPartition(name, got, gctx, None, None)
+                part.ctx = driver.call(cu.cuCtxFromGreenCtx, gctx)
+                part.stream = driver.call(cu.cuGreenCtxStreamCreate, gctx, cu.CUstream_flags.CU_STREAM_NON_BLOCKING, 0)
             self.remainder_sms = info.sm_count - sum(p.sm_count for p in self.partitions.values())
         except BaseException:
             self.close()
@@ -113,11 +114,20 @@ class GreenPartitions:
             return
         self._closed = True
         cu = _cu()
+        first_error = None
         for part in reversed(list(self.partitions.values())):
-            driver.call(cu.cuStreamDestroy, part.stream)
-            driver.call(cu.cuGreenCtxDestroy, part.green_ctx)
+            # Try every destroy; report the first failure after all were attempted.
+            for fn, handle in ((cu.cuStreamDestroy, part.stream), (cu.cuGreenCtxDestroy, part.green_ctx)):
+                if handle is None:
+                    continue
+                try:
+                    driver.call(fn, handle)
+                except Exception as exc:  # noqa: BLE001
+                    first_error = first_error or exc
         self.partitions.clear()
         driver.ensure_context(self.device)
+        if first_error is not None:
+            raise first_error
 
     def __enter__(self):
         return self

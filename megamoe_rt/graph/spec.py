@@ -29,6 +29,10 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 
+MAX_GRID = 2**31 - 1
+MAX_SMEM = 232448  # 227 KiB per block on sm_90
+
+
 class SpecError(ValueError):
     """A pipeline spec that cannot run as written; the message says where and why."""
 
@@ -104,8 +108,13 @@ def parse_spec(data: dict, *, name: str = "<spec>", known_kernels: Iterable[str]
         raise SpecError(f"spec {spec_name!r}: partition names must be unique")
     known = None if known_kernels is None else set(known_kernels)
     nodes = []
-    for i, n in enumerate(data.get("node", [])):
+    nodes_raw = data.get("node", [])
+    if not isinstance(nodes_raw, list):
+        raise SpecError(f"spec {spec_name!r}: node must be an array of tables ([[node]])")
+    for i, n in enumerate(nodes_raw):
         where = f"spec {spec_name!r}, node #{i + 1}"
+        if not isinstance(n, dict):
+            raise SpecError(f"{where}: expected a table ([[node]]), got {type(n).__name__}")
         for key in ("name", "kernel", "partition", "grid", "block"):
             if key not in n:
                 raise SpecError(f"{where}: missing {key}")
@@ -120,6 +129,12 @@ def parse_spec(data: dict, *, name: str = "<spec>", known_kernels: Iterable[str]
         deps = n.get("deps", [])
         if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
             raise SpecError(f"{where}: deps must be a list of node names")
+        if len(set(deps)) != len(deps):
+            raise SpecError(f"{where}: deps lists a node twice: {deps}")
+        if _positive_int(where, "grid", n["grid"]) > MAX_GRID:
+            raise SpecError(f"{where}: grid = {n['grid']} exceeds {MAX_GRID}")
+        if _positive_int(where, "smem", n.get("smem", 0), allow_zero=True) > MAX_SMEM:
+            raise SpecError(f"{where}: smem = {n['smem']} exceeds the {MAX_SMEM}-byte shared-memory limit")
         extra = {k: v for k, v in n.items() if k not in ("name", "kernel", "partition", "grid", "block", "smem", "deps")}
         nodes.append(NodeSpec(str(n["name"]), str(n["kernel"]), str(n["partition"]),
                               _positive_int(where, "grid", n["grid"]), block,

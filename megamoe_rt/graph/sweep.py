@@ -70,20 +70,24 @@ def run_sweep(spec: PipelineSpec, vary: str, values: list[int], *, device: int =
             for node in order:
                 w = workloads[node.name]
                 g = GraphBuilder()
-                g.add_kernel(w.kernel, (w.grid,), (w.block,), w.args, ctx=parts[node.partition].ctx, smem=w.smem)
-                g.instantiate()
-                row["nodes_us"][node.name] = _time_graph(g, stream, reps)
-                g.close()
+                try:
+                    g.add_kernel(w.kernel, (w.grid,), (w.block,), w.args, ctx=parts[node.partition].ctx, smem=w.smem)
+                    g.instantiate()
+                    row["nodes_us"][node.name] = _time_graph(g, stream, reps)
+                finally:
+                    g.close()
             g = GraphBuilder()
-            made: dict[str, Any] = {}
-            for node in order:
-                w = workloads[node.name]
-                made[node.name] = g.add_kernel(w.kernel, (w.grid,), (w.block,), w.args,
-                                               ctx=parts[node.partition].ctx, smem=w.smem,
-                                               deps=[made[d] for d in node.deps])
-            g.instantiate()
-            row["total_us"] = _time_graph(g, stream, reps)
-            g.close()
+            try:
+                made: dict[str, Any] = {}
+                for node in order:
+                    w = workloads[node.name]
+                    made[node.name] = g.add_kernel(w.kernel, (w.grid,), (w.block,), w.args,
+                                                   ctx=parts[node.partition].ctx, smem=w.smem,
+                                                   deps=[made[d] for d in node.deps])
+                g.instantiate()
+                row["total_us"] = _time_graph(g, stream, reps)
+            finally:
+                g.close()
             rows.append(row)
     if progress:
         print(file=sys.stderr)

@@ -28,3 +28,19 @@ def one_dies(ctx):
     if ctx.rank == 2:
         os._exit(7)
     time.sleep(120)
+
+
+def broadcast_twice(ctx):
+    first = ctx.broadcast(b"one" if ctx.rank == 0 else None)
+    second = ctx.broadcast(b"two" if ctx.rank == 0 else None)
+    return first, second
+
+
+def unpicklable(ctx):
+    return lambda: None
+
+
+def quiet_exit(ctx):
+    if ctx.rank == 1:
+        os._exit(0)
+    return ctx.rank

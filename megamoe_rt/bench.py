@@ -280,7 +280,7 @@ def bench_moe(presets: list[str], tokens: list[int], *, mode: str = "unfused", r
                 layer(*args, out=y, stream=stream)
                 graph = stream.end_capture()
             with stream:
-                res = bracketed(timer, {mode: lambda: graph.launch(stream=stream)}, rounds=rounds)[mode]
+                res = bracketed(timer, {mode: lambda g=graph: g.launch(stream=stream)}, rounds=rounds)[mode]
             pairs = t * p.num_topk
             active = len(set(cp.asnumpy(inp["topk_idx"]).ravel().tolist()))
             weight_bytes = active * (2 * p.intermediate * p.hidden + p.hidden * p.intermediate)

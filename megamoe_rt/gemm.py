@@ -209,9 +209,11 @@ def _plan(cupy, info, cfg, p, aa, asfa, a_sf_obj, ba, rows, a_sf_kmajor, check_l
         sfa_t = _kmajor_scales(cupy, src, rows, asfa.shape[-1])
         dst = cupy.asarray(sfa_t.owner)
 
-        def refresh(stream_handle: int) -> None:
+        def relayout_scales(stream_handle: int) -> None:
             with cupy_stream(cupy, stream_handle):
                 dst[:, :rows] = src.reshape(rows, -1).T
+
+        refresh = relayout_scales
 
     launch = k.GemmLaunch(cfg, aa, sfa_t, ba, p)
     gemm = k.prepare_gemm(launch, device=info.ordinal, sm_count=info.sm_count)

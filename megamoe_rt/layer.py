@@ -10,7 +10,6 @@ written into the same arrays.
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any
 
 import numpy as np
@@ -22,7 +21,6 @@ from .gemm import plan_grouped_gemm_fp8, plan_grouped_gemm_swiglu_fp8, prepare_s
 from .kernels import moe as mk
 from .kernels.loader import get_kernel
 from .layout import symm_buffer_layout
-from .plan import TOKEN_ALIGN
 
 POOL_ALIGN = 128  # expert ranges in the pool start on GEMM-tile boundaries
 

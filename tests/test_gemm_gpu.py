@@ -9,7 +9,6 @@ import textwrap
 import numpy as np
 import pytest
 
-import megamoe_rt
 from megamoe_rt import reference as ref
 from megamoe_rt.gemm import GROUP_ALIGN, grouped_gemm_fp8, grouped_gemm_swiglu_fp8, prepare_swiglu_weights
 

@@ -6,9 +6,6 @@ disjoint partitions used disjoint SM sets."""
 
 from __future__ import annotations
 
-import ctypes
-
-import numpy as np
 import pytest
 
 pytestmark = pytest.mark.gpu

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .. import driver
-from .partition import PartitionPlan, Request, plan_partitions
+from .partition import Request, plan_partitions
 
 
 def _cu():

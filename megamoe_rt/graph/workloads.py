@@ -12,7 +12,6 @@ a block, dynamic shared memory and ctypes arguments.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from .. import driver
 from .spec import NodeSpec, SpecError

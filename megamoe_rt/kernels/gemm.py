@@ -11,7 +11,6 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any
 
-from .. import driver
 from ..arrays import DeviceArray
 from ..jit import KernelSpec
 from ..tma import TensorMap2D, encode_tensor_map_2d

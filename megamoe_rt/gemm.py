@@ -58,6 +58,14 @@ def _check_config(cfg: k.GemmConfig, *, layout: str, epilogue: str, a_sf_gran: i
         raise ValueError(f"config: {cfg.name} needs N to be a multiple of {cfg.block_n * cfg.cluster_n}, got {n}")
 
 
+def _group_layout(group_offsets: Any, group_counts: Any, masked_counts: Any) -> str:
+    if (group_offsets is None) == (masked_counts is None):
+        raise ValueError("pass exactly one of group_offsets (contiguous layout) and masked_counts (masked layout)")
+    if group_counts is not None and masked_counts is not None:
+        raise ValueError("group_counts applies to the contiguous layout only")
+    return "contiguous" if group_offsets is not None else "masked"
+
+
 def _set_groups(p: k.GemmParams, layout: str, group_offsets: Any, group_counts: Any, masked_counts: Any,
                 groups: int, dev: int) -> None:
     if layout == "contiguous":
@@ -123,11 +131,7 @@ def plan_grouped_gemm_fp8(a: Any, a_sf: Any, b: Any, b_sf: Any, *, group_offsets
     ``config`` overrides the heuristic's tile choice (tuning and tests); it must match the
     call's layout, epilogue and scale granularity.
     """
-    if (group_offsets is None) == (masked_counts is None):
-        raise ValueError("pass exactly one of group_offsets (contiguous layout) and masked_counts (masked layout)")
-    layout = "contiguous" if group_offsets is not None else "masked"
-    if group_counts is not None and layout != "contiguous":
-        raise ValueError("group_counts applies to the contiguous layout only")
+    layout = _group_layout(group_offsets, group_counts, masked_counts)
     sh = driver.stream_handle(stream)
 
     ba = as_device_array(b, "b", stream=sh)
@@ -273,11 +277,7 @@ def plan_grouped_gemm_swiglu_fp8(a: Any, a_sf: Any, w1p: Any, w1p_sf: Any, row_w
         raise ValueError(f"act_sf_gran: expected 64 or 128, got {act_sf_gran}")
     if swiglu_limit is not None and not (math.isfinite(float(swiglu_limit)) and float(swiglu_limit) > 0):
         raise ValueError(f"swiglu_limit: expected a positive finite number or None, got {swiglu_limit!r}")
-    if (group_offsets is None) == (masked_counts is None):
-        raise ValueError("pass exactly one of group_offsets (contiguous layout) and masked_counts (masked layout)")
-    layout = "contiguous" if group_offsets is not None else "masked"
-    if group_counts is not None and layout != "contiguous":
-        raise ValueError("group_counts applies to the contiguous layout only")
+    layout = _group_layout(group_offsets, group_counts, masked_counts)
     sh = driver.stream_handle(stream)
     ba = as_device_array(w1p, "w1p", stream=sh)
     check_array(ba, "w1p", dtypes=("e4m3",), ndim=3)

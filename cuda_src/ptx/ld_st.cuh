@@ -56,3 +56,40 @@ __device__ __forceinline__ u64 ld_global_nc_u64(const u64* ptr) {
 }
 
 }  // namespace megamoe_rt::ptx
+
+namespace megamoe_rt::ptx {
+
+// Cross-rank / cross-block signal words. Scope and order are in the names: `sys` reaches
+// peers over NVLink and the host, `gpu` other blocks of this GPU.
+
+__device__ __forceinline__ u64 ld_acquire_sys_u64(const u64* ptr) {
+    u64 v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(ptr) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ u32 ld_acquire_gpu_u32(const u32* ptr) {
+    u32 v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(ptr) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void st_release_sys_u64(u64* ptr, u64 v) {
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(ptr), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ void red_release_sys_add_u64(u64* ptr, u64 v) {
+    asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(ptr), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ void red_release_gpu_add_u32(u32* ptr, u32 v) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(ptr), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ u64 globaltimer_ns() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+}  // namespace megamoe_rt::ptx

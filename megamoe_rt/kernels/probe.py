@@ -13,6 +13,10 @@ COPY_SPEC = KernelSpec(name="stream_copy", source="probe/stream_copy.cu", entry=
                        block_threads=256)
 
 
+WAIT_SPEC = KernelSpec(name="wait_for_signal", source="probe/wait_timeout.cu",
+                       entry="megamoe_rt::probe::wait_for_signal", block_threads=32, uses_printf=True)
+
+
 class StreamCopyParams(ctypes.Structure):
     _fields_ = [("src", ctypes.c_uint64), ("dst", ctypes.c_uint64), ("n16", ctypes.c_uint64)]
 
@@ -23,4 +27,4 @@ class SmProbeParams(ctypes.Structure):
 
 
 def kernel_specs() -> list[KernelSpec]:
-    return [SPEC, COPY_SPEC]
+    return [SPEC, COPY_SPEC, WAIT_SPEC]

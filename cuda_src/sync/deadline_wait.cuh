@@ -1,0 +1,74 @@
+// Spin-waits on signal words with a deadline. A wait that outlives its deadline leaves the
+// loop, prints which wait it was (site, block, rank, peer, expected and seen values) and
+// traps: a hang becomes a diagnosed failure.
+//
+// The report is a separate non-inlined function called after the loop, not from inside
+// it, so the loop stays small and kernels that also run wgmma keep their register plan.
+#pragma once
+
+#include "common/types.cuh"
+#include "ptx/ld_st.cuh"
+
+namespace megamoe_rt::sync {
+
+// Where a wait happens; the host passes names for these ids in the message table below.
+enum class WaitSite : u32 {
+    kTest = 0,               // tests withholding a signal on purpose
+    kExpertCountsArrived,    // all ranks' per-expert counts have landed
+    kDispatchDone,           // every peer finished pulling from this rank
+    kCombineArrived,         // every peer finished scattering into this rank's combine buffer
+    kL1RowsArrived,          // fused: a pool block's rows have arrived (L1 may start)
+    kL1OutputPublished,      // fused: a block's L1 output is published (L2 may start)
+    kRingSlotFree,           // fused: a ring slot's L2 reads are done (L1 may overwrite)
+    kStreamChunkReady,       // streaming: a chunk's route and layout generations match
+    kCount
+};
+
+__device__ __forceinline__ const char* wait_site_name(WaitSite site) {
+    switch (site) {
+        case WaitSite::kTest: return "test signal";
+        case WaitSite::kExpertCountsArrived: return "expert counts from all ranks";
+        case WaitSite::kDispatchDone: return "dispatch done on all peers";
+        case WaitSite::kCombineArrived: return "combine partials from all peers";
+        case WaitSite::kL1RowsArrived: return "L1 rows arrived";
+        case WaitSite::kL1OutputPublished: return "L1 output published";
+        case WaitSite::kRingSlotFree: return "ring slot free";
+        case WaitSite::kStreamChunkReady: return "stream chunk ready";
+        default: return "unknown wait";
+    }
+}
+
+struct WaitContext {
+    u64 timeout_ns;   // from the host (MEGAMOE_RT_TIMEOUT_S, default 60 s)
+    u32 rank;
+};
+
+__device__ __noinline__ void report_wait_timeout(WaitSite site, const WaitContext& ctx, u32 peer, u64 expected,
+                                                 u64 seen) {
+    printf("megamoe_rt: wait '%s' timed out after %.1f s: block %u thread %u, rank %u, peer %u, "
+           "expected >= %llu, saw %llu\n",
+           wait_site_name(site), static_cast<double>(ctx.timeout_ns) * 1e-9, blockIdx.x, threadIdx.x, ctx.rank, peer,
+           static_cast<unsigned long long>(expected), static_cast<unsigned long long>(seen));
+    __trap();
+}
+
+// Waits until *word >= expected (acquire, system scope). Returns the value seen.
+__device__ __forceinline__ u64 wait_ge_acquire_sys_u64(const u64* word, u64 expected, WaitSite site,
+                                                       const WaitContext& ctx, u32 peer) {
+    const u64 start = ptx::globaltimer_ns();
+    u64 seen = ptx::ld_acquire_sys_u64(word);
+    u32 spins = 0;
+    bool expired = false;
+    while (seen < expected) {
+        // Read the clock only every 256 polls: the timer read is slower than the load.
+        if ((++spins & 255u) == 0 && ptx::globaltimer_ns() - start > ctx.timeout_ns) {
+            expired = true;
+            break;
+        }
+        seen = ptx::ld_acquire_sys_u64(word);
+    }
+    if (expired) report_wait_timeout(site, ctx, peer, expected, seen);
+    return seen;
+}
+
+}  // namespace megamoe_rt::sync

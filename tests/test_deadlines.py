@@ -1,0 +1,58 @@
+"""Deadlines of device-side waits: the host setting (CPU) and a withheld signal (GPU)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from megamoe_rt.deadlines import wait_timeout_ns
+
+
+def test_timeout_setting(monkeypatch):
+    monkeypatch.delenv("MEGAMOE_RT_TIMEOUT_S", raising=False)
+    assert wait_timeout_ns() == 60 * 10**9
+    monkeypatch.setenv("MEGAMOE_RT_TIMEOUT_S", "0.25")
+    assert wait_timeout_ns() == 250_000_000
+    assert wait_timeout_ns(2) == 2 * 10**9
+    monkeypatch.setenv("MEGAMOE_RT_TIMEOUT_S", "soon")
+    with pytest.raises(ValueError, match="MEGAMOE_RT_TIMEOUT_S='soon'"):
+        wait_timeout_ns()
+    for bad in (0, -1, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="positive number of seconds"):
+            wait_timeout_ns(bad)
+
+
+_WAIT = textwrap.dedent("""
+    import ctypes, sys
+    import cupy as cp
+    from megamoe_rt import driver
+    from megamoe_rt.kernels.loader import get_kernel
+    from megamoe_rt.kernels.probe import WAIT_SPEC
+    word = cp.zeros(1, cp.uint64)
+    word[0] = int(sys.argv[1])
+    seen = cp.zeros(1, cp.uint64)
+    k = get_kernel(WAIT_SPEC, driver.current_device())
+    args = [ctypes.c_uint64(int(word.data.ptr)), ctypes.c_uint64(1), ctypes.c_uint64(200_000_000),
+            ctypes.c_uint32(3), ctypes.c_uint32(5), ctypes.c_uint64(int(seen.data.ptr))]
+    k.launch((1,), (32,), args)
+    cp.cuda.Device().synchronize()
+    print("seen", int(seen[0]))
+""")
+
+
+@pytest.mark.gpu
+def test_a_withheld_signal_traps_with_a_message_instead_of_hanging():
+    out = subprocess.run([sys.executable, "-c", _WAIT, "0"], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    text = out.stdout + out.stderr
+    assert "wait 'test signal' timed out" in text and "rank 3, peer 5" in text and "expected >= 1, saw 0" in text
+
+
+@pytest.mark.gpu
+def test_a_present_signal_passes_the_wait():
+    out = subprocess.run([sys.executable, "-c", _WAIT, "7"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "seen 7" in out.stdout

@@ -134,3 +134,23 @@ def check_stream(stream: Sequence[Task], ring_blocks: int) -> int:
     if l1_done != l2_done:
         raise RingViolation(f"units without an L2 task: {sorted(l1_done - l2_done)[:8]}")
     return max_live
+
+
+# --- prefill: the dispatch pull in cycles (seed 001) --------------------------------------------
+
+def pull_cycles(blocks_per_expert: Sequence[int], ring_blocks: int, num_cycles: int | None = None) -> list[list[tuple[int, int]]]:
+    """Split the pool's blocks (in expert order) into pull cycles of at most ``ring_blocks``.
+
+    Returns, per cycle, the ``(expert, block)`` pairs pulled in it. ``num_cycles`` (the
+    cross-rank maximum) pads a rank that needs fewer cycles with empty ones: every rank must
+    run the same number of cycles, since each cycle ends in a grid-wide synchronisation.
+    """
+    if ring_blocks < 1:
+        raise ValueError(f"ring_blocks={ring_blocks}: expected >= 1")
+    blocks = [(e, b) for e, n in enumerate(blocks_per_expert) for b in range(n)]
+    cycles = [blocks[i:i + ring_blocks] for i in range(0, len(blocks), ring_blocks)] or [[]]
+    if num_cycles is not None:
+        if num_cycles < len(cycles):
+            raise ValueError(f"num_cycles={num_cycles}: this rank needs {len(cycles)}")
+        cycles += [[] for _ in range(num_cycles - len(cycles))]
+    return cycles

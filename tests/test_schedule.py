@@ -88,3 +88,29 @@ def test_host_schedule_is_safe_for_uniform_routing_at_the_bound(preset, tokens, 
         (p.num_experts // 8) * -(-(-(-8 * tokens * p.num_topk // p.num_experts) // 128) // 8))
     per_expert = -(-8 * tokens * p.num_topk // p.num_experts) // 128 + 1
     check_stream(lag_ordered_stream([per_expert] * (p.num_experts // 8), sched.lag_units), sched.ring_blocks)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ranks=st.lists(blocks_lists, min_size=1, max_size=8), ring=st.integers(1, 64))
+def test_prefill_cycles_cover_every_block_once_and_agree_across_ranks(ranks, ring):
+    from megamoe_rt.plan import num_cycles, num_cycles_across_ranks
+    from megamoe_rt.schedule import pull_cycles
+
+    per_rank = [num_cycles(sum(b), ring) for b in ranks]
+    agreed = num_cycles_across_ranks(per_rank)
+    for blocks in ranks:
+        cycles = pull_cycles(blocks, ring, agreed)
+        assert len(cycles) == agreed == max(per_rank)
+        pulled = [pair for c in cycles for pair in c]
+        assert pulled == [(e, b) for e, n in enumerate(blocks) for b in range(n)]  # each once, in pool order
+        assert all(len(c) <= ring for c in cycles)
+        # Only the last cycles may be short; a rank with fewer blocks just runs empty ones.
+        sizes = [len(c) for c in cycles]
+        assert sizes == sorted(sizes, reverse=True)
+
+
+def test_a_rank_cannot_run_fewer_cycles_than_it_needs():
+    from megamoe_rt.schedule import pull_cycles
+
+    with pytest.raises(ValueError, match="needs 3"):
+        pull_cycles([10, 10], 8, num_cycles=2)

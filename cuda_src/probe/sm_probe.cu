@@ -4,6 +4,7 @@
 // green-context partition stay inside it.
 
 #include "common/types.cuh"
+#include "ptx/special_regs.cuh"
 
 namespace megamoe_rt::probe {
 
@@ -14,26 +15,14 @@ struct SmProbeParams {
     u64 spin_ns;
 };
 
-__device__ __forceinline__ u64 globaltimer_ns() {
-    u64 t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
-__device__ __forceinline__ u32 smid() {
-    u32 id;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
-    return id;
-}
-
 __global__ void sm_probe(const __grid_constant__ SmProbeParams p) {
     if (threadIdx.x != 0) return;
-    const u64 start = globaltimer_ns();
-    while (globaltimer_ns() - start < p.spin_ns) {
+    const u64 start = ptx::globaltimer_ns();
+    while (ptx::globaltimer_ns() - start < p.spin_ns) {
     }
-    p.smid[blockIdx.x] = smid();
+    p.smid[blockIdx.x] = ptx::smid();
     p.start_ns[blockIdx.x] = start;
-    p.end_ns[blockIdx.x] = globaltimer_ns();
+    p.end_ns[blockIdx.x] = ptx::globaltimer_ns();
 }
 
 }  // namespace megamoe_rt::probe

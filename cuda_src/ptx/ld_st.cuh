@@ -86,10 +86,4 @@ __device__ __forceinline__ void red_release_gpu_add_u32(u32* ptr, u32 v) {
     asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(ptr), "r"(v) : "memory");
 }
 
-__device__ __forceinline__ u64 globaltimer_ns() {
-    u64 t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
 }  // namespace megamoe_rt::ptx

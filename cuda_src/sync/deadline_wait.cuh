@@ -8,6 +8,7 @@
 
 #include "common/types.cuh"
 #include "ptx/ld_st.cuh"
+#include "ptx/special_regs.cuh"
 
 namespace megamoe_rt::sync {
 

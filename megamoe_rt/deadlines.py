@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 
@@ -26,3 +27,73 @@ def wait_timeout_ns(timeout_s: float | None = None) -> int:
     if not (math.isfinite(timeout_s) and timeout_s > 0):
         raise ValueError(f"timeout: expected a positive number of seconds, got {timeout_s!r}")
     return int(timeout_s * 1e9)
+
+
+# --- timeout records ------------------------------------------------------------------------
+
+# WaitSite names (cuda_src/sync/deadline_wait.cuh), in enum order.
+WAIT_SITES = (
+    "test signal", "expert counts from all ranks", "dispatch done on all peers", "combine partials from all peers",
+    "L1 rows arrived", "L1 output published", "ring slot free", "stream chunk ready", "grid barrier",
+    "pool slot free", "single-wave pool fits the ring",
+)
+
+
+class _RecordFields(ctypes.Structure):
+    """Mirror of ``megamoe_rt::sync::TimeoutRecord`` (sync/timeout_record.cuh)."""
+
+    _fields_ = [("state", ctypes.c_uint32), ("site", ctypes.c_uint32), ("block", ctypes.c_uint32),
+                ("thread", ctypes.c_uint32), ("rank", ctypes.c_uint32), ("peer", ctypes.c_uint32),
+                ("expected", ctypes.c_uint64), ("seen", ctypes.c_uint64), ("elapsed_ns", ctypes.c_uint64)]
+
+
+class WaitContext(ctypes.Structure):
+    """Mirror of ``megamoe_rt::sync::WaitContext``: what every deadline-bounded wait gets."""
+
+    _fields_ = [("timeout_ns", ctypes.c_uint64), ("record", ctypes.c_uint64), ("rank", ctypes.c_uint32),
+                ("pad_", ctypes.c_uint32)]
+
+
+class TimeoutRecord:
+    """Mapped pinned host memory a timed-out wait writes before it traps.
+
+    The host can still read it after the trap has poisoned the context, which is how
+    kernels that cannot printf (wgmma kernels) name the wait that failed. One per process.
+    """
+
+    _instance: "TimeoutRecord | None" = None
+
+    def __init__(self) -> None:
+        from . import driver
+
+        cu = driver._cu()
+        driver.ensure_context()
+        size = ctypes.sizeof(_RecordFields)
+        flags = cu.CU_MEMHOSTALLOC_DEVICEMAP | cu.CU_MEMHOSTALLOC_PORTABLE
+        self.host_ptr = int(driver.call(cu.cuMemHostAlloc, size, flags))
+        ctypes.memset(self.host_ptr, 0, size)
+        self.device_ptr = int(driver.call(cu.cuMemHostGetDevicePointer, self.host_ptr, 0))
+        self._fields = _RecordFields.from_address(self.host_ptr)
+
+    @classmethod
+    def get(cls) -> "TimeoutRecord":
+        if cls._instance is None:
+            cls._instance = TimeoutRecord()
+        return cls._instance
+
+    @classmethod
+    def pending_message(cls) -> str | None:
+        """The message of a recorded timeout, or None (also when no record was ever made)."""
+        inst = cls._instance
+        if inst is None or inst._fields.state != 2:
+            return None
+        return describe(inst._fields)
+
+    def context(self, timeout_s: float | None = None, rank: int = 0) -> WaitContext:
+        return WaitContext(timeout_ns=wait_timeout_ns(timeout_s), record=self.device_ptr, rank=rank)
+
+
+def describe(rec) -> str:
+    site = WAIT_SITES[rec.site] if rec.site < len(WAIT_SITES) else f"site {rec.site}"
+    return (f"megamoe_rt: wait '{site}' timed out after {rec.elapsed_ns * 1e-9:.2f} s: block {rec.block} "
+            f"thread {rec.thread}, rank {rec.rank}, peer {rec.peer}, expected >= {rec.expected}, saw {rec.seen}")

@@ -48,6 +48,19 @@ def _result_name(cu, err) -> str:
     return f"CUresult({int(err)})"
 
 
+# Sticky kernel failures (CUDA_ERROR_ILLEGAL_ADDRESS .. CUDA_ERROR_LAUNCH_FAILED): a
+# deadline-bounded wait that traps shows up as one of these on some later call.
+_KERNEL_FAULTS = range(700, 720)
+
+
+def _trap_detail(code: int) -> str:
+    if code not in _KERNEL_FAULTS:
+        return ""
+    from .deadlines import TimeoutRecord
+
+    return TimeoutRecord.pending_message() or ""
+
+
 def call(fn, *args):
     """Call a driver function and unwrap its ``(CUresult, *values)`` tuple.
 
@@ -59,7 +72,7 @@ def call(fn, *args):
         out = (out,)
     err, rest = out[0], out[1:]
     if err != cu.CUresult.CUDA_SUCCESS:
-        raise CudaError(fn.__name__, _result_name(cu, err), int(err))
+        raise CudaError(fn.__name__, _result_name(cu, err), int(err), _trap_detail(int(err)))
     if not rest:
         return None
     return rest[0] if len(rest) == 1 else rest

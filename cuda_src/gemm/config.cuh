@@ -43,6 +43,9 @@ struct Config {
     static constexpr u32 kSmemABytes = kBlockM * kBlockK;
     static constexpr u32 kSmemBBytes = kBlockN * kBlockK;
     static constexpr u32 kSmemSfaBytes = kSfaRowsPerStage * kBlockM * 4;
+    // Stage slots always have room for 64-wide scale groups, so GEMMs that differ only in
+    // their A-scale granularity share one carve-up (the fused kernel runs L1 and L2 on it).
+    static constexpr u32 kSfaStageStride = (kBlockK / 64) * kBlockM * 4;
     static constexpr u32 kStageTxBytes = kSmemABytes + kSmemBBytes + kSmemSfaBytes;
 
     // Carve-up from a 1024-byte aligned base: A stages, B stages (each tile
@@ -51,7 +54,7 @@ struct Config {
     static constexpr u32 kOffA = 0;
     static constexpr u32 kOffB = kOffA + kStages * kSmemABytes;
     static constexpr u32 kOffSfa = kOffB + kStages * kSmemBBytes;
-    static constexpr u32 kOffScratch = kOffSfa + kStages * kSmemSfaBytes;
+    static constexpr u32 kOffScratch = kOffSfa + kStages * kSfaStageStride;
     static constexpr u32 kScratchBytes = 2 * kWgTileM * 4;  // per-row amax exchange between N-split warpgroups
     static constexpr u32 kOffBarriers = kOffScratch + kScratchBytes;
     static constexpr u32 kSmemBytes = kOffBarriers + 2 * kStages * 8;

@@ -10,11 +10,12 @@
 namespace megamoe_rt::gemm {
 
 template <class Cfg>
-__device__ __forceinline__ u8* bf16_row_base(const GemmParams& p, u32 row) {
+__device__ __forceinline__ u8* bf16_row_base(const GemmParams& p, const Tile& tile, u32 r) {
     if constexpr (Cfg::kEpilogue == Epilogue::kScatterBf16) {
-        return reinterpret_cast<u8*>(ptx::ld_global_nc_u64(p.row_dst + row));
+        // Plain load: in the fused kernel these addresses are written earlier in the same launch.
+        return reinterpret_cast<u8*>(p.row_dst[tile.row0 + r]);
     } else {
-        return p.d + static_cast<u64>(row) * p.d_row_stride_bytes;
+        return p.d + static_cast<u64>(tile.d_row0 + r) * p.d_row_stride_bytes;
     }
 }
 
@@ -26,7 +27,7 @@ __device__ __forceinline__ void epilogue_store_bf16(const GemmParams& p, const T
     for (u32 half = 0; half < 2; ++half) {
         const u32 r = mt.row0 + 8 * half;
         if (r >= tile.rows) continue;
-        u8* base = bf16_row_base<Cfg>(p, tile.row0 + r);
+        u8* base = bf16_row_base<Cfg>(p, tile, r);
         if (base == nullptr) continue;
 #pragma unroll
         for (u32 i = 0; i < 16; ++i) {

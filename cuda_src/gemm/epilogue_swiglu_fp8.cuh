@@ -38,7 +38,7 @@ __device__ __forceinline__ void epilogue_swiglu_fp8(const GemmParams& p, const T
 #pragma unroll
     for (u32 half = 0; half < 2; ++half) {
         const u32 r = mt.row0 + 8 * half;
-        const float weight = r < tile.rows ? ptx::ld_global_nc_f32(p.row_weight + tile.row0 + r) : 0.0f;
+        const float weight = r < tile.rows ? p.row_weight[tile.row0 + r] : 0.0f;
         float m = 0.0f;
 #pragma unroll
         for (u32 i = 0; i < 8; ++i) {
@@ -78,7 +78,7 @@ __device__ __forceinline__ void epilogue_swiglu_fp8(const GemmParams& p, const T
     for (u32 half = 0; half < 2; ++half) {
         const u32 r = mt.row0 + 8 * half;
         if (r >= tile.rows) continue;
-        const u32 row = tile.row0 + r;
+        const u32 row = tile.d_row0 + r;
         const float scale = requant_scale(amax[half], pow2);
         u8* dst = p.d + static_cast<u64>(row) * p.d_row_stride_bytes + channel0;
 #pragma unroll

@@ -22,7 +22,7 @@ struct SharedStorage {
     __device__ __forceinline__ u8* a(u32 s) const { return base + Cfg::kOffA + s * Cfg::kSmemABytes; }
     __device__ __forceinline__ u8* b(u32 s) const { return base + Cfg::kOffB + s * Cfg::kSmemBBytes; }
     __device__ __forceinline__ float* sfa(u32 s) const {
-        return reinterpret_cast<float*>(base + Cfg::kOffSfa + s * Cfg::kSmemSfaBytes);
+        return reinterpret_cast<float*>(base + Cfg::kOffSfa + s * Cfg::kSfaStageStride);
     }
     __device__ __forceinline__ float* scratch() const { return reinterpret_cast<float*>(base + Cfg::kOffScratch); }
     __device__ __forceinline__ u64* full(u32 s) const { return reinterpret_cast<u64*>(base + Cfg::kOffBarriers) + s; }
@@ -64,12 +64,12 @@ __device__ __forceinline__ void produce_tile(const Tile& tile, u32 num_k_blocks,
             constexpr u32 kHalfRows = Cfg::kBlockM / 2;
             ptx::cp_async_bulk_tensor_2d_global_to_shared_multicast(
                 sm.a(st.stage) + cta_rank * kHalfRows * Cfg::kBlockK, tma_a, full, k0,
-                static_cast<i32>(tile.row0 + cta_rank * kHalfRows), static_cast<u16>(0b11));
+                static_cast<i32>(tile.a_row0 + cta_rank * kHalfRows), static_cast<u16>(0b11));
         } else {
-            ptx::cp_async_bulk_tensor_2d_global_to_shared(sm.a(st.stage), tma_a, full, k0, static_cast<i32>(tile.row0));
+            ptx::cp_async_bulk_tensor_2d_global_to_shared(sm.a(st.stage), tma_a, full, k0, static_cast<i32>(tile.a_row0));
         }
         ptx::cp_async_bulk_tensor_2d_global_to_shared(sm.b(st.stage), tma_b, full, k0, static_cast<i32>(tile.b_row0));
-        ptx::cp_async_bulk_tensor_2d_global_to_shared(sm.sfa(st.stage), tma_sfa, full, static_cast<i32>(tile.row0),
+        ptx::cp_async_bulk_tensor_2d_global_to_shared(sm.sfa(st.stage), tma_sfa, full, static_cast<i32>(tile.a_row0),
                                                       static_cast<i32>(kb * Cfg::kSfaRowsPerStage));
         st.advance();
     }

@@ -17,7 +17,9 @@ namespace megamoe_rt::gemm {
 struct Tile {
     bool valid;
     u32 group;
-    u32 row0;        // first row of A / D
+    u32 row0;        // first row of the per-row metadata (top-k weight, scatter address)
+    u32 a_row0;      // first row of A and its scales
+    u32 d_row0;      // first row of D and its scales
     u32 rows;        // valid rows in this tile (<= BLOCK_M)
     u32 n0;          // first output column within the group
     u32 b_row0;      // first row of B viewed as [num_groups * n, k]
@@ -77,6 +79,7 @@ struct TileScheduler {
             tile.rows = min(kBlockM, count - local);
         }
         tile.b_row0 = tile.group * p.n + tile.n0;
+        tile.a_row0 = tile.d_row0 = tile.row0;  // one row space; the fused kernel separates them
         tile.valid = true;
         return tile;
     }

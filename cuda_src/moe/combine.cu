@@ -1,54 +1,21 @@
 // Combine: y[t] = bf16(sum over valid slots k, in slot order, of fp32(partial[k][t])).
-// A token with no valid slot gets zeros. One block per token (grid-strided), eight
-// bf16 columns per thread and step.
+// A token with no valid slot gets zeros. One block per token (grid-strided).
 
 #include "common/types.cuh"
+#include "moe/combine_token.cuh"
 #include "moe/params.cuh"
-#include "ptx/cvt.cuh"
-#include "ptx/ld_st.cuh"
 
 namespace megamoe_rt::moe {
 
 constexpr u32 kCombineThreads = 128;
-constexpr u32 kMaxTopk = 32;
-static_assert(kMaxTopk <= 32, "valid_mask holds one bit per top-k slot");
 
 template <typename IdxT>
 __global__ void __launch_bounds__(kCombineThreads) moe_combine(const __grid_constant__ MoeParams p) {
     __shared__ u32 valid_mask;
     for (u32 token = blockIdx.x; token < p.num_tokens; token += gridDim.x) {
-        if (threadIdx.x == 0) {
-            u32 mask = 0;
-            for (u32 k = 0; k < p.num_topk; ++k) {
-                const i64 id = load_expert_id<IdxT>(p, token * p.num_topk + k);
-                if (id >= 0 && id < static_cast<i64>(p.num_experts)) mask |= 1u << k;
-            }
-            valid_mask = mask;
-        }
+        if (threadIdx.x == 0) valid_mask = valid_slot_mask<IdxT>(p, token);
         __syncthreads();
-        const u32 mask = valid_mask;
-        const u64 slot_stride = static_cast<u64>(p.token_capacity) * p.hidden * 2;
-        const u8* base = p.combine + static_cast<u64>(token) * p.hidden * 2;
-        u16* out = p.y + static_cast<u64>(token) * p.hidden;
-        for (u32 c = threadIdx.x * 8; c < p.hidden; c += kCombineThreads * 8) {
-            float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-            for (u32 k = 0; k < p.num_topk; ++k) {
-                if (!(mask >> k & 1u)) continue;
-                const ptx::u32x4 v = ptx::ld_global_nc_v4_u32(base + k * slot_stride + c * 2ull);
-                const u32 words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-                for (int w = 0; w < 4; ++w) {
-                    acc[2 * w] += ptx::bf16_bits_to_f32(static_cast<u16>(words[w] & 0xFFFFu));
-                    acc[2 * w + 1] += ptx::bf16_bits_to_f32(static_cast<u16>(words[w] >> 16));
-                }
-            }
-            ptx::u32x4 packed;
-            packed.x = ptx::cvt_rn_bf16x2_f32(acc[0], acc[1]);
-            packed.y = ptx::cvt_rn_bf16x2_f32(acc[2], acc[3]);
-            packed.z = ptx::cvt_rn_bf16x2_f32(acc[4], acc[5]);
-            packed.w = ptx::cvt_rn_bf16x2_f32(acc[6], acc[7]);
-            *reinterpret_cast<ptx::u32x4*>(out + c) = packed;
-        }
+        combine_token(p, token, valid_mask, threadIdx.x, kCombineThreads);
         __syncthreads();  // valid_mask is rewritten for the next token
     }
 }

@@ -87,3 +87,35 @@ __device__ __forceinline__ void red_release_gpu_add_u32(u32* ptr, u32 v) {
 }
 
 }  // namespace megamoe_rt::ptx
+
+namespace megamoe_rt::ptx {
+
+// Block-to-block signalling inside one GPU (the fused kernel's counters and grid barrier).
+
+__device__ __forceinline__ u32 ld_relaxed_gpu_u32(const u32* ptr) {
+    u32 v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(ptr) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void st_relaxed_gpu_u32(u32* ptr, u32 v) {
+    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(ptr), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ void st_release_gpu_u32(u32* ptr, u32 v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(ptr), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ u32 atom_add_acq_rel_gpu_u32(u32* ptr, u32 v) {
+    u32 old;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(ptr), "r"(v) : "memory");
+    return old;
+}
+
+// Orders this thread's generic-proxy global accesses with async-proxy (TMA) accesses:
+// rows written with st.global and later loaded by TMA need it on both sides of the flag.
+__device__ __forceinline__ void fence_proxy_async_global() {
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+
+}  // namespace megamoe_rt::ptx

@@ -2,13 +2,15 @@
 // loop, prints which wait it was (site, block, rank, peer, expected and seen values) and
 // traps: a hang becomes a diagnosed failure.
 //
-// The report is a separate non-inlined function called after the loop, not from inside
-// it, so the loop stays small and kernels that also run wgmma keep their register plan.
+// The report runs after the loop, not from inside it, so the loop stays small and kernels
+// that also run wgmma keep their register plan. Every report leaves a TimeoutRecord for the
+// host; only kernels without wgmma also printf (a call serialises the wgmma pipeline).
 #pragma once
 
 #include "common/types.cuh"
 #include "ptx/ld_st.cuh"
 #include "ptx/special_regs.cuh"
+#include "sync/timeout_record.cuh"
 
 namespace megamoe_rt::sync {
 
@@ -22,6 +24,9 @@ enum class WaitSite : u32 {
     kL1OutputPublished,      // fused: a block's L1 output is published (L2 may start)
     kRingSlotFree,           // fused: a ring slot's L2 reads are done (L1 may overwrite)
     kStreamChunkReady,       // streaming: a chunk's route and layout generations match
+    kGridBarrier,            // fused: every block of the grid reached the same phase
+    kPoolSlotFree,           // fused: a pool slot's L1 reads are done (dispatch may refill it)
+    kRingOverflow,           // fused: a single-wave call needs more pool blocks than the ring holds
     kCount
 };
 
@@ -35,14 +40,27 @@ __device__ __forceinline__ const char* wait_site_name(WaitSite site) {
         case WaitSite::kL1OutputPublished: return "L1 output published";
         case WaitSite::kRingSlotFree: return "ring slot free";
         case WaitSite::kStreamChunkReady: return "stream chunk ready";
+        case WaitSite::kGridBarrier: return "grid barrier";
+        case WaitSite::kPoolSlotFree: return "pool slot free";
+        case WaitSite::kRingOverflow: return "single-wave pool fits the ring";
         default: return "unknown wait";
     }
 }
 
+// Host mirror: megamoe_rt.deadlines.WaitContext.
 struct WaitContext {
-    u64 timeout_ns;   // from the host (MEGAMOE_RT_TIMEOUT_S, default 60 s)
+    u64 timeout_ns;           // from the host (MEGAMOE_RT_TIMEOUT_S, default 60 s)
+    TimeoutRecord* record;    // mapped host memory, may be null
     u32 rank;
+    u32 pad_;
 };
+
+// Record the failure for the host and stop the kernel. No call: usable in wgmma kernels.
+__device__ __forceinline__ void fail_wait(WaitSite site, const WaitContext& ctx, u32 peer, u64 expected, u64 seen,
+                                          u64 elapsed_ns) {
+    write_timeout_record(ctx.record, static_cast<u32>(site), ctx.rank, peer, expected, seen, elapsed_ns);
+    __trap();
+}
 
 __device__ __noinline__ void report_wait_timeout(WaitSite site, const WaitContext& ctx, u32 peer, u64 expected,
                                                  u64 seen) {
@@ -50,7 +68,7 @@ __device__ __noinline__ void report_wait_timeout(WaitSite site, const WaitContex
            "expected >= %llu, saw %llu\n",
            wait_site_name(site), static_cast<double>(ctx.timeout_ns) * 1e-9, blockIdx.x, threadIdx.x, ctx.rank, peer,
            static_cast<unsigned long long>(expected), static_cast<unsigned long long>(seen));
-    __trap();
+    fail_wait(site, ctx, peer, expected, seen, ctx.timeout_ns);
 }
 
 // Waits until *word >= expected (acquire, system scope). Returns the value seen.
@@ -70,6 +88,32 @@ __device__ __forceinline__ u64 wait_ge_acquire_sys_u64(const u64* word, u64 expe
     }
     if (expired) report_wait_timeout(site, ctx, peer, expected, seen);
     return seen;
+}
+
+// Waits until `done(*word)` (acquire, GPU scope) and returns the value seen; on timeout
+// records and traps without a call (wgmma kernels). `expected` is only for the report.
+template <class Done>
+__device__ __forceinline__ u32 wait_acquire_gpu_u32(const u32* word, Done done, u64 expected, WaitSite site,
+                                                    const WaitContext& ctx, u32 peer) {
+    u32 seen = ptx::ld_acquire_gpu_u32(word);
+    if (done(seen)) return seen;
+    const u64 start = ptx::globaltimer_ns();
+    u64 elapsed = 0;
+    u32 spins = 0;
+    while (!done(seen)) {
+        if ((++spins & 255u) == 0) {
+            elapsed = ptx::globaltimer_ns() - start;
+            if (elapsed > ctx.timeout_ns) break;
+        }
+        seen = ptx::ld_acquire_gpu_u32(word);
+    }
+    if (!done(seen)) fail_wait(site, ctx, peer, expected, seen, elapsed);
+    return seen;
+}
+
+__device__ __forceinline__ u32 wait_ge_acquire_gpu_u32(const u32* word, u32 expected, WaitSite site,
+                                                       const WaitContext& ctx, u32 peer = 0) {
+    return wait_acquire_gpu_u32(word, [expected](u32 v) { return v >= expected; }, expected, site, ctx, peer);
 }
 
 }  // namespace megamoe_rt::sync

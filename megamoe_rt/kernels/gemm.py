@@ -75,6 +75,13 @@ class GemmConfig:
 
     @staticmethod
     def stage_bytes(block_m: int, block_n: int, a_sf_gran: int) -> int:
+        """Shared memory a pipeline stage occupies. Its scale slot always has room for 64-wide
+        groups (config.cuh kSfaStageStride), so L1 and L2 tiles share one carve-up."""
+        return block_m * BLOCK_K + block_n * BLOCK_K + (BLOCK_K // 64) * block_m * 4
+
+    @staticmethod
+    def stage_load_bytes(block_m: int, block_n: int, a_sf_gran: int) -> int:
+        """Bytes TMA delivers per stage (the full barrier's transaction count)."""
         return block_m * BLOCK_K + block_n * BLOCK_K + (BLOCK_K // a_sf_gran) * block_m * 4
 
     @staticmethod
@@ -88,7 +95,7 @@ class GemmConfig:
 
     @property
     def stage_tx_bytes(self) -> int:
-        return self.stage_bytes(self.block_m, self.block_n, self.a_sf_gran)
+        return self.stage_load_bytes(self.block_m, self.block_n, self.a_sf_gran)
 
     @property
     def name(self) -> str:

@@ -10,12 +10,13 @@ from ..jit import KernelSpec
 
 
 def all_kernel_specs() -> list[KernelSpec]:
-    from . import gemm, moe, probe, quantize
+    from . import fused, gemm, moe, probe, quantize
 
     specs: list[KernelSpec] = []
     specs += quantize.kernel_specs()
     specs += gemm.kernel_specs()
     specs += moe.kernel_specs()
+    specs += fused.kernel_specs()
     specs += probe.kernel_specs()
     names = [s.name for s in specs]
     dup = {n for n in names if names.count(n) > 1}

@@ -1,0 +1,377 @@
+// The fused MoE layer for sm_90a: one persistent, cooperative launch runs
+//   route count -> pool layout -> row claims -> dispatch | L1 GEMM + SwiGLU + requant | L2 GEMM + scatter
+//   -> combine
+// with the GEMM tiles of both layers on one lag-ordered task stream (fused/task_stream.cuh).
+//
+// Roles after the two grid barriers of the routing phase:
+//   warpgroup 0, warp 0    TMA producer for both GEMMs; it also does every wait on another
+//                          block's progress, before loading a tile, so the math warpgroups
+//                          never wait on anything but their own pipeline
+//   warpgroup 0, warps 1-3 dispatch: copy routed rows into the pool in pool order, publish
+//                          per-block arrival counts
+//   warpgroups 1-2         wgmma math (a 64 x 256 tile, N split), epilogues, then the combine
+//
+// The pool and the L1 output (activation) pool are rings of `ring_blocks` slots of BLOCK_M
+// rows; block b lives in slot b % ring_blocks. Dispatch refills a slot once the L1 tiles of
+// its previous block are published; an L1 tile overwrites an activation slot once the L2
+// tiles of its previous block have read it. Per-row metadata (source pair, top-k weight,
+// combine address) stays full size, indexed by the global pool row.
+
+#include "common/types.cuh"
+#include "fused/params.cuh"
+#include "fused/task_stream.cuh"
+#include "gemm/config.cuh"
+#include "gemm/epilogue_bf16.cuh"
+#include "gemm/epilogue_swiglu_fp8.cuh"
+#include "gemm/mainloop.cuh"
+#include "moe/combine_token.cuh"
+#include "moe/params.cuh"
+#include "ptx/ld_st.cuh"
+#include "ptx/mbarrier.cuh"
+#include "ptx/special_regs.cuh"
+#include "ptx/sync.cuh"
+#include "ptx/tma.cuh"
+#include "sync/deadline_wait.cuh"
+#include "sync/grid_barrier.cuh"
+
+namespace megamoe_rt::fused {
+
+constexpr u32 kBlockM = 64;
+constexpr u32 kBlockN = 256;
+constexpr u32 kNumThreads = 384;
+constexpr u32 kNumDispatchWarps = 3;
+constexpr u32 kProducerRegs = 56;
+constexpr u32 kMathRegs = 224;
+constexpr u32 kMathBarrier = 2;  // named barrier of the 256 math threads (1 is the epilogue's)
+
+template <u32 kStages, u32 kActSfGran>
+using L1Config = gemm::Config<kBlockM, kBlockN, kStages, 128, 64, kActSfGran, 1, gemm::GroupLayout::kContiguous,
+                              gemm::Epilogue::kSwigluFp8>;
+template <u32 kStages, u32 kActSfGran>
+using L2Config = gemm::Config<kBlockM, kBlockN, kStages, kActSfGran, 128, 128, 1, gemm::GroupLayout::kContiguous,
+                              gemm::Epilogue::kScatterBf16>;
+
+// Routing tables every block builds in shared memory after the counts are known.
+struct RoutingTables {
+    i32* row_begin;   // [num_local_experts + 1] first pool row of each expert; last = total rows
+    i32* row_end;     // [num_local_experts] end of its routed rows (the rest up to the next begin is padding)
+    u16* unit_first;  // [max_blocks]
+    u16* unit_info;   // [max_blocks]
+    u32* scalars;     // [0] units, [1] blocks, [2] pool overflow, [3] launch epoch
+
+    __device__ __forceinline__ RoutingTables(u8* base, u32 num_local_experts, u32 max_blocks) {
+        row_begin = reinterpret_cast<i32*>(base);
+        row_end = row_begin + num_local_experts + 1;
+        scalars = reinterpret_cast<u32*>(row_end + num_local_experts);
+        unit_first = reinterpret_cast<u16*>(scalars + 4);
+        unit_info = unit_first + max_blocks;
+    }
+    static __device__ __forceinline__ u32 bytes(u32 num_local_experts, u32 max_blocks) {
+        return 4 * (2 * num_local_experts + 1) + 16 + 4 * max_blocks;
+    }
+    // This launch's counter bank. The epoch lives in shared memory rather than in a register
+    // kept across the roles' register reallocation.
+    __device__ __forceinline__ u32* bank(const FusedParams& p) const { return p.banks[scalars[3] & 1]; }
+    // Read from shared memory wherever needed, for the same reason.
+    __device__ __forceinline__ bool overflow() const { return scalars[2] != 0; }
+    __device__ __forceinline__ UnitTable units() const { return UnitTable{unit_first, unit_info, scalars[0]}; }
+    // Routed rows of pool block b (0 for a block of padding only, which cannot exist).
+    __device__ __forceinline__ u32 block_rows(u32 expert, u32 block) const {
+        return static_cast<u32>(min(static_cast<i32>(kBlockM), row_end[expert] - static_cast<i32>(block * kBlockM)));
+    }
+};
+
+__device__ __forceinline__ u32 ceil_div(u32 a, u32 b) { return (a + b - 1) / b; }
+
+// Warp 0: block-aligned exclusive scan of the counts into rows, units per expert into the
+// unit table. Counts and units are packed (blocks | units << 16) into one scan: the host
+// keeps the worst-case block count below 2^16.
+__device__ __forceinline__ void build_tables(const FusedParams& p, const u32* counts, const RoutingTables& tab) {
+    const u32 lane = threadIdx.x % 32;
+    const u32 el = p.moe.num_local_experts;
+    const u32 per = ceil_div(el, 32);
+    const u32 e0 = min(lane * per, el), e1 = min(e0 + per, el);
+    u32 local = 0;
+    for (u32 e = e0; e < e1; ++e) {
+        const u32 blocks = ceil_div(counts[e], kBlockM);
+        local += blocks | (ceil_div(blocks, kUnitBlocks) << 16);
+    }
+    u32 incl = local;
+#pragma unroll
+    for (u32 d = 1; d < 32; d *= 2) {
+        const u32 v = __shfl_up_sync(0xFFFFFFFFu, incl, d);
+        if (lane >= d) incl += v;
+    }
+    u32 running = incl - local;
+    for (u32 e = e0; e < e1; ++e) {
+        const u32 block0 = running & 0xFFFFu, unit0 = running >> 16;
+        const u32 blocks = ceil_div(counts[e], kBlockM);
+        tab.row_begin[e] = static_cast<i32>(block0 * kBlockM);
+        tab.row_end[e] = static_cast<i32>(block0 * kBlockM + counts[e]);
+        for (u32 u = 0; u * kUnitBlocks < blocks; ++u) {
+            tab.unit_first[unit0 + u] = static_cast<u16>(block0 + u * kUnitBlocks);
+            tab.unit_info[unit0 + u] = static_cast<u16>((e << 3) | (min(kUnitBlocks, blocks - u * kUnitBlocks) - 1));
+        }
+        running += blocks | (ceil_div(blocks, kUnitBlocks) << 16);
+    }
+    if (lane == 31) {
+        const u32 total_blocks = incl & 0xFFFFu;
+        tab.row_begin[el] = static_cast<i32>(total_blocks * kBlockM);
+        tab.scalars[0] = incl >> 16;
+        tab.scalars[1] = total_blocks;
+        tab.scalars[2] = total_blocks > p.max_blocks;
+    }
+}
+
+// Dispatch warps: rows in pool order, warps interleaved across blocks, so pool blocks (and
+// with them L1 tiles, which the stream also takes in pool order) complete front to back.
+__device__ __forceinline__ void dispatch_rows(const FusedParams& p, const RoutingTables& tab) {
+    const moe::MoeParams& m = p.moe;
+    u32* bank = tab.bank(p);
+    const u32 lane = threadIdx.x % 32;
+    const u32 warp = threadIdx.x / 32 - 1;
+    const u32 num_warps = ptx::nctaid_x() * kNumDispatchWarps;
+    const u32 total_rows = static_cast<u32>(tab.row_begin[m.num_local_experts]);
+    const u32 sf_cols = m.hidden / 128;
+    const u32 l1_tiles = p.l1.n / kBlockN;
+    u32 expert = 0;
+    for (u32 row = warp * ptx::nctaid_x() + ptx::ctaid_x(); row < total_rows; row += num_warps) {
+        while (static_cast<i32>(row) >= tab.row_begin[expert + 1]) ++expert;
+        if (static_cast<i32>(row) >= tab.row_end[expert]) continue;  // padding
+        const u32 block = row / kBlockM;
+        if (block >= p.ring_blocks) {
+            // The slot's previous block must be through its L1 tiles before its rows are replaced.
+            if (lane == 0)
+                sync::wait_ge_acquire_gpu_u32(bank + p.bank.l1_done + block - p.ring_blocks, l1_tiles,
+                                              sync::WaitSite::kPoolSlotFree, p.wait, block);
+            __syncwarp();
+        }
+        const u32 slot_row = (block % p.ring_blocks) * kBlockM + row % kBlockM;
+        const u32 token = static_cast<u32>(m.pool_src[row]) / m.num_topk;
+        const ptx::u32x4* src = reinterpret_cast<const ptx::u32x4*>(m.x + static_cast<u64>(token) * m.hidden);
+        ptx::u32x4* dst = reinterpret_cast<ptx::u32x4*>(m.pool + static_cast<u64>(slot_row) * m.hidden);
+#pragma unroll 4
+        for (u32 v = lane; v < m.hidden / 16; v += 32) dst[v] = ptx::ld_global_nc_v4_u32(src + v);
+        for (u32 j = lane; j < sf_cols; j += 32)
+            m.pool_sf[static_cast<u64>(j) * m.pool_rows + slot_row] = m.x_sf[static_cast<u64>(token) * sf_cols + j];
+        // The rows are read by TMA (the async proxy) in another block.
+        ptx::fence_proxy_async_global();
+        __syncwarp();
+        if (lane == 0 && block != p.withhold_block) ptx::red_release_gpu_add_u32(bank + p.bank.arrivals + block, 1);
+    }
+}
+
+// Routing, by every thread of every block: count the pairs of each local expert, build the
+// tables (every block its own copy), claim a pool row per pair and write its metadata.
+// A routing that overflows the worst-case pool is flagged and the call skipped (zeros out).
+template <class IdxT>
+__device__ __forceinline__ void route_and_claim(const FusedParams& p, const RoutingTables& tab) {
+    const moe::MoeParams& m = p.moe;
+    u32* bank = tab.bank(p);
+    u32* next_bank = p.banks[(tab.scalars[3] & 1) ^ 1];
+    const u32 grid_threads = gridDim.x * kNumThreads;
+    const u32 gtid = blockIdx.x * kNumThreads + threadIdx.x;
+    for (u32 i = gtid; i < p.bank.words; i += grid_threads) next_bank[i] = 0;
+
+    const u32 pairs = m.num_tokens * m.num_topk;
+    i32* hist = tab.row_end;  // scratch until the tables are built
+    for (u32 i = gtid; i < pairs; i += grid_threads) {
+        const i32 e = moe::local_expert<IdxT>(m, i);
+        if (e >= 0) atomicAdd(&hist[e], 1);
+    }
+    __syncthreads();
+    for (u32 e = threadIdx.x; e < m.num_local_experts; e += kNumThreads)
+        if (hist[e]) atomicAdd(bank + p.bank.counts + e, static_cast<u32>(hist[e]));
+    __syncthreads();
+    if (threadIdx.x == 0) sync::grid_barrier_acq_rel_gpu(p.grid_barrier, gridDim.x, p.wait);
+    __syncthreads();
+
+    if (threadIdx.x < 32) build_tables(p, bank + p.bank.counts, tab);
+    __syncthreads();
+    const bool overflow = tab.scalars[2] != 0;
+    if (blockIdx.x == 0) {
+        for (u32 e = threadIdx.x; e <= m.num_local_experts; e += kNumThreads) {
+            m.expert_offsets[e] = tab.row_begin[e];
+            if (e < m.num_local_experts && m.expert_recv_stats != nullptr)
+                m.expert_recv_stats[e] += static_cast<i32>(bank[p.bank.counts + e]);
+        }
+        if (threadIdx.x == 0 && overflow) atomicOr(m.error_flags, moe::ErrorFlags::kPoolOverflow);
+    }
+    // A single-wave order never reuses a slot: its whole pool must fit the ring.
+    if (threadIdx.x == 0 && !overflow && p.lag_units >= p.max_blocks && tab.scalars[1] > p.ring_blocks)
+        sync::fail_wait(sync::WaitSite::kRingOverflow, p.wait, 0, p.ring_blocks, tab.scalars[1], 0);
+    if (!overflow) {
+        for (u32 i = gtid; i < pairs; i += grid_threads) {
+            const i32 e = moe::local_expert<IdxT>(m, i);
+            if (e < 0) continue;
+            const u32 row = static_cast<u32>(tab.row_begin[e]) + atomicAdd(bank + p.bank.cursors + e, 1u);
+            const u32 token = i / m.num_topk, slot = i % m.num_topk;
+            m.pool_src[row] = static_cast<i32>(i);
+            m.pool_weight[row] = m.topk_weights[i];
+            m.pool_dst[row] = reinterpret_cast<u64>(m.combine) +
+                              (static_cast<u64>(slot) * m.token_capacity + token) * m.hidden * 2ull;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) sync::grid_barrier_acq_rel_gpu(p.grid_barrier, gridDim.x, p.wait);
+    __syncthreads();
+}
+
+template <u32 kStages, u32 kActSfGran>
+__device__ __forceinline__ void produce_tiles(const FusedParams& p, const RoutingTables& tab, u8* smem, const ptx::TmaDescriptor* tma_l1_a,
+                                              const ptx::TmaDescriptor* tma_l1_b,
+                                              const ptx::TmaDescriptor* tma_l1_sfa,
+                                              const ptx::TmaDescriptor* tma_l2_a,
+                                              const ptx::TmaDescriptor* tma_l2_b,
+                                              const ptx::TmaDescriptor* tma_l2_sfa) {
+    using L1 = L1Config<kStages, kActSfGran>;
+    using L2 = L2Config<kStages, kActSfGran>;
+    const gemm::SharedStorage<L1> sm1{smem};
+    const gemm::SharedStorage<L2> sm2{smem};
+    const u32* bank = tab.bank(p);
+    const u32 n1 = p.l1.n / kBlockN, n2 = p.l2.n / kBlockN;
+    LagOrderedStream stream(tab.units(), p.lag_units, p.group_units, n1, n2);
+    gemm::PipelineState<kStages> st;
+    StreamTile s;
+    for (u32 t = ptx::ctaid_x(); stream.tile(t, s); t += ptx::nctaid_x()) {
+        gemm::Tile tile{};
+        tile.valid = true;
+        tile.group = s.expert;
+        tile.row0 = s.block * kBlockM;
+        tile.a_row0 = tile.d_row0 = (s.block % p.ring_blocks) * kBlockM;
+        tile.rows = tab.block_rows(s.expert, s.block);
+        tile.n0 = s.n_block * kBlockN;
+        if (!s.l2) {
+            sync::wait_ge_acquire_gpu_u32(bank + p.bank.arrivals + s.block, tile.rows, sync::WaitSite::kL1RowsArrived,
+                                          p.wait, s.block);
+            // The epilogue of this tile overwrites the activation slot of block - ring_blocks.
+            if (s.block >= p.ring_blocks)
+                sync::wait_ge_acquire_gpu_u32(bank + p.bank.l2_read + s.block - p.ring_blocks, n2,
+                                              sync::WaitSite::kRingSlotFree, p.wait, s.block);
+            ptx::fence_proxy_async_global();
+            tile.b_row0 = s.expert * p.l1.n + tile.n0;
+            gemm::produce_tile<L1>(tile, p.l1.k / L1::kBlockK, sm1, st, tma_l1_a, tma_l1_b, tma_l1_sfa, 0);
+        } else {
+            sync::wait_ge_acquire_gpu_u32(bank + p.bank.l1_done + s.block, n1, sync::WaitSite::kL1OutputPublished,
+                                          p.wait, s.block);
+            ptx::fence_proxy_async_global();
+            tile.b_row0 = s.expert * p.l2.n + tile.n0;
+            gemm::produce_tile<L2>(tile, p.l2.k / L2::kBlockK, sm2, st, tma_l2_a, tma_l2_b, tma_l2_sfa, 0);
+        }
+    }
+}
+
+template <u32 kStages, u32 kActSfGran>
+__device__ __forceinline__ void compute_tiles(const FusedParams& p, const RoutingTables& tab, u8* smem) {
+    using L1 = L1Config<kStages, kActSfGran>;
+    using L2 = L2Config<kStages, kActSfGran>;
+    const gemm::SharedStorage<L1> sm1{smem};
+    const gemm::SharedStorage<L2> sm2{smem};
+    const u32 math_wg = threadIdx.x / 128 - 1;
+    const gemm::MathThread<L1> mt1(math_wg);
+    const gemm::MathThread<L2> mt2(math_wg);
+    const bool leader = threadIdx.x == 128;
+    u32* bank = tab.bank(p);
+    const u32 n1 = p.l1.n / kBlockN, n2 = p.l2.n / kBlockN;
+    LagOrderedStream stream(tab.units(), p.lag_units, p.group_units, n1, n2);
+    gemm::PipelineState<kStages> st;
+    float acc[64];
+    float out[64];
+    StreamTile s;
+    for (u32 t = ptx::ctaid_x(); stream.tile(t, s); t += ptx::nctaid_x()) {
+        gemm::Tile tile{};
+        tile.valid = true;
+        tile.group = s.expert;
+        tile.row0 = s.block * kBlockM;
+        tile.a_row0 = tile.d_row0 = (s.block % p.ring_blocks) * kBlockM;
+        tile.rows = tab.block_rows(s.expert, s.block);
+        tile.n0 = s.n_block * kBlockN;
+        if (!s.l2) {
+            gemm::consume_tile<L1>(p.l1, tile, p.l1.k / L1::kBlockK, sm1, st, mt1, acc, out, 0);
+            gemm::epilogue_swiglu_fp8<L1>(p.l1, tile, mt1, sm1, out);
+            // Published rows are read by TMA in another block.
+            ptx::fence_proxy_async_global();
+            ptx::bar_sync(kMathBarrier, L1::kNumMathThreads);
+            if (leader) ptx::red_release_gpu_add_u32(bank + p.bank.l1_done + s.block, 1);
+        } else {
+            gemm::consume_tile<L2>(p.l2, tile, p.l2.k / L2::kBlockK, sm2, st, mt2, acc, out, 0);
+            // The leader has seen every stage of this tile land: its activation rows are read.
+            if (leader) ptx::red_release_gpu_add_u32(bank + p.bank.l2_read + s.block, 1);
+            gemm::epilogue_store_bf16<L2>(p.l2, tile, mt2, out);
+        }
+    }
+}
+
+template <u32 kStages, u32 kActSfGran, typename IdxT>
+__global__ void __launch_bounds__(kNumThreads, 1)
+sm90_fp8_fused_moe(const __grid_constant__ FusedParams p, const __grid_constant__ ptx::TmaDescriptor tma_l1_a,
+                   const __grid_constant__ ptx::TmaDescriptor tma_l1_b,
+                   const __grid_constant__ ptx::TmaDescriptor tma_l1_sfa,
+                   const __grid_constant__ ptx::TmaDescriptor tma_l2_a,
+                   const __grid_constant__ ptx::TmaDescriptor tma_l2_b,
+                   const __grid_constant__ ptx::TmaDescriptor tma_l2_sfa) {
+    using L1 = L1Config<kStages, kActSfGran>;
+    using L2 = L2Config<kStages, kActSfGran>;
+    static_assert(L1::kSmemBytes == L2::kSmemBytes && L1::kOffBarriers == L2::kOffBarriers,
+                  "L1 and L2 tiles must share one shared-memory carve-up");
+    static_assert(L1::kNumThreads == kNumThreads && L2::kNumThreads == kNumThreads, "one producer + two math warpgroups");
+    const moe::MoeParams& m = p.moe;
+    extern __shared__ u8 smem_raw[];
+    const u32 raw_addr = ptx::smem_addr_u32(smem_raw);
+    u8* smem = smem_raw + ((1024 - raw_addr % 1024) % 1024);
+    const RoutingTables tab(smem + p.table_smem_offset, m.num_local_experts, p.max_blocks);
+    const gemm::SharedStorage<L1> sm1{smem};
+
+    if (threadIdx.x == 0) {
+        // The host sizes shared memory from the same formula (megamoe_rt.kernels.fused); a mismatch is a bug.
+        if (ptx::dynamic_smem_size() < p.table_smem_offset + RoutingTables::bytes(m.num_local_experts, p.max_blocks) +
+                                           L1::kSmemAlignSlack)
+            __trap();
+        // Launch parity: this launch counts in one bank and clears the other for the next launch.
+        tab.scalars[3] = ptx::ld_relaxed_gpu_u32(p.launch_epoch);
+        for (u32 s = 0; s < kStages; ++s) {
+            ptx::mbarrier_init_shared(sm1.full(s), 1);
+            ptx::mbarrier_init_shared(sm1.empty(s), L1::kEmptyArrivals);
+        }
+        ptx::fence_mbarrier_init_release_cluster();
+        ptx::prefetch_tensormap(&tma_l1_a);
+        ptx::prefetch_tensormap(&tma_l1_b);
+        ptx::prefetch_tensormap(&tma_l1_sfa);
+        ptx::prefetch_tensormap(&tma_l2_a);
+        ptx::prefetch_tensormap(&tma_l2_b);
+        ptx::prefetch_tensormap(&tma_l2_sfa);
+    }
+    for (u32 e = threadIdx.x; e < m.num_local_experts; e += kNumThreads) tab.row_end[e] = 0;  // count scratch
+    __syncthreads();
+    route_and_claim<IdxT>(p, tab);
+
+    // --- dispatch and both GEMMs on the lag-ordered stream ------------------------------------
+    if (threadIdx.x < 128) {
+        ptx::setmaxnreg_dec_sync_aligned<kProducerRegs>();
+        if (tab.overflow()) return;
+        if (threadIdx.x == 0) {
+            produce_tiles<kStages, kActSfGran>(p, tab, smem, &tma_l1_a, &tma_l1_b, &tma_l1_sfa, &tma_l2_a,
+                                               &tma_l2_b, &tma_l2_sfa);
+        } else if (threadIdx.x >= 32) {
+            dispatch_rows(p, tab);
+        }
+        return;
+    }
+    ptx::setmaxnreg_inc_sync_aligned<kMathRegs>();
+    if (!tab.overflow()) compute_tiles<kStages, kActSfGran>(p, tab, smem);
+
+    // --- combine, once every block's L2 partials are in -----------------------------------------
+    ptx::bar_sync(kMathBarrier, L1::kNumMathThreads);
+    if (threadIdx.x == 128) {
+        sync::grid_barrier_acq_rel_gpu(p.grid_barrier, gridDim.x, p.wait);
+        if (blockIdx.x == 0) ptx::st_relaxed_gpu_u32(p.launch_epoch, tab.scalars[3] + 1);
+    }
+    ptx::bar_sync(kMathBarrier, L1::kNumMathThreads);
+    const u32 math_wg = threadIdx.x / 128 - 1;
+    for (u32 token = blockIdx.x * 2 + math_wg; token < m.num_tokens; token += gridDim.x * 2) {
+        const u32 mask = tab.overflow() ? 0u : moe::valid_slot_mask<IdxT>(m, token);
+        moe::combine_token(m, token, mask, threadIdx.x % 128, 128);
+    }
+}
+
+}  // namespace megamoe_rt::fused

@@ -1,0 +1,53 @@
+// One token's combine: y[t] = bf16(sum over valid slots k, in slot order, of fp32(partial[k][t])).
+// Shared by the combine kernel and the fused kernel's tail, so both round identically.
+#pragma once
+
+#include "common/types.cuh"
+#include "moe/params.cuh"
+#include "ptx/cvt.cuh"
+#include "ptx/ld_st.cuh"
+
+namespace megamoe_rt::moe {
+
+constexpr u32 kMaxTopk = 32;
+static_assert(kMaxTopk <= 32, "a slot mask holds one bit per top-k slot");
+
+// Slots of `token` that routed to some expert (-1 and out-of-range ids are not).
+template <typename IdxT>
+__device__ __forceinline__ u32 valid_slot_mask(const MoeParams& p, u32 token) {
+    u32 mask = 0;
+    for (u32 k = 0; k < p.num_topk; ++k) {
+        const i64 id = load_expert_id<IdxT>(p, token * p.num_topk + k);
+        if (id >= 0 && id < static_cast<i64>(p.num_experts)) mask |= 1u << k;
+    }
+    return mask;
+}
+
+// Eight bf16 columns per thread and step; `lane`/`lanes` split the row among cooperating threads.
+// Partials are written earlier in the same launch by the fused kernel: plain loads.
+__device__ __forceinline__ void combine_token(const MoeParams& p, u32 token, u32 mask, u32 lane, u32 lanes) {
+    const u64 slot_stride = static_cast<u64>(p.token_capacity) * p.hidden * 2;
+    const u8* base = p.combine + static_cast<u64>(token) * p.hidden * 2;
+    u16* out = p.y + static_cast<u64>(token) * p.hidden;
+    for (u32 c = lane * 8; c < p.hidden; c += lanes * 8) {
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        for (u32 k = 0; k < p.num_topk; ++k) {
+            if (!(mask >> k & 1u)) continue;
+            const ptx::u32x4 v = *reinterpret_cast<const ptx::u32x4*>(base + k * slot_stride + c * 2ull);
+            const u32 words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+                acc[2 * w] += ptx::bf16_bits_to_f32(static_cast<u16>(words[w] & 0xFFFFu));
+                acc[2 * w + 1] += ptx::bf16_bits_to_f32(static_cast<u16>(words[w] >> 16));
+            }
+        }
+        ptx::u32x4 packed;
+        packed.x = ptx::cvt_rn_bf16x2_f32(acc[0], acc[1]);
+        packed.y = ptx::cvt_rn_bf16x2_f32(acc[2], acc[3]);
+        packed.z = ptx::cvt_rn_bf16x2_f32(acc[4], acc[5]);
+        packed.w = ptx::cvt_rn_bf16x2_f32(acc[6], acc[7]);
+        *reinterpret_cast<ptx::u32x4*>(out + c) = packed;
+    }
+}
+
+}  // namespace megamoe_rt::moe

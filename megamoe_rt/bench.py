@@ -250,51 +250,69 @@ def _print_gemm_row(row: dict) -> None:
 
 # --- whole layer --------------------------------------------------------------------------
 
-def bench_moe(presets: list[str], tokens: list[int], *, mode: str = "unfused", rounds: int = 3,
-              json_path: str | None = None) -> list[dict]:
+def bench_moe(presets: list[str], tokens: list[int], *, mode: str | list[str] = "unfused", rounds: int = 3,
+              capacity: int | None = None, json_path: str | None = None) -> list[dict]:
     """The layer (a preset's EP8 per-rank slice on one GPU) captured in a CUDA graph and
-    replayed: device time, useful TFLOP/s, HBM GB/s of the compulsory traffic, buffer MiB."""
+    replayed: device time, useful TFLOP/s, HBM GB/s of the compulsory traffic, buffer MiB.
+
+    ``mode``: one mode or several, bracketed in rounds against each other (DESIGN §8).
+    ``capacity``: the buffers' token capacity (default: each row's token count); the fused
+    arm passes ``num_tokens_bound`` = the row's tokens, as a caller with uniform ranks would.
+    """
     import cupy as cp
 
     from .demo import random_layer_inputs
-    from .layer import MegaMoE
+    from .layer import MODES, MegaMoE
 
-    if mode != "unfused":
-        raise ValueError(f"mode: {mode!r} is not available yet (modes: unfused)")
+    modes = [mode] if isinstance(mode, str) else list(mode)
+    for m in modes:
+        if m not in MODES:
+            raise ValueError(f"mode: {m!r} is not one of {MODES}")
     timer = DeviceTimer()
     rows = []
     for name in presets:
         p = get_preset(name)
         experts = p.num_experts // DEFAULT_EP_RANKS
         for t in tokens:
+            cap = max(t, capacity or t)
             inp = random_layer_inputs(cp, t, p.hidden, p.intermediate, experts, p.num_topk, seed=t)
-            layer = MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, t)
-            layer.load_weights(inp["w1"], inp["w1_sf"], inp["w2"], inp["w2_sf"])
             args = (inp["x"], inp["x_sf"], inp["topk_idx"], inp["topk_weights"])
-            y = cp.empty((t, p.hidden), dtype=cp.uint16)
             stream = cp.cuda.Stream(non_blocking=True)
+            layers, graphs, arms = {}, {}, {}
+            for m in modes:
+                layer = MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, cap, mode=m)
+                layer.load_weights(inp["w1"], inp["w1_sf"], inp["w2"], inp["w2_sf"])
+                y = cp.empty((t, p.hidden), dtype=cp.uint16)
+                with stream:
+                    layer(*args, out=y, stream=stream, num_tokens_bound=t)
+                    stream.synchronize()
+                    stream.begin_capture()
+                    layer(*args, out=y, stream=stream, num_tokens_bound=t)
+                    graphs[m] = stream.end_capture()
+                layers[m] = layer
+                arms[m] = lambda g=graphs[m]: g.launch(stream=stream)
             with stream:
-                layer(*args, out=y, stream=stream)
-                stream.synchronize()
-                stream.begin_capture()
-                layer(*args, out=y, stream=stream)
-                graph = stream.end_capture()
-            with stream:
-                res = bracketed(timer, {mode: lambda g=graph: g.launch(stream=stream)}, rounds=rounds)[mode]
+                results = bracketed(timer, arms, rounds=rounds)
             pairs = t * p.num_topk
             active = len(set(cp.asnumpy(inp["topk_idx"]).ravel().tolist()))
             weight_bytes = active * (2 * p.intermediate * p.hidden + p.hidden * p.intermediate)
             act_bytes = t * p.hidden * 2 + pairs * (p.hidden + p.intermediate) * 2 + pairs * p.hidden * 2 * 2
-            row = {"preset": name, "tokens": t, "mode": mode, "experts": experts, "topk": p.num_topk,
-                   "median_us": res.median_us, "band_us": list(res.band_us), "rounds_us": res.rounds_us,
-                   "tflops": layer.flops(pairs) / (res.median_us * 1e-6) / 1e12,
-                   "hbm_gbps": (weight_bytes + act_bytes) / (res.median_us * 1e-6) / 1e9,
-                   "buffer_mib": layer.layout.total_bytes / 2**20}
-            rows.append(row)
-            print(f"{name:>5} T={t:<5} {mode}: {row['median_us']:9.1f} us ({row['band_us'][0]:.1f}-"
-                  f"{row['band_us'][1]:.1f})  {row['tflops']:7.1f} TFLOP/s  {row['hbm_gbps']:7.0f} GB/s  "
-                  f"buffer {row['buffer_mib']:8.1f} MiB", flush=True)
-            del layer, graph, inp
+            base = results[modes[0]].median_us
+            for m in modes:
+                res = results[m]
+                layer = layers[m]
+                row = {"preset": name, "tokens": t, "capacity": cap, "mode": m, "experts": experts,
+                       "topk": p.num_topk, "median_us": res.median_us, "band_us": list(res.band_us),
+                       "rounds_us": res.rounds_us,
+                       "tflops": layer.flops(pairs) / (res.median_us * 1e-6) / 1e12,
+                       "hbm_gbps": (weight_bytes + act_bytes) / (res.median_us * 1e-6) / 1e9,
+                       "buffer_mib": layer.layout.total_bytes / 2**20,
+                       f"ratio_vs_{modes[0]}": res.median_us / base}
+                rows.append(row)
+                print(f"{name:>5} T={t:<5} {m:>8}: {row['median_us']:9.1f} us ({row['band_us'][0]:.1f}-"
+                      f"{row['band_us'][1]:.1f})  {row['tflops']:7.1f} TFLOP/s  {row['hbm_gbps']:7.0f} GB/s  "
+                      f"buffer {row['buffer_mib']:8.1f} MiB  x{row[f'ratio_vs_{modes[0]}']:.3f}", flush=True)
+            del layers, graphs, arms, inp
             cp.get_default_memory_pool().free_all_blocks()
     if json_path:
         with open(json_path, "w") as f:

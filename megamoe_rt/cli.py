@@ -208,6 +208,16 @@ def _hopper_or_none(command: str):
         return None
 
 
+def _modes(text: str) -> list[str]:
+    from .layer import MODES
+
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if not modes or bad:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(MODES)}, got {text!r}")
+    return modes
+
+
 def cmd_bench(args) -> int:
     info = _hopper_or_none("bench")
     if info is None:
@@ -220,7 +230,7 @@ def cmd_bench(args) -> int:
                    json_path=args.json)
     else:
         bench_moe(args.presets, args.tokens or [64, 256, 2048, 8192], mode=args.mode, rounds=args.rounds,
-                  json_path=args.json)
+                  capacity=args.capacity, json_path=args.json)
     return 0
 
 
@@ -332,7 +342,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("bench", help="benchmarks on a Hopper GPU (method of DESIGN section 8)")
     s.add_argument("what", choices=("gemm", "moe"), help="what to measure")
-    s.add_argument("--mode", choices=("unfused",), default="unfused", help="moe: execution mode")
+    s.add_argument("--mode", type=_modes, default=["unfused"],
+                   help="moe: execution mode(s), comma-separated and bracketed in rounds (unfused, fused)")
+    s.add_argument("--capacity", type=int, default=None,
+                   help="moe: buffer token capacity (default: each row's tokens; the fused arm passes "
+                        "num_tokens_bound = tokens)")
     s.add_argument("--presets", "--preset", type=_csv(str, sorted(PRESETS)), default=["flash", "pro", "v3"])
     s.add_argument("--tokens", type=_csv(int), default=None,
                    help="tokens per rank, EP8 slice (gemm default 512,2048,8192; moe default 64,256,2048,8192)")

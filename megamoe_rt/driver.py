@@ -392,21 +392,30 @@ class DeviceMemory:
 # --- modules and launches -----------------------------------------------------------
 
 
-def _cluster_launch_config(grid, block, smem: int, stream: int, cluster):
+def _launch_config(grid, block, smem: int, stream: int, *, cluster=None, cooperative: bool = False):
     cu = _cu()
-    c = tuple(cluster) + (1,) * (3 - len(cluster))
-    if any(gi % ci for gi, ci in zip(grid, c)):
-        raise ValueError(f"grid {tuple(grid)} is not a multiple of the cluster shape {c}")
     cfg = cu.CUlaunchConfig()
     cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
     cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
     cfg.sharedMemBytes = smem
     cfg.hStream = cu.CUstream(stream)
-    attr = cu.CUlaunchAttribute()
-    attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = c
-    cfg.attrs = [attr]
-    cfg.numAttrs = 1
+    attrs = []
+    if cluster is not None:
+        c = tuple(cluster) + (1,) * (3 - len(cluster))
+        if any(gi % ci for gi, ci in zip(grid, c)):
+            raise ValueError(f"grid {tuple(grid)} is not a multiple of the cluster shape {c}")
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = c
+        attrs.append(attr)
+    if cooperative:
+        # All blocks resident at once (or the launch fails): grid-wide barriers rely on it.
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+        attr.value.cooperative = 1
+        attrs.append(attr)
+    cfg.attrs = attrs
+    cfg.numAttrs = len(attrs)
     return cfg
 
 
@@ -440,12 +449,13 @@ class LoadedKernel:
 
     def launch(self, grid: Sequence[int], block: Sequence[int], args: Sequence[ctypes._SimpleCData | ctypes.Structure],
                *, stream: Any = None, smem_bytes: int | None = None, cluster: Sequence[int] | None = None,
-               in_stream_context: bool = False) -> None:
+               in_stream_context: bool = False, cooperative: bool = False) -> None:
         """Launch with ``args`` given as ctypes objects in parameter order.
 
         ``cluster``: thread-block-cluster shape; the grid must be a multiple of it.
         ``in_stream_context``: launch the context-independent ``CUkernel`` so it runs in the
         stream's own context (a green context's stream keeps it inside that partition).
+        ``cooperative``: every block is resident at once, or the launch fails (grid barriers).
         """
         g = tuple(grid) + (1,) * (3 - len(grid))
         b = tuple(block) + (1,) * (3 - len(block))
@@ -455,10 +465,12 @@ class LoadedKernel:
         smem = self.dynamic_smem_bytes if smem_bytes is None else smem_bytes
         cu = _cu()
         func = cu.CUfunction(int(self.kernel)) if in_stream_context else self.function
-        if cluster is None or tuple(cluster) in ((1,), (1, 1, 1)):
+        if cluster is not None and tuple(cluster) in ((1,), (1, 1, 1)):
+            cluster = None
+        if cluster is None and not cooperative:
             call(cu.cuLaunchKernel, func, *g, *b, smem, stream_handle(stream), ctypes.addressof(ptrs), 0)
             return
-        cfg = _cluster_launch_config(g, b, smem, stream_handle(stream), cluster)
+        cfg = _launch_config(g, b, smem, stream_handle(stream), cluster=cluster, cooperative=cooperative)
         call(cu.cuLaunchKernelEx, cfg, func, ctypes.addressof(ptrs), 0)
 
     def max_active_clusters(self, block: Sequence[int], cluster: Sequence[int], smem_bytes: int | None = None) -> int:
@@ -473,9 +485,13 @@ class LoadedKernel:
             smem = self.dynamic_smem_bytes if smem_bytes is None else smem_bytes
             b = tuple(block) + (1,) * (3 - len(block))
             c = tuple(cluster) + (1,) * (3 - len(cluster))
-            cfg = _cluster_launch_config(c, b, smem, 0, c)
+            cfg = _launch_config(c, b, smem, 0, cluster=c)
             cache[key] = int(call(_cu().cuOccupancyMaxActiveClusters, self.function, cfg))
         return cache[key]
+
+    def max_active_blocks_per_sm(self, block_threads: int, smem_bytes: int | None = None) -> int:
+        smem = self.dynamic_smem_bytes if smem_bytes is None else smem_bytes
+        return int(call(_cu().cuOccupancyMaxActiveBlocksPerMultiprocessor, self.function, block_threads, smem))
 
     def __del__(self):
         try:

@@ -1,4 +1,4 @@
-"""``MegaMoE``: one expert-parallel FP8 MoE FFN layer (unfused mode, one rank).
+"""``MegaMoE``: one expert-parallel FP8 MoE FFN layer (one rank).
 
 A call runs, on one stream with no host synchronisation between the steps:
 route counting -> block-aligned pool offsets -> dispatch into the expert pool ->
@@ -6,6 +6,10 @@ L1 grouped GEMM with the SwiGLU / top-k weight / FP8 requant epilogue -> L2 grou
 GEMM scattering bf16 rows to their combine slots -> combine (slot-order sum). The
 whole call can therefore be captured in a CUDA graph and replayed with new inputs
 written into the same arrays.
+
+``mode="unfused"`` runs these as separate kernels; ``mode="fused"`` runs them in one
+persistent launch with both GEMMs on a lag-ordered task stream and ring-sized pools
+(megamoe_rt/fused.py, seed 002).
 """
 
 from __future__ import annotations
@@ -18,11 +22,15 @@ from . import driver
 from .arrays import as_device_array, check_array, cupy_stream, require_cupy
 from .buffer import DeviceBuffer
 from .gemm import plan_grouped_gemm_fp8, plan_grouped_gemm_swiglu_fp8, prepare_swiglu_weights
+from .deadlines import wait_timeout_ns
+from .fused import FusedPlan, buffer_schedule, call_schedule
+from .kernels import fused as fk
 from .kernels import moe as mk
 from .kernels.loader import get_kernel
 from .layout import symm_buffer_layout
 
-POOL_ALIGN = 128  # expert ranges in the pool start on GEMM-tile boundaries
+POOL_ALIGN = 128  # expert ranges in the pool start on GEMM-tile boundaries (unfused)
+MODES = ("unfused", "fused")
 
 
 def _positive(name: str, value: Any) -> int:
@@ -48,12 +56,19 @@ class MegaMoE:
     validate_ids: check expert ids before launching (one small reduction and a host
         read; skipped while the stream is being captured into a graph).
     debug: also check ids on the device and raise after the call.
+    mode: ``"unfused"`` (separate kernels, full-size pools) or ``"fused"`` (one persistent
+        launch, pools sized as rings around the lag-ordered schedule; needs hidden % 256 == 0).
+    ring_blocks: fused: slots (of 64 rows) of the ring pools; default the schedule's
+        ``8 x (lag + group) + 4``; at least the full worst-case pool means the ring never wraps.
+    timeout_s: deadline of the fused kernel's waits on other blocks (default
+        ``$MEGAMOE_RT_TIMEOUT_S`` or 60 s); a wait past it traps and the error names it.
     """
 
     def __init__(self, hidden: int, intermediate: int, num_experts: int, num_topk: int,
                  num_max_tokens_per_rank: int, *, swiglu_limit: float | None = None, act_sf_gran: int = 128,
                  pow2_scale: bool = False, track_expert_stats: bool = False, validate_ids: bool = True,
-                 debug: bool = False, device: int | None = None):
+                 debug: bool = False, device: int | None = None, mode: str = "unfused",
+                 ring_blocks: int | None = None, timeout_s: float | None = None):
         self.hidden = _positive("hidden", hidden)
         self.intermediate = _positive("intermediate", intermediate)
         self.num_experts = _positive("num_experts", num_experts)
@@ -69,6 +84,16 @@ class MegaMoE:
             raise ValueError(f"act_sf_gran: expected 64 or 128, got {act_sf_gran!r}")
         if swiglu_limit is not None and not (float(swiglu_limit) > 0):
             raise ValueError(f"swiglu_limit: expected a positive number or None, got {swiglu_limit!r}")
+        if mode not in MODES:
+            raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+        if mode == "fused" and self.hidden % fk.BLOCK_N:
+            raise ValueError(f"hidden={hidden}: mode='fused' needs a multiple of {fk.BLOCK_N} (its L2 tile width)")
+        if ring_blocks is not None and mode != "fused":
+            raise ValueError(f"ring_blocks={ring_blocks!r}: only mode='fused' has ring pools")
+        self.mode = mode
+        self.timeout_s = timeout_s
+        if timeout_s is not None:
+            wait_timeout_ns(timeout_s)  # validates
         self.swiglu_limit = None if swiglu_limit is None else float(swiglu_limit)
         self.act_sf_gran = act_sf_gran
         self.pow2_scale = bool(pow2_scale)
@@ -80,11 +105,19 @@ class MegaMoE:
         self.device_info = driver.require_hopper(device)
         self.device = self.device_info.ordinal
         driver.ensure_context(self.device)
+        fused = mode == "fused"
+        self.pool_align = fk.BLOCK_M if fused else POOL_ALIGN
         self.layout = symm_buffer_layout(self.hidden, self.intermediate, self.num_experts, self.num_topk,
-                                         self.num_max_tokens_per_rank, 1, block_m=POOL_ALIGN,
-                                         act_sf_gran=act_sf_gran)
+                                         self.num_max_tokens_per_rank, 1, block_m=self.pool_align,
+                                         act_sf_gran=act_sf_gran, pool="ring" if fused else "full",
+                                         ring_blocks=ring_blocks)
+        if fused:
+            buffer_schedule(self.layout)  # a ring below the live window is refused here
         self.token_capacity = self.layout.num_max_tokens_per_rank
         self.buffer = DeviceBuffer(self.layout, device=self.device)
+        # The fused kernel's counters, grid barrier and launch epoch start from zero once;
+        # after that every launch leaves them ready for the next.
+        self.buffer.view("workspace").fill(0)
         cupy = require_cupy()
         with cupy.cuda.Device(self.device):
             self.expert_recv_stats = (cupy.zeros(self.num_local_experts, dtype=cupy.int32)
@@ -133,6 +166,10 @@ class MegaMoE:
 
     def _build_plans(self):
         b = self.buffer
+        if self.mode == "fused":
+            return FusedPlan(b, self.layout, w1p=self._w1p, w1p_sf=self._w1p_sf, w2=self._w2, w2_sf=self._w2_sf,
+                             act_sf_gran=self.act_sf_gran, swiglu_limit=self.swiglu_limit,
+                             pow2_scale=self.pow2_scale, sm_count=self.device_info.sm_count, device=self.device)
         # One rank: the received counts are this rank's own row of expert_recv_counts.
         counts = b.view("expert_recv_counts").reshape(-1)
         common = dict(group_offsets=b.view("expert_pool_offsets"), group_counts=counts,
@@ -159,13 +196,18 @@ class MegaMoE:
         return self._kernels[key]
 
     def __call__(self, x: Any, x_sf: Any, topk_idx: Any, topk_weights: Any, *, out: Any = None,
-                 stream: Any = None):
+                 stream: Any = None, num_tokens_bound: int | None = None):
         """Run the layer; returns ``y`` (bf16 bits as uint16, ``[T, H]``).
 
         ``x`` e4m3 (uint8) ``[T, H]``, ``x_sf`` float32 ``[T, H/128]``, ``topk_idx`` int32/int64
         ``[T, K]`` (global expert ids, -1 = empty), ``topk_weights`` float32 ``[T, K]``.
         Inputs must be ready on ``stream``. A layer owns one buffer: calls must be ordered
         (one stream, or streams the caller orders with events).
+
+        ``num_tokens_bound``: at least ``T`` and at most the capacity (default: the capacity).
+        The fused mode picks its order from it: a bound whose worst-case pool fits the ring
+        runs single-wave, and a smaller bound gives a shorter lag. Across ranks it must be the
+        same on every rank. The unfused mode checks it and otherwise ignores it.
         """
         if self._plans is None:
             raise RuntimeError("MegaMoE: call load_weights(w1, w1_sf, w2, w2_sf) before running the layer")
@@ -179,6 +221,7 @@ class MegaMoE:
         if t > self.num_max_tokens_per_rank:
             raise ValueError(f"x: {t} tokens exceed the layer's capacity "
                              f"(num_max_tokens_per_rank={self.num_max_tokens_per_rank})")
+        bound = self._check_bound(num_tokens_bound, t)
         sfa = as_device_array(x_sf, "x_sf", stream=sh)
         check_array(sfa, "x_sf", dtypes=("float32",), shape=(t, h // 128), device=self.device, align=4)
         ia = as_device_array(topk_idx, "topk_idx", stream=sh)
@@ -203,13 +246,18 @@ class MegaMoE:
             kernels = self._kernels_for(idx)
             grid = mk.grids(t, k, self.device_info.sm_count)
             b = self.buffer
-            driver.memset_d32_async(b.ptr("expert_recv_counts"), 0, self.num_local_experts, sh)
             driver.memset_d32_async(b.ptr("error_flags"), 0, 4, sh)
-            mk.launch_route_dispatch(kernels, params, grid, sh)
-            l1, l2 = self._plans
-            l1.run(sh)
-            l2.run(sh)
-            mk.launch_combine(kernels, params, grid, sh)
+            if self.mode == "fused":
+                plan = self._plans
+                plan.launch(idx, plan.params(params, call_schedule(self.layout, plan.schedule, bound),
+                                             timeout_s=self.timeout_s, withhold_block=self._withhold_block), sh)
+            else:
+                driver.memset_d32_async(b.ptr("expert_recv_counts"), 0, self.num_local_experts, sh)
+                mk.launch_route_dispatch(kernels, params, grid, sh)
+                l1, l2 = self._plans
+                l1.run(sh)
+                l2.run(sh)
+                mk.launch_combine(kernels, params, grid, sh)
             if self.debug and not capturing:  # a read-back would break the capture
                 flags = int(b.view("error_flags")[0].get(stream=cupy_stream(cupy, sh)))
                 if flags & mk.ERROR_EXPERT_ID_OUT_OF_RANGE:
@@ -218,6 +266,19 @@ class MegaMoE:
                     raise ValueError("topk_idx: routing overflowed the expert pool (repeated experts in a token?)")
         return y
 
+    _withhold_block: int | None = None  # tests: a fused launch that never publishes this block's rows
+
+    def _check_bound(self, num_tokens_bound: Any, t: int) -> int:
+        if num_tokens_bound is None:
+            return self.num_max_tokens_per_rank
+        if isinstance(num_tokens_bound, bool) or not isinstance(num_tokens_bound, (int, np.integer)):
+            raise TypeError(f"num_tokens_bound: expected an int or None, got {type(num_tokens_bound).__name__}")
+        bound = int(num_tokens_bound)
+        if not t <= bound <= self.num_max_tokens_per_rank:
+            raise ValueError(f"num_tokens_bound={bound}: expected at least this call's {t} tokens and at most "
+                             f"the capacity num_max_tokens_per_rank={self.num_max_tokens_per_rank}")
+        return max(bound, 1)
+
     def _params(self, xa, sfa, ia, wa, ya, t: int) -> mk.MoeParams:
         b = self.buffer
         stats = self.expert_recv_stats
@@ -225,7 +286,7 @@ class MegaMoE:
             topk_idx=ia.ptr, topk_weights=wa.ptr, x=xa.ptr, x_sf=sfa.ptr,
             num_tokens=t, num_topk=self.num_topk, hidden=self.hidden, num_experts=self.num_experts,
             num_local_experts=self.num_local_experts, first_local_expert=0, pool_rows=self.layout.pool_rows,
-            pool_align=POOL_ALIGN, token_capacity=self.token_capacity,
+            pool_align=self.pool_align, token_capacity=self.token_capacity,
             expert_counts=b.ptr("expert_recv_counts"), expert_offsets=b.ptr("expert_pool_offsets"),
             expert_cursors=b.ptr("expert_cursors"),
             expert_recv_stats=0 if stats is None else int(stats.data.ptr),
@@ -237,8 +298,22 @@ class MegaMoE:
     # --- reports -------------------------------------------------------------------------
 
     def memory_report(self) -> str:
-        """Per-region MiB of this layer's buffer."""
-        return self.layout.format_report()
+        """Per-region MiB of this layer's buffer (fused: with the ring against the full pool)."""
+        text = self.layout.format_report()
+        if self.mode == "fused":
+            full = symm_buffer_layout(self.hidden, self.intermediate, self.num_experts, self.num_topk,
+                                      self.num_max_tokens_per_rank, 1, block_m=self.pool_align,
+                                      act_sf_gran=self.act_sf_gran, pool="full")
+            s = self._plans.schedule if self._plans is not None else None
+            pools = ("l1_pool", "l1_pool_sf", "l2_pool", "l2_pool_sf")
+            ring_b = sum(self.layout.region(n).nbytes for n in pools)
+            full_b = sum(full.region(n).nbytes for n in pools)
+            text += (f"\nfused pools: ring of {self.layout.pool_blocks} blocks x {self.pool_align} rows = "
+                     f"{ring_b / 2**20:.2f} MiB vs full pool of {full.pool_blocks} blocks = {full_b / 2**20:.2f} MiB; "
+                     f"buffer {self.layout.total_bytes / 2**20:.2f} MiB vs {full.total_bytes / 2**20:.2f} MiB")
+            if s is not None:
+                text += f"\nschedule at capacity: lag {s.lag_units} units, group {s.group_units}"
+        return text
 
     def flops(self, num_pairs: int) -> float:
         """Useful FLOPs of a call with ``num_pairs`` routed (token, slot) pairs."""

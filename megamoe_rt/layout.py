@@ -261,6 +261,9 @@ def symm_buffer_layout(
         # A ring larger than the worst-case pool would only waste memory.
         pool_blocks = min(ring, full_blocks)
     rows = pool_blocks * block_m
+    # Per-row metadata is indexed by the global pool row (a ring reuses data slots, not rows):
+    # it stays sized for the worst-case pool, 16 bytes a row.
+    meta_rows = full_blocks * block_m
 
     # Workspace first: its size is part of the top-level layout.
     ws = _Packer(WORKSPACE_ALIGN)
@@ -281,6 +284,11 @@ def symm_buffer_layout(
            "cross-rank signal words, one bank per launch parity")
     ws.add("grid_sync", "uint32", (_GRID_SYNC_WORDS,),
            "grid-wide barrier counters")
+    ws.add("fused_banks", "uint32", (_BARRIER_BANKS, 2 * el + 3 * full_blocks),
+           "fused kernel, per launch parity: expert counts and cursors, per-block arrivals, "
+           "L1 publishes and L2 reads")
+    ws.add("launch_epoch", "uint32", (_GRID_SYNC_WORDS,),
+           "launches so far; the parity picks the fused kernel's counter bank")
     ws.add("error_flags", "uint32", (_ERROR_FLAG_WORDS,),
            "device-side input checks (bit 0: expert id out of range)")
     if slots:
@@ -296,11 +304,11 @@ def symm_buffer_layout(
     top.add("topk_weights", "float32", (t, k), "router weight of each token and slot")
     top.add("l1_pool", "e4m3", (rows, h), "received rows grouped by local expert")
     top.add("l1_pool_sf", "float32", (h // _SF_BLOCK, rows), "scales of l1_pool, k-block-major")
-    top.add("l1_pool_src", "int32", (rows,),
+    top.add("l1_pool_src", "int32", (meta_rows,),
             "source of each row: (src_rank*T + token)*K + slot, -1 for padding")
-    top.add("l1_pool_weight", "float32", (rows,),
+    top.add("l1_pool_weight", "float32", (meta_rows,),
             "top-k weight of each row, applied in the L1 epilogue")
-    top.add("l1_pool_dst", "uint64", (rows,),
+    top.add("l1_pool_dst", "uint64", (meta_rows,),
             "byte address each row's L2 output goes to (its combine slot, local or a peer's)")
     top.add("l2_pool", "e4m3", (rows, i), "L1 output (activated), L2 input")
     top.add("l2_pool_sf", "float32", (i // act_sf_gran, rows), "scales of l2_pool, k-block-major")

@@ -31,14 +31,21 @@ _WAIT = textwrap.dedent("""
     from megamoe_rt import driver
     from megamoe_rt.kernels.loader import get_kernel
     from megamoe_rt.kernels.probe import WAIT_SPEC
+    from megamoe_rt.deadlines import TimeoutRecord
+    from cuda.bindings import driver as cu
     word = cp.zeros(1, cp.uint64)
     word[0] = int(sys.argv[1])
     seen = cp.zeros(1, cp.uint64)
     k = get_kernel(WAIT_SPEC, driver.current_device())
     args = [ctypes.c_uint64(int(word.data.ptr)), ctypes.c_uint64(1), ctypes.c_uint64(200_000_000),
-            ctypes.c_uint32(3), ctypes.c_uint32(5), ctypes.c_uint64(int(seen.data.ptr))]
+            ctypes.c_uint32(3), ctypes.c_uint32(5), ctypes.c_uint64(int(seen.data.ptr)),
+            ctypes.c_uint64(TimeoutRecord.get().device_ptr)]
     k.launch((1,), (32,), args)
-    cp.cuda.Device().synchronize()
+    try:
+        driver.call(cu.cuCtxSynchronize)
+    except driver.CudaError as err:
+        print("ERROR", err)
+        sys.exit(3)
     print("seen", int(seen[0]))
 """)
 
@@ -46,9 +53,11 @@ _WAIT = textwrap.dedent("""
 @pytest.mark.gpu
 def test_a_withheld_signal_traps_with_a_message_instead_of_hanging():
     out = subprocess.run([sys.executable, "-c", _WAIT, "0"], capture_output=True, text=True, timeout=120)
-    assert out.returncode != 0
+    assert out.returncode == 3
     text = out.stdout + out.stderr
-    assert "wait 'test signal' timed out" in text and "rank 3, peer 5" in text and "expected >= 1, saw 0" in text
+    # Once from the device printf, once from the record the host turns into the exception.
+    assert text.count("wait 'test signal' timed out") == 2, text
+    assert "rank 3, peer 5" in text and "expected >= 1, saw 0" in text
 
 
 @pytest.mark.gpu

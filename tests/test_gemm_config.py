@@ -11,7 +11,10 @@ from megamoe_rt.errors import NvrtcError
 from megamoe_rt.jit import KernelSpec, compile_kernel
 from megamoe_rt.jit import compiler as jit_compiler
 from megamoe_rt.jit.paths import cuda_src_dir
+from megamoe_rt.deadlines import WaitContext
+from megamoe_rt.kernels.fused import BankLayout, FusedParams
 from megamoe_rt.kernels.gemm import SMEM_LIMIT, GemmConfig, GemmParams
+from megamoe_rt.kernels.moe import MoeParams
 from megamoe_rt.kernels.quantize import QuantizeParams
 from megamoe_rt.presets import PRESETS
 
@@ -84,13 +87,18 @@ def test_host_structs_mirror_device_structs(tmp_path, monkeypatch):
         "#error this NVRTC has no __builtin_offsetof",
         "#endif",
         '#include "gemm/params.cuh"',
+        '#include "fused/params.cuh"',
         "namespace megamoe_rt { struct QuantizeParams { const void* x; u8* q; float* sf; u64 num_groups;"
         " u32 groups_per_row; u32 pad_; }; }",
         _struct_checks("megamoe_rt::gemm::GemmParams", GemmParams),
+        _struct_checks("megamoe_rt::moe::MoeParams", MoeParams),
+        _struct_checks("megamoe_rt::sync::WaitContext", WaitContext),
+        _struct_checks("megamoe_rt::fused::BankLayout", BankLayout),
+        _struct_checks("megamoe_rt::fused::FusedParams", FusedParams),
         "__global__ void structs_ok() {}",
     ])
     (tmp_path / "structs.cu").write_text(src)
-    for sub in ("common", "gemm", "ptx"):
+    for sub in ("common", "gemm", "ptx", "fused", "moe", "sync"):
         (tmp_path / sub).symlink_to(cuda_src_dir() / sub)
     monkeypatch.setattr(jit_compiler, "cuda_src_dir", lambda: tmp_path)
     spec = KernelSpec(name="structs", source="structs.cu", entry="structs_ok")

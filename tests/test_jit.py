@@ -47,7 +47,8 @@ def test_every_kernel_compiles_for_sm90a_without_spills(spec, cache):
     assert r.name == spec.name
     assert 0 < r.registers <= 255
     assert r.spill_bytes == 0, f"{spec.name} spills: {r}"
-    assert r.stack_frame_bytes == 0 or (spec.uses_printf and r.stack_frame_bytes <= 64), r
+    # A diagnostic printf needs a frame for its argument buffer and the non-inlined report it sits in.
+    assert r.stack_frame_bytes == 0 or (spec.uses_printf and r.stack_frame_bytes <= 128), r
     assert r.static_smem_bytes + r.dynamic_smem_bytes <= 227 * 1024
     assert c.lowered_name.startswith("_Z")
 

@@ -1,4 +1,4 @@
-"""MegaMoE (unfused, one GPU) against the reference forward (needs a Hopper GPU)."""
+"""MegaMoE (unfused and fused modes, one GPU) against the reference forward (needs a Hopper GPU)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,11 @@ pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
 
 BF16_NAN = 0x7FC1
+
+
+@pytest.fixture(params=["unfused", "fused"])
+def mode(request):
+    return request.param
 
 
 def _layer(h, i, e, k, cap, **kw):
@@ -59,10 +64,10 @@ SHAPES = [
 
 
 @pytest.mark.parametrize("h,i,e,k,t", SHAPES, ids=lambda v: str(v))
-def test_matches_reference(h, i, e, k, t):
+def test_matches_reference(h, i, e, k, t, mode):
     rng = np.random.default_rng()
     inp = ref.random_moe_inputs(rng, t, h, i, e, k, empty_slot_prob=0.1)
-    layer = _layer(h, i, e, k, max(t, 1))
+    layer = _layer(h, i, e, k, max(t, 1), mode=mode)
     _load(layer, inp)
     got = _run(layer, inp)
     exp = _reference(inp)
@@ -72,11 +77,11 @@ def test_matches_reference(h, i, e, k, t):
 
 
 @pytest.mark.parametrize("limit,gran,pow2", [(None, 64, False), (0.5, 128, False), (0.5, 64, True), (None, 128, True)])
-def test_clamp_and_requant_variants(limit, gran, pow2):
+def test_clamp_and_requant_variants(limit, gran, pow2, mode):
     rng = np.random.default_rng()
     h, i, e, k, t = 1024, 512, 16, 4, 300
     inp = ref.random_moe_inputs(rng, t, h, i, e, k, x_scale=4.0)
-    layer = _layer(h, i, e, k, t, swiglu_limit=limit, act_sf_gran=gran, pow2_scale=pow2)
+    layer = _layer(h, i, e, k, t, swiglu_limit=limit, act_sf_gran=gran, pow2_scale=pow2, mode=mode)
     _load(layer, inp)
     got = _bf16(_run(layer, inp))
     exp = _reference(inp, limit, gran, pow2)
@@ -85,42 +90,42 @@ def test_clamp_and_requant_variants(limit, gran, pow2):
         assert ref.calc_diff(exp, _reference(inp, None, gran, pow2)) > 1e-3
 
 
-def test_empty_slots_and_tokens_without_experts():
+def test_empty_slots_and_tokens_without_experts(mode):
     rng = np.random.default_rng()
     h, i, e, k, t = 512, 256, 8, 4, 200
     inp = ref.random_moe_inputs(rng, t, h, i, e, k, empty_slot_prob=0.4)
     inp["topk_idx"][:10] = -1  # tokens with no valid slot
-    layer = _layer(h, i, e, k, 256)
+    layer = _layer(h, i, e, k, 256, mode=mode)
     _load(layer, inp)
     got = _run(layer, inp)
     assert (got[:10] == 0).all()
     assert ref.calc_diff(_bf16(got), _reference(inp)) < 1e-3
 
 
-def test_all_tokens_to_one_expert_and_int64_ids():
+def test_all_tokens_to_one_expert_and_int64_ids(mode):
     rng = np.random.default_rng()
     h, i, e, k, t = 1024, 512, 8, 1, 1000
     inp = ref.random_moe_inputs(rng, t, h, i, e, k, idx_dtype=np.int64)
     inp["topk_idx"][:] = 5
-    layer = _layer(h, i, e, k, 1024, track_expert_stats=True)
+    layer = _layer(h, i, e, k, 1024, track_expert_stats=True, mode=mode)
     _load(layer, inp)
     got = _run(layer, inp)
     assert ref.calc_diff(_bf16(got), _reference(inp)) < 1e-3
     assert cp.asnumpy(layer.expert_recv_stats).tolist() == [0, 0, 0, 0, 0, t, 0, 0]
 
 
-def test_two_runs_are_bitwise_identical():
+def test_two_runs_are_bitwise_identical(mode):
     rng = np.random.default_rng()
     inp = ref.random_moe_inputs(rng, 777, 1024, 512, 16, 6, empty_slot_prob=0.2)
-    layer = _layer(1024, 512, 16, 6, 1024)
+    layer = _layer(1024, 512, 16, 6, 1024, mode=mode)
     _load(layer, inp)
     assert np.array_equal(_run(layer, inp), _run(layer, inp))
 
 
-def test_graph_capture_replays_with_new_inputs_and_counts_stats():
+def test_graph_capture_replays_with_new_inputs_and_counts_stats(mode):
     rng = np.random.default_rng()
     h, i, e, k, t = 1024, 512, 16, 4, 256
-    layer = _layer(h, i, e, k, t, track_expert_stats=True)
+    layer = _layer(h, i, e, k, t, track_expert_stats=True, mode=mode)
     first = ref.random_moe_inputs(rng, t, h, i, e, k, empty_slot_prob=0.1)
     _load(layer, first)
     x, x_sf, idx, w = _to_dev(first)
@@ -178,11 +183,11 @@ def test_bad_inputs_raise_before_launch():
         _layer(h, i, 4, 8, t)
 
 
-def test_debug_mode_checks_ids_on_the_device():
+def test_debug_mode_checks_ids_on_the_device(mode):
     rng = np.random.default_rng()
     h, i, e, k, t = 512, 256, 8, 2, 64
     inp = ref.random_moe_inputs(rng, t, h, i, e, k)
-    layer = _layer(h, i, e, k, t, validate_ids=False, debug=True)
+    layer = _layer(h, i, e, k, t, validate_ids=False, debug=True, mode=mode)
     _load(layer, inp)
     x, x_sf, idx, w = _to_dev(inp)
     idx[0, 0] = 1000

@@ -133,13 +133,15 @@ def test_flash_full_pool_sizes():
         blocks * 8,        # l2_arrival_masks       24824
         2 * R * 8,         # barrier_signals          128
         32 * 4,            # grid_sync                128
+        2 * (2 * EL + 3 * blocks) * 4,  # fused_banks 74984
+        32 * 4,            # launch_epoch             128
         4 * 4,             # error_flags               16
     ]
     ws_end = 0
     for part in ws_parts:
         ws_end = up(ws_end, 128) + part
     expected["workspace"] = up(ws_end, 1024)
-    assert expected["workspace"] == up(1024 + 256 + 128 + 12416 + 24832 + 128 + 128 + 16, 1024)
+    assert expected["workspace"] == up(1024 + 256 + 128 + 12416 + 24832 + 128 + 128 + 75008 + 128 + 16, 1024)
 
     for name, nbytes in expected.items():
         assert lay.region(name).nbytes == nbytes, name
@@ -162,7 +164,7 @@ def test_flash_full_pool_sizes():
         + up(6 * 8192 * 4096 * 2)           # combine
         + expected["workspace"]             # workspace
     )
-    assert lay.total_bytes == total == 2_960_603_136
+    assert lay.total_bytes == total == 2_960_603_136 + 74_752
     assert lay.region("l1_pool").offset == sum(up(expected[n]) for n in TOP_LEVEL[:4])
 
 
@@ -175,6 +177,8 @@ def test_flash_ring_pool_sizes():
     assert lay.region("l2_pool").nbytes == 268 * 128 * 2048
     assert lay.region("l1_pool_sf").nbytes == 32 * 268 * 128 * 4
     assert lay.workspace_region("ring_empty_counts").nbytes == 268 * 4
+    # Per-row metadata is indexed by the global pool row: full size even with a ring.
+    assert lay.region("l1_pool_dst").nbytes == 3103 * 128 * 8
     # Token-indexed regions do not depend on the pool choice.
     full = _ep8_slice("flash")
     for name in ("x", "x_sf", "topk_idx", "topk_weights", "combine"):

@@ -11,7 +11,7 @@ from typing import Any
 from .arrays import require_cupy
 from .layout import BufferLayout
 
-_CUPY_DTYPES = {"e4m3": "uint8", "bf16": "uint16", "float32": "float32", "int32": "int32",
+_CUPY_DTYPES = {"e4m3": "uint8", "uint8": "uint8", "bf16": "uint16", "float32": "float32", "int32": "int32",
                 "uint32": "uint32", "uint64": "uint64"}
 
 

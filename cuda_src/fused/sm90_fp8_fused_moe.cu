@@ -143,7 +143,7 @@ __device__ __forceinline__ void dispatch_rows(const FusedParams& p, const Routin
             // The slot's previous block must be through its L1 tiles before its rows are replaced.
             if (lane == 0)
                 sync::wait_ge_acquire_gpu_u32(bank + p.bank.l1_done + block - p.ring_blocks, l1_tiles,
-                                              sync::WaitSite::kPoolSlotFree, p.wait, block);
+                                              sync::WaitSite::kPoolSlotFree, p.wait, block, sync::kDerivedWaitShift);
             __syncwarp();
         }
         const u32 slot_row = (block % p.ring_blocks) * kBlockM + row % kBlockM;
@@ -247,13 +247,14 @@ __device__ __forceinline__ void produce_tiles(const FusedParams& p, const Routin
             // The epilogue of this tile overwrites the activation slot of block - ring_blocks.
             if (s.block >= p.ring_blocks)
                 sync::wait_ge_acquire_gpu_u32(bank + p.bank.l2_read + s.block - p.ring_blocks, n2,
-                                              sync::WaitSite::kRingSlotFree, p.wait, s.block);
+                                              sync::WaitSite::kRingSlotFree, p.wait, s.block,
+                                              sync::kDerivedWaitShift);
             ptx::fence_proxy_async_global();
             tile.b_row0 = s.expert * p.l1.n + tile.n0;
             gemm::produce_tile<L1>(tile, p.l1.k / L1::kBlockK, sm1, st, tma_l1_a, tma_l1_b, tma_l1_sfa, 0);
         } else {
             sync::wait_ge_acquire_gpu_u32(bank + p.bank.l1_done + s.block, n1, sync::WaitSite::kL1OutputPublished,
-                                          p.wait, s.block);
+                                          p.wait, s.block, sync::kDerivedWaitShift);
             ptx::fence_proxy_async_global();
             tile.b_row0 = s.expert * p.l2.n + tile.n0;
             gemm::produce_tile<L2>(tile, p.l2.k / L2::kBlockK, sm2, st, tma_l2_a, tma_l2_b, tma_l2_sfa, 0);

@@ -92,9 +92,12 @@ __device__ __forceinline__ u64 wait_ge_acquire_sys_u64(const u64* word, u64 expe
 
 // Waits until `done(*word)` (acquire, GPU scope) and returns the value seen; on timeout
 // records and traps without a call (wgmma kernels). `expected` is only for the report.
+// `deadline_shift`: waits that can only be stuck because another wait is give themselves
+// 2^shift times the deadline, so the first report names the root cause, not a bystander.
 template <class Done>
 __device__ __forceinline__ u32 wait_acquire_gpu_u32(const u32* word, Done done, u64 expected, WaitSite site,
-                                                    const WaitContext& ctx, u32 peer) {
+                                                    const WaitContext& ctx, u32 peer, u32 deadline_shift = 0) {
+    const u64 timeout_ns = ctx.timeout_ns << deadline_shift;
     u32 seen = ptx::ld_acquire_gpu_u32(word);
     if (done(seen)) return seen;
     const u64 start = ptx::globaltimer_ns();
@@ -103,7 +106,7 @@ __device__ __forceinline__ u32 wait_acquire_gpu_u32(const u32* word, Done done, 
     while (!done(seen)) {
         if ((++spins & 255u) == 0) {
             elapsed = ptx::globaltimer_ns() - start;
-            if (elapsed > ctx.timeout_ns) break;
+            if (elapsed > timeout_ns) break;
         }
         seen = ptx::ld_acquire_gpu_u32(word);
     }
@@ -112,8 +115,14 @@ __device__ __forceinline__ u32 wait_acquire_gpu_u32(const u32* word, Done done, 
 }
 
 __device__ __forceinline__ u32 wait_ge_acquire_gpu_u32(const u32* word, u32 expected, WaitSite site,
-                                                       const WaitContext& ctx, u32 peer = 0) {
-    return wait_acquire_gpu_u32(word, [expected](u32 v) { return v >= expected; }, expected, site, ctx, peer);
+                                                       const WaitContext& ctx, u32 peer = 0,
+                                                       u32 deadline_shift = 0) {
+    return wait_acquire_gpu_u32(word, [expected](u32 v) { return v >= expected; }, expected, site, ctx, peer,
+                                deadline_shift);
 }
+
+// Deadline shifts of derived waits (see wait_acquire_gpu_u32).
+constexpr u32 kDerivedWaitShift = 1;   // waits on work that itself waits (published L1 output, freed slots)
+constexpr u32 kBarrierWaitShift = 2;   // grid barriers: downstream of everything
 
 }  // namespace megamoe_rt::sync

@@ -27,7 +27,7 @@ __device__ __forceinline__ void grid_barrier_acq_rel_gpu(GridBarrierWords* words
         ptx::st_release_gpu_u32(&words->generation, gen + 1);
     } else {
         wait_acquire_gpu_u32(&words->generation, [gen](u32 v) { return v != gen; }, num_blocks, WaitSite::kGridBarrier,
-                             ctx, arrived);
+                             ctx, arrived, kBarrierWaitShift);
     }
 }
 

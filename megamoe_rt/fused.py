@@ -123,14 +123,14 @@ class FusedPlan:
         return self._kernels[idx]
 
     def params(self, moe: MoeParams, schedule: CallSchedule, *, timeout_s: float | None = None,
-               withhold_block: int | None = None) -> fk.FusedParams:
+               withhold_block: int | None = None, trace_ptr: int = 0) -> fk.FusedParams:
         b = self._buffer
         return fk.FusedParams(
             moe=moe, l1=self.l1, l2=self.l2, wait=TimeoutRecord.get().context(timeout_s),
             banks=self.banks, bank=self.bank, launch_epoch=b.ptr("launch_epoch"), grid_barrier=b.ptr("grid_sync"),
             ring_blocks=self.layout.pool_blocks, max_blocks=self.max_blocks, lag_units=schedule.lag_units,
             group_units=schedule.group_units, table_smem_offset=fk.tile_smem_bytes(self.stages),
-            withhold_block=fk.NO_BLOCK if withhold_block is None else int(withhold_block))
+            withhold_block=fk.NO_BLOCK if withhold_block is None else int(withhold_block), trace=trace_ptr)
 
     def launch(self, idx: str, params: fk.FusedParams, stream: int) -> None:
         args = [params] + [t.raw for t in self.tensor_maps]

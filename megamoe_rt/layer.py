@@ -250,7 +250,8 @@ class MegaMoE:
             if self.mode == "fused":
                 plan = self._plans
                 plan.launch(idx, plan.params(params, call_schedule(self.layout, plan.schedule, bound),
-                                             timeout_s=self.timeout_s, withhold_block=self._withhold_block), sh)
+                                             timeout_s=self.timeout_s, withhold_block=self._withhold_block,
+                                             trace_ptr=self._trace_ptr), sh)
             else:
                 driver.memset_d32_async(b.ptr("expert_recv_counts"), 0, self.num_local_experts, sh)
                 mk.launch_route_dispatch(kernels, params, grid, sh)
@@ -267,6 +268,7 @@ class MegaMoE:
         return y
 
     _withhold_block: int | None = None  # tests: a fused launch that never publishes this block's rows
+    _trace_ptr: int = 0  # profiling: device array of fused.TRACE_EVENTS stamps per block (0: off)
 
     def _check_bound(self, num_tokens_bound: Any, t: int) -> int:
         if num_tokens_bound is None:

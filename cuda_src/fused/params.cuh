@@ -38,6 +38,13 @@ struct FusedParams {
     u32 group_units;
     u32 table_smem_offset;    // bytes from the aligned shared-memory base to the routing tables
     u32 withhold_block;       // tests only: this block's arrival is never published (~0u: off)
+    u64* trace;               // profiling only: kTraceEvents %globaltimer stamps per block (null: off)
+};
+
+// Events of the optional per-block trace (megamoe_rt.fused.TRACE_EVENTS names them).
+enum TraceEvent : u32 {
+    kTraceStart = 0, kTraceCounted, kTraceClaimed, kTraceDispatchDone, kTraceProducerDone, kTraceMathDone,
+    kTraceAllTilesDone, kTraceCombineDone, kTraceEvents
 };
 
 }  // namespace megamoe_rt::fused

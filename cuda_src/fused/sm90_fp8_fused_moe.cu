@@ -83,6 +83,10 @@ struct RoutingTables {
 
 __device__ __forceinline__ u32 ceil_div(u32 a, u32 b) { return (a + b - 1) / b; }
 
+__device__ __forceinline__ void trace(const FusedParams& p, TraceEvent event) {
+    if (p.trace != nullptr) p.trace[ptx::ctaid_x() * kTraceEvents + event] = ptx::globaltimer_ns();
+}
+
 // Warp 0: block-aligned exclusive scan of the counts into rows, units per expert into the
 // unit table. Counts and units are packed (blocks | units << 16) into one scan: the host
 // keeps the worst-case block count below 2^16.
@@ -183,7 +187,10 @@ __device__ __forceinline__ void route_and_claim(const FusedParams& p, const Rout
     for (u32 e = threadIdx.x; e < m.num_local_experts; e += kNumThreads)
         if (hist[e]) atomicAdd(bank + p.bank.counts + e, static_cast<u32>(hist[e]));
     __syncthreads();
-    if (threadIdx.x == 0) sync::grid_barrier_acq_rel_gpu(p.grid_barrier, gridDim.x, p.wait);
+    if (threadIdx.x == 0) {
+        sync::grid_barrier_acq_rel_gpu(p.grid_barrier, gridDim.x, p.wait);
+        trace(p, kTraceCounted);
+    }
     __syncthreads();
 
     if (threadIdx.x < 32) build_tables(p, bank + p.bank.counts, tab);
@@ -213,7 +220,10 @@ __device__ __forceinline__ void route_and_claim(const FusedParams& p, const Rout
         }
     }
     __syncthreads();
-    if (threadIdx.x == 0) sync::grid_barrier_acq_rel_gpu(p.grid_barrier, gridDim.x, p.wait);
+    if (threadIdx.x == 0) {
+        sync::grid_barrier_acq_rel_gpu(p.grid_barrier, gridDim.x, p.wait);
+        trace(p, kTraceClaimed);
+    }
     __syncthreads();
 }
 
@@ -324,6 +334,7 @@ sm90_fp8_fused_moe(const __grid_constant__ FusedParams p, const __grid_constant_
     const gemm::SharedStorage<L1> sm1{smem};
 
     if (threadIdx.x == 0) {
+        trace(p, kTraceStart);
         // The host sizes shared memory from the same formula (megamoe_rt.kernels.fused); a mismatch is a bug.
         if (ptx::dynamic_smem_size() < p.table_smem_offset + RoutingTables::bytes(m.num_local_experts, p.max_blocks) +
                                            L1::kSmemAlignSlack)
@@ -353,8 +364,10 @@ sm90_fp8_fused_moe(const __grid_constant__ FusedParams p, const __grid_constant_
         if (threadIdx.x == 0) {
             produce_tiles<kStages, kActSfGran>(p, tab, smem, &tma_l1_a, &tma_l1_b, &tma_l1_sfa, &tma_l2_a,
                                                &tma_l2_b, &tma_l2_sfa);
+            trace(p, kTraceProducerDone);
         } else if (threadIdx.x >= 32) {
             dispatch_rows(p, tab);
+            if (threadIdx.x == 32) trace(p, kTraceDispatchDone);
         }
         return;
     }
@@ -364,7 +377,9 @@ sm90_fp8_fused_moe(const __grid_constant__ FusedParams p, const __grid_constant_
     // --- combine, once every block's L2 partials are in -----------------------------------------
     ptx::bar_sync(kMathBarrier, L1::kNumMathThreads);
     if (threadIdx.x == 128) {
+        trace(p, kTraceMathDone);
         sync::grid_barrier_acq_rel_gpu(p.grid_barrier, gridDim.x, p.wait);
+        trace(p, kTraceAllTilesDone);
         if (blockIdx.x == 0) ptx::st_relaxed_gpu_u32(p.launch_epoch, tab.scalars[3] + 1);
     }
     ptx::bar_sync(kMathBarrier, L1::kNumMathThreads);
@@ -373,6 +388,7 @@ sm90_fp8_fused_moe(const __grid_constant__ FusedParams p, const __grid_constant_
         const u32 mask = tab.overflow() ? 0u : moe::valid_slot_mask<IdxT>(m, token);
         moe::combine_token(m, token, mask, threadIdx.x % 128, 128);
     }
+    if (threadIdx.x == 128) trace(p, kTraceCombineDone);
 }
 
 }  // namespace megamoe_rt::fused

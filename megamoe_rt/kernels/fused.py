@@ -59,7 +59,13 @@ class FusedParams(ctypes.Structure):
         ("group_units", ctypes.c_uint32),
         ("table_smem_offset", ctypes.c_uint32),
         ("withhold_block", ctypes.c_uint32),
+        ("trace", ctypes.c_uint64),
     ]
+
+
+# fused/params.cuh TraceEvent, in order.
+TRACE_EVENTS = ("start", "counted", "claimed", "dispatch_done", "producer_done", "math_done", "all_tiles_done",
+                "combine_done")
 
 
 def table_bytes(num_local_experts: int, max_blocks: int) -> int:

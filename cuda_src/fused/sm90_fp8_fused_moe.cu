@@ -7,8 +7,10 @@
 //   warpgroup 0, warp 0    TMA producer for both GEMMs; it also does every wait on another
 //                          block's progress, before loading a tile, so the math warpgroups
 //                          never wait on anything but their own pipeline
-//   warpgroup 0, warps 1-3 dispatch: copy routed rows into the pool in pool order, publish
+//   warpgroup 0, warps 1-2 dispatch: copy routed rows into the pool in pool order, publish
 //                          per-block arrival counts
+//   warpgroup 0, warp 3    relay: publishes the math warpgroups' tile completions to other
+//                          blocks (fused/signal_relay.cuh)
 //   warpgroups 1-2         wgmma math (a 64 x 256 tile, N split), epilogues, then the combine
 //
 // The pool and the L1 output (activation) pool are rings of `ring_blocks` slots of BLOCK_M
@@ -19,6 +21,7 @@
 
 #include "common/types.cuh"
 #include "fused/params.cuh"
+#include "fused/signal_relay.cuh"
 #include "fused/task_stream.cuh"
 #include "gemm/config.cuh"
 #include "gemm/epilogue_bf16.cuh"
@@ -39,9 +42,10 @@ namespace megamoe_rt::fused {
 constexpr u32 kBlockM = 64;
 constexpr u32 kBlockN = 256;
 constexpr u32 kNumThreads = 384;
-constexpr u32 kNumDispatchWarps = 3;
-constexpr u32 kProducerRegs = 56;
-constexpr u32 kMathRegs = 224;
+constexpr u32 kNumDispatchWarps = 2;
+constexpr u32 kRelayThread = 96;
+constexpr u32 kProducerRegs = 64;
+constexpr u32 kMathRegs = 216;
 constexpr u32 kMathBarrier = 2;  // named barrier of the 256 math threads (1 is the epilogue's)
 
 template <u32 kStages, u32 kActSfGran>
@@ -58,16 +62,18 @@ struct RoutingTables {
     u16* unit_first;  // [max_blocks]
     u16* unit_info;   // [max_blocks]
     u32* scalars;     // [0] units, [1] blocks, [2] pool overflow, [3] launch epoch
+    u32* relay;       // [SignalRelay::kWords]
 
     __device__ __forceinline__ RoutingTables(u8* base, u32 num_local_experts, u32 max_blocks) {
         row_begin = reinterpret_cast<i32*>(base);
         row_end = row_begin + num_local_experts + 1;
         scalars = reinterpret_cast<u32*>(row_end + num_local_experts);
-        unit_first = reinterpret_cast<u16*>(scalars + 4);
+        relay = scalars + 4;
+        unit_first = reinterpret_cast<u16*>(relay + SignalRelay::kWords);
         unit_info = unit_first + max_blocks;
     }
     static __device__ __forceinline__ u32 bytes(u32 num_local_experts, u32 max_blocks) {
-        return 4 * (2 * num_local_experts + 1) + 16 + 4 * max_blocks;
+        return 4 * (2 * num_local_experts + 1) + 16 + 4 * SignalRelay::kWords + 4 * max_blocks;
     }
     // This launch's counter bank. The epoch lives in shared memory rather than in a register
     // kept across the roles' register reallocation.
@@ -282,7 +288,8 @@ __device__ __forceinline__ void compute_tiles(const FusedParams& p, const Routin
     const gemm::MathThread<L1> mt1(math_wg);
     const gemm::MathThread<L2> mt2(math_wg);
     const bool leader = threadIdx.x == 128;
-    u32* bank = tab.bank(p);
+    const SignalRelay relay(tab.relay);
+    u32 posted = 0;
     const u32 n1 = p.l1.n / kBlockN, n2 = p.l2.n / kBlockN;
     LagOrderedStream stream(tab.units(), p.lag_units, p.group_units, n1, n2);
     gemm::PipelineState<kStages> st;
@@ -300,17 +307,18 @@ __device__ __forceinline__ void compute_tiles(const FusedParams& p, const Routin
         if (!s.l2) {
             gemm::consume_tile<L1>(p.l1, tile, p.l1.k / L1::kBlockK, sm1, st, mt1, acc, out, 0);
             gemm::epilogue_swiglu_fp8<L1>(p.l1, tile, mt1, sm1, out);
-            // Published rows are read by TMA in another block.
-            ptx::fence_proxy_async_global();
+            // Every math thread's rows are written before the leader posts them (TMA reads them
+            // in another block: the relay adds the proxy fence).
             ptx::bar_sync(kMathBarrier, L1::kNumMathThreads);
-            if (leader) ptx::red_release_gpu_add_u32(bank + p.bank.l1_done + s.block, 1);
+            if (leader) relay.post(posted, (p.bank.l1_done + s.block) | SignalRelay::kProxyFence);
         } else {
             gemm::consume_tile<L2>(p.l2, tile, p.l2.k / L2::kBlockK, sm2, st, mt2, acc, out, 0);
             // The leader has seen every stage of this tile land: its activation rows are read.
-            if (leader) ptx::red_release_gpu_add_u32(bank + p.bank.l2_read + s.block, 1);
+            if (leader) relay.post(posted, p.bank.l2_read + s.block);
             gemm::epilogue_store_bf16<L2>(p.l2, tile, mt2, out);
         }
     }
+    if (leader) relay.post(posted, SignalRelay::kStop);
 }
 
 template <u32 kStages, u32 kActSfGran, typename IdxT>
@@ -341,6 +349,7 @@ sm90_fp8_fused_moe(const __grid_constant__ FusedParams p, const __grid_constant_
             __trap();
         // Launch parity: this launch counts in one bank and clears the other for the next launch.
         tab.scalars[3] = ptx::ld_relaxed_gpu_u32(p.launch_epoch);
+        tab.relay[0] = tab.relay[1] = 0;
         for (u32 s = 0; s < kStages; ++s) {
             ptx::mbarrier_init_shared(sm1.full(s), 1);
             ptx::mbarrier_init_shared(sm1.empty(s), L1::kEmptyArrivals);
@@ -365,7 +374,9 @@ sm90_fp8_fused_moe(const __grid_constant__ FusedParams p, const __grid_constant_
             produce_tiles<kStages, kActSfGran>(p, tab, smem, &tma_l1_a, &tma_l1_b, &tma_l1_sfa, &tma_l2_a,
                                                &tma_l2_b, &tma_l2_sfa);
             trace(p, kTraceProducerDone);
-        } else if (threadIdx.x >= 32) {
+        } else if (threadIdx.x == kRelayThread) {
+            SignalRelay(tab.relay).run(tab.bank(p));
+        } else if (threadIdx.x >= 32 && threadIdx.x < 32 * (1 + kNumDispatchWarps)) {
             dispatch_rows(p, tab);
             if (threadIdx.x == 32) trace(p, kTraceDispatchDone);
         }

@@ -23,6 +23,10 @@ __device__ __forceinline__ u32 valid_slot_mask(const MoeParams& p, u32 token) {
     return mask;
 }
 
+// Slots whose partials are loaded together before any is added: the loads of a chunk are
+// in flight at once instead of one latency per slot.
+constexpr u32 kCombineSlotChunk = 8;
+
 // Eight bf16 columns per thread and step; `lane`/`lanes` split the row among cooperating threads.
 // Partials are written earlier in the same launch by the fused kernel: plain loads.
 __device__ __forceinline__ void combine_token(const MoeParams& p, u32 token, u32 mask, u32 lane, u32 lanes) {
@@ -31,14 +35,24 @@ __device__ __forceinline__ void combine_token(const MoeParams& p, u32 token, u32
     u16* out = p.y + static_cast<u64>(token) * p.hidden;
     for (u32 c = lane * 8; c < p.hidden; c += lanes * 8) {
         float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        for (u32 k = 0; k < p.num_topk; ++k) {
-            if (!(mask >> k & 1u)) continue;
-            const ptx::u32x4 v = *reinterpret_cast<const ptx::u32x4*>(base + k * slot_stride + c * 2ull);
-            const u32 words[4] = {v.x, v.y, v.z, v.w};
+        for (u32 k0 = 0; k0 < p.num_topk; k0 += kCombineSlotChunk) {
+            // Empty slots read as +0: adding it leaves every sum bit for bit unchanged (the
+            // sum starts at +0, so a -0 could never have survived either).
+            ptx::u32x4 v[kCombineSlotChunk];
 #pragma unroll
-            for (int w = 0; w < 4; ++w) {
-                acc[2 * w] += ptx::bf16_bits_to_f32(static_cast<u16>(words[w] & 0xFFFFu));
-                acc[2 * w + 1] += ptx::bf16_bits_to_f32(static_cast<u16>(words[w] >> 16));
+            for (u32 j = 0; j < kCombineSlotChunk; ++j) {
+                v[j] = ptx::u32x4{0u, 0u, 0u, 0u};
+                if (k0 + j < p.num_topk && (mask >> (k0 + j) & 1u))
+                    v[j] = *reinterpret_cast<const ptx::u32x4*>(base + (k0 + j) * slot_stride + c * 2ull);
+            }
+#pragma unroll
+            for (u32 j = 0; j < kCombineSlotChunk; ++j) {
+                const u32 words[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+#pragma unroll
+                for (int w = 0; w < 4; ++w) {
+                    acc[2 * w] += ptx::bf16_bits_to_f32(static_cast<u16>(words[w] & 0xFFFFu));
+                    acc[2 * w + 1] += ptx::bf16_bits_to_f32(static_cast<u16>(words[w] >> 16));
+                }
             }
         }
         ptx::u32x4 packed;

@@ -68,9 +68,12 @@ TRACE_EVENTS = ("start", "counted", "claimed", "dispatch_done", "producer_done",
                 "combine_done")
 
 
+RELAY_WORDS = 34  # fused/signal_relay.cuh SignalRelay::kWords
+
+
 def table_bytes(num_local_experts: int, max_blocks: int) -> int:
-    """Routing tables in shared memory (fused RoutingTables::bytes)."""
-    return 4 * (2 * num_local_experts + 1) + 16 + 4 * max_blocks
+    """Routing tables and the signal relay's queue in shared memory (fused RoutingTables::bytes)."""
+    return 4 * (2 * num_local_experts + 1) + 16 + 4 * RELAY_WORDS + 4 * max_blocks
 
 
 def tile_smem_bytes(stages: int) -> int:

@@ -284,9 +284,9 @@ def symm_buffer_layout(
            "cross-rank signal words, one bank per launch parity")
     ws.add("grid_sync", "uint32", (_GRID_SYNC_WORDS,),
            "grid-wide barrier counters")
-    ws.add("fused_banks", "uint32", (_BARRIER_BANKS, 2 * el + 3 * full_blocks),
+    ws.add("fused_banks", "uint32", (_BARRIER_BANKS, 2 * el + 3 * full_blocks + 1),
            "fused kernel, per launch parity: expert counts and cursors, per-block arrivals, "
-           "L1 publishes and L2 reads")
+           "L1 publishes and L2 reads, the tile ticket")
     ws.add("launch_epoch", "uint32", (_GRID_SYNC_WORDS,),
            "launches so far; the parity picks the fused kernel's counter bank")
     ws.add("error_flags", "uint32", (_ERROR_FLAG_WORDS,),

@@ -133,7 +133,7 @@ def test_flash_full_pool_sizes():
         blocks * 8,        # l2_arrival_masks       24824
         2 * R * 8,         # barrier_signals          128
         32 * 4,            # grid_sync                128
-        2 * (2 * EL + 3 * blocks) * 4,  # fused_banks 74984
+        2 * (2 * EL + 3 * blocks + 1) * 4,  # fused_banks 74992
         32 * 4,            # launch_epoch             128
         4 * 4,             # error_flags               16
     ]

@@ -20,7 +20,7 @@ struct BankLayout {
     u32 arrivals;      // [max_blocks] rows landed in each pool block (gates its L1 tiles)
     u32 l1_done;       // [max_blocks] L1 n-tiles published per block (gates L2, frees the pool slot)
     u32 l2_read;       // [max_blocks] L2 n-tiles done reading the block (frees the activation slot)
-    u32 pad_;
+    u32 ticket;        // [1] next stream position to hand out (fused/tile_queue.cuh)
 };
 
 struct FusedParams {

@@ -23,6 +23,7 @@
 #include "fused/params.cuh"
 #include "fused/signal_relay.cuh"
 #include "fused/task_stream.cuh"
+#include "fused/tile_queue.cuh"
 #include "gemm/config.cuh"
 #include "gemm/epilogue_bf16.cuh"
 #include "gemm/epilogue_swiglu_fp8.cuh"
@@ -63,9 +64,11 @@ struct RoutingTables {
     u16* unit_info;   // [max_blocks]
     u32* scalars;     // [0] units, [1] blocks, [2] pool overflow, [3] launch epoch
     u32* relay;       // [SignalRelay::kWords]
+    TileQueue tiles;  // first in the region: its mbarriers need 8-byte alignment
 
-    __device__ __forceinline__ RoutingTables(u8* base, u32 num_local_experts, u32 max_blocks) {
-        row_begin = reinterpret_cast<i32*>(base);
+    __device__ __forceinline__ RoutingTables(u8* base, u32 num_local_experts, u32 max_blocks)
+        : tiles(base) {
+        row_begin = reinterpret_cast<i32*>(base + TileQueue::kBytes);
         row_end = row_begin + num_local_experts + 1;
         scalars = reinterpret_cast<u32*>(row_end + num_local_experts);
         relay = scalars + 4;
@@ -73,7 +76,7 @@ struct RoutingTables {
         unit_info = unit_first + max_blocks;
     }
     static __device__ __forceinline__ u32 bytes(u32 num_local_experts, u32 max_blocks) {
-        return 4 * (2 * num_local_experts + 1) + 16 + 4 * SignalRelay::kWords + 4 * max_blocks;
+        return TileQueue::kBytes + 4 * (2 * num_local_experts + 1) + 16 + 4 * SignalRelay::kWords + 4 * max_blocks;
     }
     // This launch's counter bank. The epoch lives in shared memory rather than in a register
     // kept across the roles' register reallocation.
@@ -244,12 +247,16 @@ __device__ __forceinline__ void produce_tiles(const FusedParams& p, const Routin
     using L2 = L2Config<kStages, kActSfGran>;
     const gemm::SharedStorage<L1> sm1{smem};
     const gemm::SharedStorage<L2> sm2{smem};
-    const u32* bank = tab.bank(p);
+    u32* bank = tab.bank(p);
     const u32 n1 = p.l1.n / kBlockN, n2 = p.l2.n / kBlockN;
     LagOrderedStream stream(tab.units(), p.lag_units, p.group_units, n1, n2);
     gemm::PipelineState<kStages> st;
+    TileQueueCursor queue;
     StreamTile s;
-    for (u32 t = ptx::ctaid_x(); stream.tile(t, s); t += ptx::nctaid_x()) {
+    for (;;) {
+        const u32 t = atomicAdd(bank + p.bank.ticket, 1u);
+        push_ticket(tab.tiles, queue, t);  // past the end too: it tells the math warpgroups to stop
+        if (!stream.tile(t, s)) break;
         gemm::Tile tile{};
         tile.valid = true;
         tile.group = s.expert;
@@ -293,10 +300,13 @@ __device__ __forceinline__ void compute_tiles(const FusedParams& p, const Routin
     const u32 n1 = p.l1.n / kBlockN, n2 = p.l2.n / kBlockN;
     LagOrderedStream stream(tab.units(), p.lag_units, p.group_units, n1, n2);
     gemm::PipelineState<kStages> st;
+    TileQueueCursor queue;
     float acc[64];
     float out[64];
     StreamTile s;
-    for (u32 t = ptx::ctaid_x(); stream.tile(t, s); t += ptx::nctaid_x()) {
+    for (;;) {
+        const u32 t = pop_ticket(tab.tiles, queue, threadIdx.x % 32);
+        if (!stream.tile(t, s)) break;
         gemm::Tile tile{};
         tile.valid = true;
         tile.group = s.expert;
@@ -354,6 +364,7 @@ sm90_fp8_fused_moe(const __grid_constant__ FusedParams p, const __grid_constant_
             ptx::mbarrier_init_shared(sm1.full(s), 1);
             ptx::mbarrier_init_shared(sm1.empty(s), L1::kEmptyArrivals);
         }
+        tab.tiles.init(L1::kNumMathThreads / 32);
         ptx::fence_mbarrier_init_release_cluster();
         ptx::prefetch_tensormap(&tma_l1_a);
         ptx::prefetch_tensormap(&tma_l1_b);

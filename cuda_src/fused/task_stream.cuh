@@ -4,10 +4,12 @@
 // (expert) order. The stream holds the L1 task of every unit in order, and after the L1 task
 // of unit j, whole groups of `group` L2 tasks for the units at least `lag` units behind; the
 // remaining L2 tasks close the stream. A lag at least the unit count gives the single-wave
-// order (every L1, then every L2). Each task expands into tiles, m-block-major: block 0's
-// n-blocks, then block 1's, ... The CPU model is megamoe_rt/schedule.py:lag_ordered_stream.
+// order (every L1, then every L2). Each task expands into tiles n-block-major: n-block 0 of
+// the unit's blocks, then n-block 1, ... so a wave of CTAs shares each weight tile among
+// up to 8 row blocks and a unit streams its expert's weights once (m-block-major would
+// stream them once per wave). The CPU model is megamoe_rt/schedule.py:lag_ordered_stream.
 //
-// Every role of every CTA walks the same stream and takes tiles blockIdx.x, + gridDim.x, ...
+// Blocks take stream positions in order from a launch-wide ticket (fused/tile_queue.cuh).
 // Each dependency of a tile (its rows, its L1 output, a free ring slot) is produced by a tile
 // earlier in the stream, which is what keeps the persistent grid free of deadlock.
 #pragma once
@@ -49,11 +51,11 @@ class LagOrderedStream {
             if (!next_task()) return false;
         }
         const u32 i = t - begin_;
-        const u32 n = l2_ ? n2_ : n1_;
+        const u32 blocks = units_.blocks(unit_);
         out.l2 = l2_;
-        out.block = units_.first_block[unit_] + i / n;
+        out.block = units_.first_block[unit_] + i % blocks;
         out.expert = units_.expert(unit_);
-        out.n_block = i % n;
+        out.n_block = i / blocks;
         return true;
     }
 

@@ -32,13 +32,18 @@ class BankLayout(ctypes.Structure):
 
     _fields_ = [("words", ctypes.c_uint32), ("counts", ctypes.c_uint32), ("cursors", ctypes.c_uint32),
                 ("arrivals", ctypes.c_uint32), ("l1_done", ctypes.c_uint32), ("l2_read", ctypes.c_uint32),
-                ("pad_", ctypes.c_uint32)]
+                ("ticket", ctypes.c_uint32)]
 
 
 def bank_layout(num_local_experts: int, max_blocks: int) -> BankLayout:
     el, b = num_local_experts, max_blocks
-    return BankLayout(words=2 * el + 3 * b, counts=0, cursors=el, arrivals=2 * el, l1_done=2 * el + b,
-                      l2_read=2 * el + 2 * b)
+    return BankLayout(words=bank_words(el, b), counts=0, cursors=el, arrivals=2 * el, l1_done=2 * el + b,
+                      l2_read=2 * el + 2 * b, ticket=2 * el + 3 * b)
+
+
+def bank_words(num_local_experts: int, max_blocks: int) -> int:
+    """u32 words of one launch-parity bank (the layout's ``fused_banks`` rows)."""
+    return 2 * num_local_experts + 3 * max_blocks + 1
 
 
 class FusedParams(ctypes.Structure):
@@ -68,12 +73,14 @@ TRACE_EVENTS = ("start", "counted", "claimed", "dispatch_done", "producer_done",
                 "combine_done")
 
 
-RELAY_WORDS = 34  # fused/signal_relay.cuh SignalRelay::kWords
+RELAY_WORDS = 34        # fused/signal_relay.cuh SignalRelay::kWords
+TILE_QUEUE_BYTES = 80  # fused/tile_queue.cuh TileQueue::kBytes
 
 
 def table_bytes(num_local_experts: int, max_blocks: int) -> int:
-    """Routing tables and the signal relay's queue in shared memory (fused RoutingTables::bytes)."""
-    return 4 * (2 * num_local_experts + 1) + 16 + 4 * RELAY_WORDS + 4 * max_blocks
+    """Shared memory after the GEMM stages (fused RoutingTables::bytes): the tile queue, the
+    routing tables and the signal relay's queue."""
+    return TILE_QUEUE_BYTES + 4 * (2 * num_local_experts + 1) + 16 + 4 * RELAY_WORDS + 4 * max_blocks
 
 
 def tile_smem_bytes(stages: int) -> int:

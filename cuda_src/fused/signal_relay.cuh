@@ -3,50 +3,59 @@
 // A GPU-scope release (and the proxy fence published TMA inputs need) waits for the
 // releasing thread's earlier writes to be performed. Done by a math thread, it holds up its
 // whole warpgroup (wgmma is warpgroup-collective) once per tile. Instead the math leader
-// posts the counter to bump into a small shared-memory queue (release at CTA scope) and a
-// relay thread of the producer warpgroup does the fence and the release. Cumulativity
-// carries the math threads' stores: they precede the leader's post through a named
-// barrier, and the relay acquires the post before releasing at GPU scope.
+// posts the counter to bump into a small shared-memory ring on mbarriers (arrive releases,
+// wait acquires, at CTA scope) and a relay thread of the producer warpgroup does the fence
+// and the release. Cumulativity carries the math threads' stores: they precede the leader's
+// post through a named barrier, and the relay acquires the post before releasing at GPU
+// scope. The relay sleeps in mbarrier waits instead of polling, so it takes no issue slots
+// from the math warps of its SM.
 #pragma once
 
 #include "common/types.cuh"
 #include "ptx/ld_st.cuh"
-#include "ptx/ld_st_shared.cuh"
+#include "ptx/mbarrier.cuh"
 
 namespace megamoe_rt::fused {
 
 struct SignalRelay {
-    static constexpr u32 kDepth = 32;
-    static constexpr u32 kWords = kDepth + 2;
+    static constexpr u32 kDepth = 16;
+    static constexpr u32 kBytes = kDepth * (8 + 8 + 4);
     static constexpr u32 kProxyFence = 1u << 31;   // the counter publishes rows TMA will read
     static constexpr u32 kStop = 0xFFFFFFFFu;
 
-    u32* head;      // posts so far (written by the math leader)
-    u32* tail;      // posts relayed (written by the relay)
+    u64* full;      // [kDepth] the leader's post is in
+    u64* empty;     // [kDepth] the relay is done with it
     u32* entries;   // [kDepth]: word offset of the counter in the bank, | kProxyFence
 
-    __device__ __forceinline__ explicit SignalRelay(u32* words) : head(words), tail(words + 1), entries(words + 2) {}
+    __device__ __forceinline__ explicit SignalRelay(u8* base)
+        : full(reinterpret_cast<u64*>(base)), empty(full + kDepth), entries(reinterpret_cast<u32*>(empty + kDepth)) {}
 
-    // Math leader. `posted` is its own count of posts (it is the only writer of head).
-    __device__ __forceinline__ void post(u32& posted, u32 entry) const {
-        while (posted - ptx::ld_acquire_cta_shared_u32(tail) >= kDepth) {
+    __device__ __forceinline__ void init() const {
+        for (u32 i = 0; i < kDepth; ++i) {
+            ptx::mbarrier_init_shared(full + i, 1);
+            ptx::mbarrier_init_shared(empty + i, 1);
         }
-        entries[posted % kDepth] = entry;
-        ptx::st_release_cta_shared_u32(head, ++posted);
+    }
+
+    // Math leader. `posted` is its own count of posts.
+    __device__ __forceinline__ void post(u32& posted, u32 entry) const {
+        const u32 slot = posted % kDepth, phase = (posted / kDepth) & 1;
+        ptx::mbarrier_wait_parity_shared(empty + slot, phase ^ 1);  // the first pass finds it free
+        entries[slot] = entry;
+        ptx::mbarrier_arrive_shared(full + slot);
+        ++posted;
     }
 
     // Relay thread: until the stop entry, bump each posted counter with a GPU-scope release.
     __device__ __forceinline__ void run(u32* bank) const {
-        u32 done = 0;
-        for (;;) {
-            const u32 posted = ptx::ld_acquire_cta_shared_u32(head);
-            for (; done < posted; ++done) {
-                const u32 e = entries[done % kDepth];
-                if (e == kStop) return;
-                if (e & kProxyFence) ptx::fence_proxy_async_global();
-                ptx::red_release_gpu_add_u32(bank + (e & ~kProxyFence), 1);
-                ptx::st_release_cta_shared_u32(tail, done + 1);
-            }
+        for (u32 done = 0;; ++done) {
+            const u32 slot = done % kDepth, phase = (done / kDepth) & 1;
+            ptx::mbarrier_wait_parity_shared(full + slot, phase);
+            const u32 e = entries[slot];
+            ptx::mbarrier_arrive_shared(empty + slot);
+            if (e == kStop) return;
+            if (e & kProxyFence) ptx::fence_proxy_async_global();
+            ptx::red_release_gpu_add_u32(bank + (e & ~kProxyFence), 1);
         }
     }
 };

@@ -63,20 +63,19 @@ struct RoutingTables {
     u16* unit_first;  // [max_blocks]
     u16* unit_info;   // [max_blocks]
     u32* scalars;     // [0] units, [1] blocks, [2] pool overflow, [3] launch epoch
-    u32* relay;       // [SignalRelay::kWords]
-    TileQueue tiles;  // first in the region: its mbarriers need 8-byte alignment
+    TileQueue tiles;     // first in the region: mbarriers need 8-byte alignment
+    SignalRelay relay;
 
     __device__ __forceinline__ RoutingTables(u8* base, u32 num_local_experts, u32 max_blocks)
-        : tiles(base) {
-        row_begin = reinterpret_cast<i32*>(base + TileQueue::kBytes);
+        : tiles(base), relay(base + TileQueue::kBytes) {
+        row_begin = reinterpret_cast<i32*>(base + TileQueue::kBytes + SignalRelay::kBytes);
         row_end = row_begin + num_local_experts + 1;
         scalars = reinterpret_cast<u32*>(row_end + num_local_experts);
-        relay = scalars + 4;
-        unit_first = reinterpret_cast<u16*>(relay + SignalRelay::kWords);
+        unit_first = reinterpret_cast<u16*>(scalars + 4);
         unit_info = unit_first + max_blocks;
     }
     static __device__ __forceinline__ u32 bytes(u32 num_local_experts, u32 max_blocks) {
-        return TileQueue::kBytes + 4 * (2 * num_local_experts + 1) + 16 + 4 * SignalRelay::kWords + 4 * max_blocks;
+        return TileQueue::kBytes + SignalRelay::kBytes + 4 * (2 * num_local_experts + 1) + 16 + 4 * max_blocks;
     }
     // This launch's counter bank. The epoch lives in shared memory rather than in a register
     // kept across the roles' register reallocation.
@@ -295,7 +294,7 @@ __device__ __forceinline__ void compute_tiles(const FusedParams& p, const Routin
     const gemm::MathThread<L1> mt1(math_wg);
     const gemm::MathThread<L2> mt2(math_wg);
     const bool leader = threadIdx.x == 128;
-    const SignalRelay relay(tab.relay);
+    const SignalRelay& relay = tab.relay;
     u32 posted = 0;
     const u32 n1 = p.l1.n / kBlockN, n2 = p.l2.n / kBlockN;
     LagOrderedStream stream(tab.units(), p.lag_units, p.group_units, n1, n2);
@@ -359,12 +358,12 @@ sm90_fp8_fused_moe(const __grid_constant__ FusedParams p, const __grid_constant_
             __trap();
         // Launch parity: this launch counts in one bank and clears the other for the next launch.
         tab.scalars[3] = ptx::ld_relaxed_gpu_u32(p.launch_epoch);
-        tab.relay[0] = tab.relay[1] = 0;
         for (u32 s = 0; s < kStages; ++s) {
             ptx::mbarrier_init_shared(sm1.full(s), 1);
             ptx::mbarrier_init_shared(sm1.empty(s), L1::kEmptyArrivals);
         }
         tab.tiles.init(L1::kNumMathThreads / 32);
+        tab.relay.init();
         ptx::fence_mbarrier_init_release_cluster();
         ptx::prefetch_tensormap(&tma_l1_a);
         ptx::prefetch_tensormap(&tma_l1_b);
@@ -386,7 +385,7 @@ sm90_fp8_fused_moe(const __grid_constant__ FusedParams p, const __grid_constant_
                                                &tma_l2_b, &tma_l2_sfa);
             trace(p, kTraceProducerDone);
         } else if (threadIdx.x == kRelayThread) {
-            SignalRelay(tab.relay).run(tab.bank(p));
+            tab.relay.run(tab.bank(p));
         } else if (threadIdx.x >= 32 && threadIdx.x < 32 * (1 + kNumDispatchWarps)) {
             dispatch_rows(p, tab);
             if (threadIdx.x == 32) trace(p, kTraceDispatchDone);

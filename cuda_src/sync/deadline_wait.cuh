@@ -108,6 +108,8 @@ __device__ __forceinline__ u32 wait_acquire_gpu_u32(const u32* word, Done done, 
             elapsed = ptx::globaltimer_ns() - start;
             if (elapsed > timeout_ns) break;
         }
+        // Back off: a polling thread shares its SM's issue slots with the math warps.
+        if (spins > 8) __nanosleep(64);
         seen = ptx::ld_acquire_gpu_u32(word);
     }
     if (!done(seen)) fail_wait(site, ctx, peer, expected, seen, elapsed);

@@ -73,14 +73,14 @@ TRACE_EVENTS = ("start", "counted", "claimed", "dispatch_done", "producer_done",
                 "combine_done")
 
 
-RELAY_WORDS = 34        # fused/signal_relay.cuh SignalRelay::kWords
+RELAY_BYTES = 320       # fused/signal_relay.cuh SignalRelay::kBytes
 TILE_QUEUE_BYTES = 80  # fused/tile_queue.cuh TileQueue::kBytes
 
 
 def table_bytes(num_local_experts: int, max_blocks: int) -> int:
     """Shared memory after the GEMM stages (fused RoutingTables::bytes): the tile queue, the
     routing tables and the signal relay's queue."""
-    return TILE_QUEUE_BYTES + 4 * (2 * num_local_experts + 1) + 16 + 4 * RELAY_WORDS + 4 * max_blocks
+    return TILE_QUEUE_BYTES + RELAY_BYTES + 4 * (2 * num_local_experts + 1) + 16 + 4 * max_blocks
 
 
 def tile_smem_bytes(stages: int) -> int:

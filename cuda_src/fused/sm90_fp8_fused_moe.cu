@@ -45,8 +45,8 @@ constexpr u32 kBlockN = 256;
 constexpr u32 kNumThreads = 384;
 constexpr u32 kNumDispatchWarps = 2;
 constexpr u32 kRelayThread = 96;
-constexpr u32 kProducerRegs = 64;
-constexpr u32 kMathRegs = 216;
+constexpr u32 kProducerRegs = 72;
+constexpr u32 kMathRegs = 208;
 constexpr u32 kMathBarrier = 2;  // named barrier of the 256 math threads (1 is the epilogue's)
 
 template <u32 kStages, u32 kActSfGran>
@@ -252,10 +252,15 @@ __device__ __forceinline__ void produce_tiles(const FusedParams& p, const Routin
     gemm::PipelineState<kStages> st;
     TileQueueCursor queue;
     StreamTile s;
+    // The next ticket is taken while this tile's loads are issued, so the atomic's round trip
+    // is off the path between tiles (holding one position ahead keeps stream order: it is
+    // started right after the current one, which depends on earlier positions only).
+    u32 next = atomicAdd(bank + p.bank.ticket, 1u);
     for (;;) {
-        const u32 t = atomicAdd(bank + p.bank.ticket, 1u);
+        const u32 t = next;
         push_ticket(tab.tiles, queue, t);  // past the end too: it tells the math warpgroups to stop
         if (!stream.tile(t, s)) break;
+        next = atomicAdd(bank + p.bank.ticket, 1u);
         gemm::Tile tile{};
         tile.valid = true;
         tile.group = s.expert;

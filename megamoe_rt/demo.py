@@ -30,7 +30,8 @@ def random_layer_inputs(cupy, tokens: int, hidden: int, intermediate: int, exper
     return dict(x=x, x_sf=x_sf, topk_idx=topk_idx, topk_weights=topk_weights, w1=w1, w1_sf=w1_sf, w2=w2, w2_sf=w2_sf)
 
 
-def run_demo(preset_name: str, tokens: int, *, check_tokens: int = 64, device=None, seed: int = 0) -> int:
+def run_demo(preset_name: str, tokens: int, *, check_tokens: int = 64, device=None, seed: int = 0,
+             mode: str = "unfused") -> int:
     import cupy
 
     from .layer import MegaMoE
@@ -38,9 +39,9 @@ def run_demo(preset_name: str, tokens: int, *, check_tokens: int = 64, device=No
     p = get_preset(preset_name)
     experts = p.num_experts // DEFAULT_EP_RANKS
     print(f"{device.name} ({device.sm_count} SMs): preset {p.name} EP{DEFAULT_EP_RANKS} slice: hidden {p.hidden}, "
-          f"intermediate {p.intermediate}, {experts} experts, top-{p.num_topk}, {tokens} tokens")
+          f"intermediate {p.intermediate}, {experts} experts, top-{p.num_topk}, {tokens} tokens, mode {mode}")
     inp = random_layer_inputs(cupy, tokens, p.hidden, p.intermediate, experts, p.num_topk, seed)
-    layer = MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, tokens)
+    layer = MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, tokens, mode=mode)
     layer.load_weights(inp["w1"], inp["w1_sf"], inp["w2"], inp["w2_sf"])
     args = (inp["x"], inp["x_sf"], inp["topk_idx"], inp["topk_weights"])
     y = layer(*args)
@@ -72,5 +73,6 @@ def run_demo(preset_name: str, tokens: int, *, check_tokens: int = 64, device=No
     print(f"calc_diff vs reference ({len(sample)} tokens, {time.perf_counter() - t0:.1f} s on the CPU): {diff:.2e}"
           f"  {'OK' if ok else 'FAIL'}")
     print(f"time {ms * 1e3:.1f} us (median of 10 calls, one stream, no graph)  {tflops:.1f} TFLOP/s")
-    print(layer.memory_report().splitlines()[-1])
+    report = layer.memory_report().splitlines()
+    print("\n".join(line for line in report if line.startswith(("total", "fused pools"))))
     return 0 if ok else 1

@@ -154,3 +154,44 @@ def pull_cycles(blocks_per_expert: Sequence[int], ring_blocks: int, num_cycles: 
             raise ValueError(f"num_cycles={num_cycles}: this rank needs {len(cycles)}")
         cycles += [[] for _ in range(num_cycles - len(cycles))]
     return cycles
+
+
+# --- the device walk (cuda_src/fused/task_stream.cuh) ---------------------------------------
+
+@dataclass(frozen=True)
+class StreamTile:
+    l2: bool
+    block: int
+    expert: int
+    n_block: int
+
+
+def tile_stream(blocks_per_expert: Sequence[int], lag: int, group: int, l1_n_blocks: int,
+                l2_n_blocks: int) -> list[StreamTile]:
+    """The tiles in the order the fused kernel hands them out (``LagOrderedStream``).
+
+    Mirrors the device walk step for step: L2 groups are released through a pending count
+    after each L1 task, and each task expands n-block-major over its unit's blocks. Tests
+    check it against :func:`lag_ordered_stream` so the device formulation and the model agree.
+    """
+    units = expert_units(blocks_per_expert)
+    tiles: list[StreamTile] = []
+    next_l1 = next_l2 = pending = 0
+    while True:
+        if pending > 0:
+            is_l2, unit = True, units[next_l2]
+            next_l2 += 1
+            pending -= 1
+        elif next_l1 < len(units):
+            is_l2, unit = False, units[next_l1]
+            next_l1 += 1
+            while next_l1 - lag - (next_l2 + pending) >= group:
+                pending += group
+        elif next_l2 < len(units):
+            is_l2, unit = True, units[next_l2]
+            next_l2 += 1
+        else:
+            return tiles
+        n = l2_n_blocks if is_l2 else l1_n_blocks
+        for i in range(unit.num_blocks * n):
+            tiles.append(StreamTile(is_l2, unit.first_block + i % unit.num_blocks, unit.expert, i // unit.num_blocks))

@@ -1,0 +1,83 @@
+"""Where a fused call's time goes: arms bracketed against the unfused layer, then the
+per-block event trace of one fused call (fused.TRACE_EVENTS, µs from the first block's start).
+
+    python bench/fused_breakdown.py flash 8192
+
+Arms: unfused; unfused with its L2 GEMM on the fused kernel's 64x256 tile; fused; fused with
+a ring as large as the worst-case pool (which makes the call single-wave).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import cupy as cp
+import numpy as np
+
+import megamoe_rt.gemm as gemm
+from megamoe_rt import MegaMoE
+from megamoe_rt.bench import DeviceTimer, bracketed
+from megamoe_rt.demo import random_layer_inputs
+from megamoe_rt.gemm_heuristics import _config
+from megamoe_rt.kernels.fused import TRACE_EVENTS
+from megamoe_rt.presets import get_preset
+
+
+def main(preset: str, tokens: int) -> None:
+    p = get_preset(preset)
+    experts = p.num_experts // 8
+    inp = random_layer_inputs(cp, tokens, p.hidden, p.intermediate, experts, p.num_topk, seed=tokens)
+    args = (inp["x"], inp["x_sf"], inp["topk_idx"], inp["topk_weights"])
+    stream = cp.cuda.Stream(non_blocking=True)
+    arms, layers = {}, {}
+
+    def add(name, **kw):
+        layer = MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, tokens, **kw)
+        layer.load_weights(inp["w1"], inp["w1_sf"], inp["w2"], inp["w2_sf"])
+        y = cp.empty((tokens, p.hidden), cp.uint16)
+        with stream:
+            layer(*args, out=y, stream=stream)
+            stream.synchronize()
+            stream.begin_capture()
+            layer(*args, out=y, stream=stream)
+            graph = stream.end_capture()
+        arms[name] = lambda g=graph: g.launch(stream=stream)
+        layers[name] = layer
+
+    add("unfused", mode="unfused")
+    heuristic = gemm.choose_config
+
+    def l2_on_64x256(**kw):
+        if kw["epilogue"] == "scatter_bf16":
+            return _config(64, 256, a_sf_gran=kw.get("a_sf_gran", 128), b_sf_n=128, out_sf_gran=128,
+                           layout=kw["layout"], epilogue=kw["epilogue"])
+        return heuristic(**kw)
+
+    gemm.choose_config = l2_on_64x256
+    add("unfused_l2_64x256", mode="unfused")
+    gemm.choose_config = heuristic
+    add("fused", mode="fused")
+    add("fused_full_pool", mode="fused", ring_blocks=layers["fused"]._plans.schedule.full_pool_blocks)
+    with stream:
+        results = bracketed(DeviceTimer(), arms, rounds=1)
+    pairs = tokens * p.num_topk
+    for name, r in results.items():
+        print(f"{preset} T={tokens} {name:>18}: {r.median_us:8.1f} us  "
+              f"{layers[name].flops(pairs) / r.median_us / 1e6:7.1f} TFLOP/s")
+
+    layer = layers["fused"]
+    trace = cp.zeros((layer.device_info.sm_count, len(TRACE_EVENTS)), cp.uint64)
+    layer._trace_ptr = int(trace.data.ptr)
+    with stream:
+        layer(*args, stream=stream)
+        stream.synchronize()
+    stamps = cp.asnumpy(trace).astype(np.int64)
+    rel = (stamps - stamps[:, 0].min()) / 1e3
+    print(f"fused trace ({layer._plans.schedule}), µs from the first block's start:")
+    for j, event in enumerate(TRACE_EVENTS):
+        col = rel[:, j]
+        print(f"  {event:>15}: min {col.min():8.1f}  median {np.median(col):8.1f}  max {col.max():8.1f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))

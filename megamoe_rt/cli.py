@@ -323,8 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tokens", type=_positive_int, default=2048, help="tokens (default 2048)")
     s.add_argument("--check-tokens", type=_positive_int, default=64,
                    help="tokens checked against the NumPy reference (default 64)")
-    s.add_argument("--mode", choices=("unfused", "fused"), default="unfused",
-                   help="execution mode (default unfused)")
+    s.add_argument("--mode", choices=("unfused", "fused"), default=None,
+                   help="execution mode (default: the layer's, fused where the shape allows)")
     s.set_defaults(func=cmd_demo)
 
     s = sub.add_parser("launch", help="run a script as N ranks, one process per GPU")

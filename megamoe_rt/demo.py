@@ -31,17 +31,17 @@ def random_layer_inputs(cupy, tokens: int, hidden: int, intermediate: int, exper
 
 
 def run_demo(preset_name: str, tokens: int, *, check_tokens: int = 64, device=None, seed: int = 0,
-             mode: str = "unfused") -> int:
+             mode: str | None = None) -> int:
     import cupy
 
     from .layer import MegaMoE
 
     p = get_preset(preset_name)
     experts = p.num_experts // DEFAULT_EP_RANKS
-    print(f"{device.name} ({device.sm_count} SMs): preset {p.name} EP{DEFAULT_EP_RANKS} slice: hidden {p.hidden}, "
-          f"intermediate {p.intermediate}, {experts} experts, top-{p.num_topk}, {tokens} tokens, mode {mode}")
-    inp = random_layer_inputs(cupy, tokens, p.hidden, p.intermediate, experts, p.num_topk, seed)
     layer = MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, tokens, mode=mode)
+    print(f"{device.name} ({device.sm_count} SMs): preset {p.name} EP{DEFAULT_EP_RANKS} slice: hidden {p.hidden}, "
+          f"intermediate {p.intermediate}, {experts} experts, top-{p.num_topk}, {tokens} tokens, mode {layer.mode}")
+    inp = random_layer_inputs(cupy, tokens, p.hidden, p.intermediate, experts, p.num_topk, seed)
     layer.load_weights(inp["w1"], inp["w1_sf"], inp["w2"], inp["w2_sf"])
     args = (inp["x"], inp["x_sf"], inp["topk_idx"], inp["topk_weights"])
     y = layer(*args)

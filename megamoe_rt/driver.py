@@ -392,7 +392,8 @@ class DeviceMemory:
 # --- modules and launches -----------------------------------------------------------
 
 
-def _launch_config(grid, block, smem: int, stream: int, *, cluster=None, cooperative: bool = False):
+def _launch_config(grid, block, smem: int, stream: int, *, cluster=None, cooperative: bool = False,
+                   programmatic: bool = False):
     cu = _cu()
     cfg = cu.CUlaunchConfig()
     cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
@@ -413,6 +414,13 @@ def _launch_config(grid, block, smem: int, stream: int, *, cluster=None, coopera
         attr = cu.CUlaunchAttribute()
         attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
         attr.value.cooperative = 1
+        attrs.append(attr)
+    if programmatic:
+        # Programmatic dependent launch: the kernel may start before the previous kernel in the
+        # stream has finished; it waits for it with griddepcontrol.wait before using its results.
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
         attrs.append(attr)
     cfg.attrs = attrs
     cfg.numAttrs = len(attrs)
@@ -449,13 +457,14 @@ class LoadedKernel:
 
     def launch(self, grid: Sequence[int], block: Sequence[int], args: Sequence[ctypes._SimpleCData | ctypes.Structure],
                *, stream: Any = None, smem_bytes: int | None = None, cluster: Sequence[int] | None = None,
-               in_stream_context: bool = False, cooperative: bool = False) -> None:
+               in_stream_context: bool = False, cooperative: bool = False, programmatic: bool = False) -> None:
         """Launch with ``args`` given as ctypes objects in parameter order.
 
         ``cluster``: thread-block-cluster shape; the grid must be a multiple of it.
         ``in_stream_context``: launch the context-independent ``CUkernel`` so it runs in the
         stream's own context (a green context's stream keeps it inside that partition).
         ``cooperative``: every block is resident at once, or the launch fails (grid barriers).
+        ``programmatic``: programmatic dependent launch (the kernel must griddepcontrol.wait).
         """
         g = tuple(grid) + (1,) * (3 - len(grid))
         b = tuple(block) + (1,) * (3 - len(block))
@@ -467,10 +476,11 @@ class LoadedKernel:
         func = cu.CUfunction(int(self.kernel)) if in_stream_context else self.function
         if cluster is not None and tuple(cluster) in ((1,), (1, 1, 1)):
             cluster = None
-        if cluster is None and not cooperative:
+        if cluster is None and not cooperative and not programmatic:
             call(cu.cuLaunchKernel, func, *g, *b, smem, stream_handle(stream), ctypes.addressof(ptrs), 0)
             return
-        cfg = _launch_config(g, b, smem, stream_handle(stream), cluster=cluster, cooperative=cooperative)
+        cfg = _launch_config(g, b, smem, stream_handle(stream), cluster=cluster, cooperative=cooperative,
+                             programmatic=programmatic)
         call(cu.cuLaunchKernelEx, cfg, func, ctypes.addressof(ptrs), 0)
 
     def max_active_clusters(self, block: Sequence[int], cluster: Sequence[int], smem_bytes: int | None = None) -> int:

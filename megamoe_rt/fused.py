@@ -23,6 +23,9 @@ from .tma import encode_tensor_map_2d
 
 BLOCK_M = fk.BLOCK_M
 GROUP_UNITS = 4
+# Calls bounded by at most this many tokens per rank launch with programmatic dependent launch:
+# their kernel is short enough that overlapping its prologue with the previous kernel counts.
+PDL_MAX_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -132,9 +135,9 @@ class FusedPlan:
             group_units=schedule.group_units, table_smem_offset=fk.tile_smem_bytes(self.stages),
             withhold_block=fk.NO_BLOCK if withhold_block is None else int(withhold_block), trace=trace_ptr)
 
-    def launch(self, idx: str, params: fk.FusedParams, stream: int) -> None:
+    def launch(self, idx: str, params: fk.FusedParams, stream: int, *, programmatic: bool = False) -> None:
         args = [params] + [t.raw for t in self.tensor_maps]
         self.kernel(idx).launch((self.sm_count,), (fk.NUM_THREADS,), args, stream=stream,
-                                smem_bytes=self.smem_bytes, cooperative=True)
+                                smem_bytes=self.smem_bytes, cooperative=True, programmatic=programmatic)
         # The arguments are copied at launch (and into a graph node when captured).
         self._last_args = args

@@ -23,7 +23,7 @@ from .arrays import as_device_array, check_array, cupy_stream, require_cupy
 from .buffer import DeviceBuffer
 from .gemm import plan_grouped_gemm_fp8, plan_grouped_gemm_swiglu_fp8, prepare_swiglu_weights
 from .deadlines import wait_timeout_ns
-from .fused import FusedPlan, buffer_schedule, call_schedule
+from .fused import PDL_MAX_TOKENS, FusedPlan, buffer_schedule, call_schedule
 from .kernels import fused as fk
 from .kernels import moe as mk
 from .kernels.loader import get_kernel
@@ -56,8 +56,10 @@ class MegaMoE:
     validate_ids: check expert ids before launching (one small reduction and a host
         read; skipped while the stream is being captured into a graph).
     debug: also check ids on the device and raise after the call.
-    mode: ``"unfused"`` (separate kernels, full-size pools) or ``"fused"`` (one persistent
-        launch, pools sized as rings around the lag-ordered schedule; needs hidden % 256 == 0).
+    mode: ``"fused"`` (one persistent launch, pools sized as rings around the lag-ordered
+        schedule; needs hidden % 256 == 0) or ``"unfused"`` (separate kernels, full-size pools).
+        Default: fused where the shape allows it (it is faster on every benchmarked shape:
+        bench/results/moe_fused_vs_unfused_h200_2026-11-30.md), else unfused.
     ring_blocks: fused: slots (of 64 rows) of the ring pools; default the schedule's
         ``8 x (lag + group) + 4``; at least the full worst-case pool means the ring never wraps.
     timeout_s: deadline of the fused kernel's waits on other blocks (default
@@ -67,7 +69,7 @@ class MegaMoE:
     def __init__(self, hidden: int, intermediate: int, num_experts: int, num_topk: int,
                  num_max_tokens_per_rank: int, *, swiglu_limit: float | None = None, act_sf_gran: int = 128,
                  pow2_scale: bool = False, track_expert_stats: bool = False, validate_ids: bool = True,
-                 debug: bool = False, device: int | None = None, mode: str = "unfused",
+                 debug: bool = False, device: int | None = None, mode: str | None = None,
                  ring_blocks: int | None = None, timeout_s: float | None = None):
         self.hidden = _positive("hidden", hidden)
         self.intermediate = _positive("intermediate", intermediate)
@@ -84,8 +86,10 @@ class MegaMoE:
             raise ValueError(f"act_sf_gran: expected 64 or 128, got {act_sf_gran!r}")
         if swiglu_limit is not None and not (float(swiglu_limit) > 0):
             raise ValueError(f"swiglu_limit: expected a positive number or None, got {swiglu_limit!r}")
+        if mode is None:
+            mode = "fused" if self.hidden % fk.BLOCK_N == 0 else "unfused"
         if mode not in MODES:
-            raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+            raise ValueError(f"mode: expected one of {MODES} or None, got {mode!r}")
         if mode == "fused" and self.hidden % fk.BLOCK_N:
             raise ValueError(f"hidden={hidden}: mode='fused' needs a multiple of {fk.BLOCK_N} (its L2 tile width)")
         if ring_blocks is not None and mode != "fused":
@@ -246,13 +250,18 @@ class MegaMoE:
             kernels = self._kernels_for(idx)
             grid = mk.grids(t, k, self.device_info.sm_count)
             b = self.buffer
-            driver.memset_d32_async(b.ptr("error_flags"), 0, 4, sh)
             if self.mode == "fused":
+                # Flags are only read in debug mode; without the memset a decode-sized call's
+                # kernel directly follows the previous kernel and can use PDL.
+                if self.debug:
+                    driver.memset_d32_async(b.ptr("error_flags"), 0, 4, sh)
                 plan = self._plans
                 plan.launch(idx, plan.params(params, call_schedule(self.layout, plan.schedule, bound),
                                              timeout_s=self.timeout_s, withhold_block=self._withhold_block,
-                                             trace_ptr=self._trace_ptr), sh)
+                                             trace_ptr=self._trace_ptr), sh,
+                            programmatic=bound <= PDL_MAX_TOKENS)
             else:
+                driver.memset_d32_async(b.ptr("error_flags"), 0, 4, sh)
                 driver.memset_d32_async(b.ptr("expert_recv_counts"), 0, self.num_local_experts, sh)
                 mk.launch_route_dispatch(kernels, params, grid, sh)
                 l1, l2 = self._plans

@@ -123,6 +123,9 @@ def test_bound_and_ring_arguments_are_checked():
         MegaMoE(512, 256, 16, 6, 8192, mode="fused", ring_blocks=50)
     with pytest.raises(ValueError, match="mode"):
         MegaMoE(512, 256, 8, 2, 64, mode="split-ish")
+    # The default is the fused mode wherever its tile fits the shape.
+    assert MegaMoE(512, 256, 8, 2, 64).mode == "fused"
+    assert MegaMoE(384, 256, 8, 2, 64).mode == "unfused"
     report = layer.memory_report()
     assert "fused pools: ring of" in report and "lag" in report
 
@@ -147,6 +150,41 @@ _WITHHELD = textwrap.dedent("""
         sys.exit(3)
     print("finished")
 """)
+
+
+_OVERFLOW = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import cupy as cp
+    from megamoe_rt import MegaMoE, driver, reference as ref
+    from megamoe_rt import layer as layer_mod
+    from megamoe_rt.fused import CallSchedule
+    from cuda.bindings import driver as cu
+    rng = np.random.default_rng(0)
+    t = 2048
+    inp = ref.random_moe_inputs(rng, t, 512, 256, 16, 6)
+    layer = MegaMoE(512, 256, 16, 6, t, mode="fused", timeout_s=1.0)
+    layer.load_weights(inp["w1"], inp["w1_sf"], inp["w2"], inp["w2_sf"])
+    # What a bound below a peer's count does across ranks: a single wave larger than the ring.
+    full = layer._plans.schedule.full_pool_blocks
+    assert layer.layout.pool_blocks < 192 <= full
+    layer_mod.call_schedule = lambda *a: CallSchedule(True, full, 4)
+    args = [cp.asarray(inp[n].view(np.uint8) if n == "x" else inp[n]) for n in ("x", "x_sf", "topk_idx", "topk_weights")]
+    layer(*args)
+    try:
+        driver.call(cu.cuCtxSynchronize)
+    except driver.CudaError as err:
+        print("ERROR", err)
+        sys.exit(3)
+    print("finished")
+""")
+
+
+def test_a_single_wave_larger_than_the_ring_traps_with_a_message():
+    out = subprocess.run([sys.executable, "-c", _OVERFLOW], capture_output=True, text=True, timeout=300)
+    text = out.stdout + out.stderr
+    assert out.returncode == 3, text
+    assert "single-wave call needs" in text and "num_tokens_bound must cover" in text, text
 
 
 @pytest.mark.parametrize("block,finishes", [(0, False), (0xFFFFFFFF, True)])

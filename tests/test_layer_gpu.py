@@ -153,11 +153,11 @@ def test_graph_capture_replays_with_new_inputs_and_counts_stats(mode):
         assert cp.asnumpy(layer.expert_recv_stats).tolist() == expected_stats.tolist()
 
 
-def test_bad_inputs_raise_before_launch():
+def test_bad_inputs_raise_before_launch(mode):
     rng = np.random.default_rng()
     h, i, e, k, t = 512, 256, 8, 2, 64
     inp = ref.random_moe_inputs(rng, t, h, i, e, k)
-    layer = _layer(h, i, e, k, t)
+    layer = _layer(h, i, e, k, t, mode=mode)
     x, x_sf, idx, w = _to_dev(inp)
     with pytest.raises(RuntimeError, match="load_weights"):
         layer(x, x_sf, idx, w)

@@ -361,8 +361,6 @@ sm90_fp8_fused_moe(const __grid_constant__ FusedParams p, const __grid_constant_
         if (ptx::dynamic_smem_size() < p.table_smem_offset + RoutingTables::bytes(m.num_local_experts, p.max_blocks) +
                                            L1::kSmemAlignSlack)
             __trap();
-        // Launch parity: this launch counts in one bank and clears the other for the next launch.
-        tab.scalars[3] = ptx::ld_relaxed_gpu_u32(p.launch_epoch);
         for (u32 s = 0; s < kStages; ++s) {
             ptx::mbarrier_init_shared(sm1.full(s), 1);
             ptx::mbarrier_init_shared(sm1.empty(s), L1::kEmptyArrivals);
@@ -376,6 +374,13 @@ sm90_fp8_fused_moe(const __grid_constant__ FusedParams p, const __grid_constant_
         ptx::prefetch_tensormap(&tma_l2_a);
         ptx::prefetch_tensormap(&tma_l2_b);
         ptx::prefetch_tensormap(&tma_l2_sfa);
+    }
+    // Everything above overlaps the previous kernel under programmatic dependent launch; from
+    // here on the inputs and this buffer's workspace (the previous launch's) are read.
+    ptx::griddepcontrol_wait();
+    if (threadIdx.x == 0) {
+        // Launch parity: this launch counts in one bank and clears the other for the next launch.
+        tab.scalars[3] = ptx::ld_relaxed_gpu_u32(p.launch_epoch);
     }
     for (u32 e = threadIdx.x; e < m.num_local_experts; e += kNumThreads) tab.row_end[e] = 0;  // count scratch
     __syncthreads();
@@ -407,6 +412,8 @@ sm90_fp8_fused_moe(const __grid_constant__ FusedParams p, const __grid_constant_
         sync::grid_barrier_acq_rel_gpu(p.grid_barrier, gridDim.x, p.wait);
         trace(p, kTraceAllTilesDone);
         if (blockIdx.x == 0) ptx::st_relaxed_gpu_u32(p.launch_epoch, tab.scalars[3] + 1);
+        // The next kernel may begin launching; it waits for this one to finish before reading.
+        ptx::griddepcontrol_launch_dependents();
     }
     ptx::bar_sync(kMathBarrier, L1::kNumMathThreads);
     const u32 math_wg = threadIdx.x / 128 - 1;

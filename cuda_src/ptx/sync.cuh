@@ -28,3 +28,16 @@ __device__ __forceinline__ u32 dynamic_smem_size() {
 }
 
 }  // namespace megamoe_rt::ptx
+
+namespace megamoe_rt::ptx {
+
+// Programmatic dependent launch. Without the launch attribute both are no-ops.
+// Waits until the previous kernel in the stream has completed and its writes are visible.
+__device__ __forceinline__ void griddepcontrol_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+// Lets the next kernel in the stream start launching (its blocks still need free SMs).
+__device__ __forceinline__ void griddepcontrol_launch_dependents() {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+}  // namespace megamoe_rt::ptx

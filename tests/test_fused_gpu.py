@@ -130,53 +130,44 @@ def test_bound_and_ring_arguments_are_checked():
     assert "fused pools: ring of" in report and "lag" in report
 
 
-_WITHHELD = textwrap.dedent("""
-    import sys
-    import numpy as np
-    import cupy as cp
-    from megamoe_rt import MegaMoE, driver, reference as ref
-    from cuda.bindings import driver as cu
-    rng = np.random.default_rng(0)
-    inp = ref.random_moe_inputs(rng, 256, 512, 256, 8, 2)
-    layer = MegaMoE(512, 256, 8, 2, 256, mode="fused", timeout_s=0.5)
-    layer.load_weights(inp["w1"], inp["w1_sf"], inp["w2"], inp["w2_sf"])
+def _trap_script(t, h, i, e, k, timeout_s, setup):
+    """A fused call in a fresh process, with `setup` run between load_weights and the call;
+    exits 3 printing the CudaError when the kernel traps."""
+    head = textwrap.dedent(f"""
+        import sys
+        import numpy as np
+        import cupy as cp
+        from megamoe_rt import MegaMoE, driver, reference as ref
+        from cuda.bindings import driver as cu
+        rng = np.random.default_rng(0)
+        inp = ref.random_moe_inputs(rng, {t}, {h}, {i}, {e}, {k})
+        layer = MegaMoE({h}, {i}, {e}, {k}, {t}, mode="fused", timeout_s={timeout_s})
+        layer.load_weights(inp["w1"], inp["w1_sf"], inp["w2"], inp["w2_sf"])
+    """)
+    tail = textwrap.dedent("""
+        args = [cp.asarray(inp[n].view(np.uint8) if n == "x" else inp[n]) for n in ("x", "x_sf", "topk_idx", "topk_weights")]
+        layer(*args)
+        try:
+            driver.call(cu.cuCtxSynchronize)
+        except driver.CudaError as err:
+            print("ERROR", err)
+            sys.exit(3)
+        print("finished")
+    """)
+    return head + textwrap.dedent(setup) + tail
+
+
+_WITHHELD = _trap_script(256, 512, 256, 8, 2, 0.5, """
     layer._withhold_block = int(sys.argv[1])
-    args = [cp.asarray(inp[n].view(np.uint8) if n == "x" else inp[n]) for n in ("x", "x_sf", "topk_idx", "topk_weights")]
-    layer(*args)
-    try:
-        driver.call(cu.cuCtxSynchronize)
-    except driver.CudaError as err:
-        print("ERROR", err)
-        sys.exit(3)
-    print("finished")
 """)
 
-
-_OVERFLOW = textwrap.dedent("""
-    import sys
-    import numpy as np
-    import cupy as cp
-    from megamoe_rt import MegaMoE, driver, reference as ref
+# What a bound below a peer's count does across ranks: a single wave larger than the ring.
+_OVERFLOW = _trap_script(2048, 512, 256, 16, 6, 1.0, """
     from megamoe_rt import layer as layer_mod
     from megamoe_rt.fused import CallSchedule
-    from cuda.bindings import driver as cu
-    rng = np.random.default_rng(0)
-    t = 2048
-    inp = ref.random_moe_inputs(rng, t, 512, 256, 16, 6)
-    layer = MegaMoE(512, 256, 16, 6, t, mode="fused", timeout_s=1.0)
-    layer.load_weights(inp["w1"], inp["w1_sf"], inp["w2"], inp["w2_sf"])
-    # What a bound below a peer's count does across ranks: a single wave larger than the ring.
     full = layer._plans.schedule.full_pool_blocks
     assert layer.layout.pool_blocks < 192 <= full
     layer_mod.call_schedule = lambda *a: CallSchedule(True, full, 4)
-    args = [cp.asarray(inp[n].view(np.uint8) if n == "x" else inp[n]) for n in ("x", "x_sf", "topk_idx", "topk_weights")]
-    layer(*args)
-    try:
-        driver.call(cu.cuCtxSynchronize)
-    except driver.CudaError as err:
-        print("ERROR", err)
-        sys.exit(3)
-    print("finished")
 """)
 
 

@@ -235,6 +235,19 @@ __device__ __forceinline__ void route_and_claim(const FusedParams& p, const Rout
     __syncthreads();
 }
 
+// The GEMM tile of a stream position: metadata rows are global pool rows, A and D rows
+// are the block's ring slot (b_row0 is set per layer).
+__device__ __forceinline__ gemm::Tile ring_tile(const FusedParams& p, const RoutingTables& tab, const StreamTile& s) {
+    gemm::Tile tile{};
+    tile.valid = true;
+    tile.group = s.expert;
+    tile.row0 = s.block * kBlockM;
+    tile.a_row0 = tile.d_row0 = (s.block % p.ring_blocks) * kBlockM;
+    tile.rows = tab.block_rows(s.expert, s.block);
+    tile.n0 = s.n_block * kBlockN;
+    return tile;
+}
+
 template <u32 kStages, u32 kActSfGran>
 __device__ __forceinline__ void produce_tiles(const FusedParams& p, const RoutingTables& tab, u8* smem, const ptx::TmaDescriptor* tma_l1_a,
                                               const ptx::TmaDescriptor* tma_l1_b,
@@ -261,13 +274,7 @@ __device__ __forceinline__ void produce_tiles(const FusedParams& p, const Routin
         push_ticket(tab.tiles, queue, t);  // past the end too: it tells the math warpgroups to stop
         if (!stream.tile(t, s)) break;
         next = atomicAdd(bank + p.bank.ticket, 1u);
-        gemm::Tile tile{};
-        tile.valid = true;
-        tile.group = s.expert;
-        tile.row0 = s.block * kBlockM;
-        tile.a_row0 = tile.d_row0 = (s.block % p.ring_blocks) * kBlockM;
-        tile.rows = tab.block_rows(s.expert, s.block);
-        tile.n0 = s.n_block * kBlockN;
+        gemm::Tile tile = ring_tile(p, tab, s);
         if (!s.l2) {
             sync::wait_ge_acquire_gpu_u32(bank + p.bank.arrivals + s.block, tile.rows, sync::WaitSite::kL1RowsArrived,
                                           p.wait, s.block);
@@ -311,13 +318,7 @@ __device__ __forceinline__ void compute_tiles(const FusedParams& p, const Routin
     for (;;) {
         const u32 t = pop_ticket(tab.tiles, queue, threadIdx.x % 32);
         if (!stream.tile(t, s)) break;
-        gemm::Tile tile{};
-        tile.valid = true;
-        tile.group = s.expert;
-        tile.row0 = s.block * kBlockM;
-        tile.a_row0 = tile.d_row0 = (s.block % p.ring_blocks) * kBlockM;
-        tile.rows = tab.block_rows(s.expert, s.block);
-        tile.n0 = s.n_block * kBlockN;
+        const gemm::Tile tile = ring_tile(p, tab, s);
         if (!s.l2) {
             gemm::consume_tile<L1>(p.l1, tile, p.l1.k / L1::kBlockK, sm1, st, mt1, acc, out, 0);
             gemm::epilogue_swiglu_fp8<L1>(p.l1, tile, mt1, sm1, out);

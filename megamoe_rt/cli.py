@@ -106,6 +106,10 @@ def cmd_plan(args) -> int:
         raise UsageError(f"megamoe-rt plan: {exc}") from None
     experts = args.experts or preset.num_experts
     ranks = args.ranks
+    if args.mode == "fused":  # the fused layer's buffer: 64-row blocks, ring pools
+        args.block_m, args.pool = 64, "ring"
+    elif args.mode == "unfused":
+        args.block_m, args.pool = 128, "full"
     try:
         layout = symm_buffer_layout(
             preset.hidden, preset.intermediate, experts, preset.num_topk, args.tokens, ranks,
@@ -304,6 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tokens", type=_positive_int, default=8192, help="max tokens per rank (default 8192)")
     s.add_argument("--ranks", type=_positive_int, default=8, help="expert-parallel ranks (default 8)")
     s.add_argument("--experts", type=_positive_int, default=None, help="total experts (default: the preset's)")
+    s.add_argument("--mode", choices=("unfused", "fused"), default=None,
+                   help="the buffer a MegaMoE of this mode allocates (sets --block-m and --pool)")
     s.add_argument("--pool", choices=("full", "ring"), default="full")
     s.add_argument("--block-m", type=int, choices=(64, 128), default=128)
     s.add_argument("--act-sf-gran", type=int, choices=(64, 128), default=128)

@@ -37,6 +37,18 @@ def test_plan_json_matches_layout():
     assert [r["name"] for r in data["regions"]] == [r[0] for r in layout.report()]
 
 
+def test_plan_of_the_fused_mode_shows_its_ring_buffer():
+    out = run_cli("plan", "--preset", "flash", "--tokens", "8192", "--ranks", "8", "--mode", "fused", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    layout = symm_buffer_layout(4096, 2048, 256, 6, 8192, 8, block_m=64, pool="ring")
+    full = symm_buffer_layout(4096, 2048, 256, 6, 8192, 8)
+    assert (data["block_m"], data["pool"], data["total_bytes"]) == (64, "ring", layout.total_bytes)
+    assert data["fused_ring_blocks"] == data["pool_blocks"] == 8 * (data["fused_lag_units"] + 4) + 4
+    # The EP8 buffer of the fused mode is over 4x smaller than the unfused mode's full pool buffer.
+    assert full.total_bytes > 4 * layout.total_bytes
+
+
 def test_compile_all_json_reports_quantizer_without_spills():
     out = run_cli("compile", "--all", "--json")
     assert out.returncode == 0, out.stderr

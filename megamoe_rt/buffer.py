@@ -1,7 +1,9 @@
 """The per-rank MoE buffer: one allocation carved into the regions of layout.py.
 
-One rank uses plain device memory (CuPy's allocator); the NVSHMEM symmetric heap
-is another backing of the same interface (offsets, typed views, peer pointers).
+One rank uses plain device memory (:class:`DeviceBuffer`, CuPy's allocator); across ranks the
+same regions live on the NVSHMEM symmetric heap (:class:`megamoe_rt.symm.SymmetricBuffer`).
+Both share this interface: region addresses, typed CuPy views, and (symmetric only) the
+address of a region in a peer rank's buffer.
 """
 
 from __future__ import annotations
@@ -15,7 +17,44 @@ _CUPY_DTYPES = {"e4m3": "uint8", "uint8": "uint8", "bf16": "uint16", "float32": 
                 "uint32": "uint32", "uint64": "uint64"}
 
 
-class DeviceBuffer:
+def typed_view(raw: Any, region) -> Any:
+    """A CuPy uint8 array over a region's bytes, viewed with the region's dtype and shape."""
+    cupy = require_cupy()
+    return raw.view(cupy.dtype(_CUPY_DTYPES[region.dtype])).reshape(region.shape)
+
+
+class LaidOutBuffer:
+    """Regions of a :class:`BufferLayout` over one allocation at ``base_ptr``."""
+
+    layout: BufferLayout
+    device: int
+    base_ptr: int
+
+    def _locate(self, name: str):
+        if any(r.name == name for r in self.layout.regions):
+            region = self.layout.region(name)
+            return region, region.offset
+        region = self.layout.workspace_region(name)  # raises ValueError naming the choices
+        return region, self.layout.region("workspace").offset + region.offset
+
+    def ptr(self, name: str) -> int:
+        """Device address of a region (top level or workspace)."""
+        return self.base_ptr + self._locate(name)[1]
+
+    def _bytes(self, offset: int, nbytes: int) -> Any:
+        """A CuPy uint8 array over ``[offset, offset + nbytes)`` of the allocation."""
+        raise NotImplementedError
+
+    def view(self, name: str) -> Any:
+        """A CuPy array over a region, typed and shaped as the layout says."""
+        region, offset = self._locate(name)
+        return typed_view(self._bytes(offset, region.nbytes), region)
+
+    def memory_report(self) -> list[tuple[str, int, float]]:
+        return self.layout.report()
+
+
+class DeviceBuffer(LaidOutBuffer):
     """Plain device memory laid out by a :class:`BufferLayout` (single rank)."""
 
     def __init__(self, layout: BufferLayout, *, device: int):
@@ -25,26 +64,6 @@ class DeviceBuffer:
         with cupy.cuda.Device(device):
             self._mem = cupy.empty(layout.total_bytes, dtype=cupy.uint8)
         self.base_ptr = int(self._mem.data.ptr)
-        ws = layout.region("workspace")
-        self._workspace_offset = ws.offset
 
-    def _locate(self, name: str):
-        if any(r.name == name for r in self.layout.regions):
-            region = self.layout.region(name)
-            return region, region.offset
-        region = self.layout.workspace_region(name)  # raises ValueError naming the choices
-        return region, self._workspace_offset + region.offset
-
-    def ptr(self, name: str) -> int:
-        """Device address of a region (top level or workspace)."""
-        return self.base_ptr + self._locate(name)[1]
-
-    def view(self, name: str) -> Any:
-        """A CuPy array over a region, typed and shaped as the layout says."""
-        region, offset = self._locate(name)
-        cupy = require_cupy()
-        raw = self._mem[offset:offset + region.nbytes]
-        return raw.view(cupy.dtype(_CUPY_DTYPES[region.dtype])).reshape(region.shape)
-
-    def memory_report(self) -> list[tuple[str, int, float]]:
-        return self.layout.report()
+    def _bytes(self, offset: int, nbytes: int) -> Any:
+        return self._mem[offset:offset + nbytes]

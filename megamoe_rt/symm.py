@@ -1,0 +1,135 @@
+"""NVSHMEM symmetric memory for expert parallelism across ranks (nvshmem4py).
+
+:class:`NvshmemRuntime` bootstraps NVSHMEM in a rank process: rank 0 creates a unique id and
+the launcher's local channel (:class:`megamoe_rt.launch.RankContext`) hands it to the others,
+so no MPI is needed. :class:`SymmetricBuffer` puts a :class:`BufferLayout` on the symmetric
+heap: every rank allocates the same layout, and the base address of each peer's copy (the
+nvshmem_ptr of an NVLink peer) lets kernels load from and store into peer regions directly.
+NVLink multicast (NVLS) is always disabled.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Any
+
+from .arrays import require_cupy
+from .buffer import LaidOutBuffer, typed_view
+from .layout import BufferLayout
+
+
+def _nvshmem():
+    os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
+    try:
+        import nvshmem.core as nvshmem
+    except ImportError as exc:
+        raise RuntimeError(f"nvshmem4py is not importable ({exc}); install megamoe-rt[cu13] "
+                           "(nvshmem4py-cu13 and nvidia-nvshmem-cu13)") from None
+    return nvshmem
+
+
+class NvshmemRuntime:
+    """NVSHMEM in this process, bound to the rank's GPU; one per process."""
+
+    _active: "NvshmemRuntime | None" = None
+
+    def __init__(self, ctx: Any):
+        import numpy as np
+        from cuda.core import Device
+
+        nvshmem = _nvshmem()
+        self.rank, self.world_size = ctx.rank, ctx.world_size
+        self.device = ctx.device
+        dev = Device(self.device)
+        dev.set_current()
+        uid = nvshmem.get_unique_id(empty=self.rank != 0)
+        raw = uid._data.view(np.uint8)
+        data = ctx.broadcast(raw.tobytes() if self.rank == 0 else None, key="nvshmem-uid")
+        if self.rank != 0:
+            raw[:] = np.frombuffer(data, dtype=np.uint8)
+        nvshmem.init(device=dev, uid=uid, rank=self.rank, nranks=self.world_size, initializer_method="uid")
+        self._nvshmem = nvshmem
+        self._buffers: list[SymmetricBuffer] = []
+
+    @classmethod
+    def initialize(cls, ctx: Any) -> "NvshmemRuntime":
+        """The process's runtime, created on first use from the launcher context."""
+        if cls._active is None:
+            cls._active = NvshmemRuntime(ctx)
+        elif (cls._active.rank, cls._active.world_size) != (ctx.rank, ctx.world_size):
+            raise RuntimeError(f"NVSHMEM is already initialized as rank {cls._active.rank} of "
+                               f"{cls._active.world_size}")
+        return cls._active
+
+    def barrier(self, stream: Any) -> None:
+        """All ranks reach this point on ``stream`` (a cuda.core Stream)."""
+        self._nvshmem.barrier(self._nvshmem.Teams.TEAM_WORLD, stream=stream)
+
+    def finalize(self) -> None:
+        """Free every symmetric buffer still open, then finalize NVSHMEM (collective)."""
+        for buf in list(self._buffers):
+            buf.close()
+        self._nvshmem.finalize()
+        if NvshmemRuntime._active is self:
+            NvshmemRuntime._active = None
+
+
+class SymmetricBuffer(LaidOutBuffer):
+    """A :class:`BufferLayout` on the NVSHMEM symmetric heap (same layout on every rank).
+
+    Allocation and :meth:`close` are collective: every rank makes the same calls in order.
+    The allocation starts zeroed, as the fused kernel's launch-parity banks require.
+    """
+
+    def __init__(self, layout: BufferLayout, runtime: NvshmemRuntime):
+        if layout.num_ranks != runtime.world_size:
+            raise ValueError(f"layout: computed for {layout.num_ranks} ranks, the runtime has "
+                             f"{runtime.world_size}")
+        nvshmem = runtime._nvshmem
+        self.layout = layout
+        self.device = runtime.device
+        self.rank = runtime.rank
+        self._runtime = runtime
+        self._buf = nvshmem.buffer(layout.total_bytes)
+        self.base_ptr = int(self._buf.handle)
+        self.peer_base_ptrs = [int(nvshmem.get_peer_buffer(self._buf, pe).handle) if pe != self.rank
+                               else self.base_ptr for pe in range(runtime.world_size)]
+        if any(p == 0 for p in self.peer_base_ptrs):
+            missing = [pe for pe, p in enumerate(self.peer_base_ptrs) if p == 0]
+            raise RuntimeError(f"ranks {missing} are not reachable by load/store (no NVLink peer mapping)")
+        cupy = require_cupy()
+        with cupy.cuda.Device(self.device):
+            self._bytes(0, layout.total_bytes).fill(0)
+            cupy.cuda.Device(self.device).synchronize()
+        runtime._buffers.append(self)
+
+    def _bytes(self, offset: int, nbytes: int, base: int | None = None) -> Any:
+        cupy = require_cupy()
+        mem = cupy.cuda.UnownedMemory((self.base_ptr if base is None else base) + offset, nbytes, self,
+                                      device_id=self.device)
+        return cupy.ndarray((nbytes,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(mem, 0))
+
+    def peer_ptr(self, rank: int, name: str) -> int:
+        """Address of region ``name`` in ``rank``'s buffer, usable by this rank's kernels."""
+        if not 0 <= rank < len(self.peer_base_ptrs):
+            raise ValueError(f"rank={rank}: expected 0..{len(self.peer_base_ptrs) - 1}")
+        return self.peer_base_ptrs[rank] + self._locate(name)[1]
+
+    def peer_view(self, rank: int, name: str) -> Any:
+        """A CuPy array over region ``name`` of ``rank``'s buffer (NVLink loads and stores)."""
+        if not 0 <= rank < len(self.peer_base_ptrs):
+            raise ValueError(f"rank={rank}: expected 0..{len(self.peer_base_ptrs) - 1}")
+        region, offset = self._locate(name)
+        return typed_view(self._bytes(offset, region.nbytes, base=self.peer_base_ptrs[rank]), region)
+
+    def peer_table(self) -> ctypes.Array:
+        """Peer base addresses as a ``u64[num_ranks]`` kernel argument."""
+        return (ctypes.c_uint64 * len(self.peer_base_ptrs))(*self.peer_base_ptrs)
+
+    def close(self) -> None:
+        """Free the symmetric allocation (collective)."""
+        if getattr(self, "_buf", None) is not None:
+            self._runtime._nvshmem.free(self._buf)
+            self._buf = None
+            self._runtime._buffers.remove(self)

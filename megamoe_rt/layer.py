@@ -120,12 +120,14 @@ class MegaMoE:
         self.token_capacity = self.layout.num_max_tokens_per_rank
         self.buffer = DeviceBuffer(self.layout, device=self.device)
         # The fused kernel's counters, grid barrier and launch epoch start from zero once;
-        # after that every launch leaves them ready for the next.
-        self.buffer.view("workspace").fill(0)
+        # after that every launch leaves them ready for the next. The fills run on CuPy's
+        # stream, the calls on the caller's: finish them before any call can be issued.
         cupy = require_cupy()
         with cupy.cuda.Device(self.device):
+            self.buffer.view("workspace").fill(0)
             self.expert_recv_stats = (cupy.zeros(self.num_local_experts, dtype=cupy.int32)
                                       if track_expert_stats else None)
+            cupy.cuda.Device(self.device).synchronize()
         self._plans = None
         self._kernels: dict[tuple[str, str], dict[str, Any]] = {}
 

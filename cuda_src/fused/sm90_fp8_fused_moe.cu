@@ -120,7 +120,8 @@ __device__ __forceinline__ void build_tables(const FusedParams& p, const u32* co
         const u32 blocks = ceil_div(counts[e], kBlockM);
         tab.row_begin[e] = static_cast<i32>(block0 * kBlockM);
         tab.row_end[e] = static_cast<i32>(block0 * kBlockM + counts[e]);
-        for (u32 u = 0; u * kUnitBlocks < blocks; ++u) {
+        // The bound check only matters for a routing past the worst-case pool (flagged below).
+        for (u32 u = 0; u * kUnitBlocks < blocks && unit0 + u < p.max_blocks; ++u) {
             tab.unit_first[unit0 + u] = static_cast<u16>(block0 + u * kUnitBlocks);
             tab.unit_info[unit0 + u] = static_cast<u16>((e << 3) | (min(kUnitBlocks, blocks - u * kUnitBlocks) - 1));
         }
@@ -276,8 +277,10 @@ __device__ __forceinline__ void produce_tiles(const FusedParams& p, const Routin
         next = atomicAdd(bank + p.bank.ticket, 1u);
         gemm::Tile tile = ring_tile(p, tab, s);
         if (!s.l2) {
+            // Past the first ring pass the rows themselves wait on a freed slot: a derived wait.
             sync::wait_ge_acquire_gpu_u32(bank + p.bank.arrivals + s.block, tile.rows, sync::WaitSite::kL1RowsArrived,
-                                          p.wait, s.block);
+                                          p.wait, s.block,
+                                          s.block >= p.ring_blocks ? sync::kDerivedWaitShift : 0u);
             // The epilogue of this tile overwrites the activation slot of block - ring_blocks.
             if (s.block >= p.ring_blocks)
                 sync::wait_ge_acquire_gpu_u32(bank + p.bank.l2_read + s.block - p.ring_blocks, n2,
@@ -357,7 +360,6 @@ sm90_fp8_fused_moe(const __grid_constant__ FusedParams p, const __grid_constant_
     const gemm::SharedStorage<L1> sm1{smem};
 
     if (threadIdx.x == 0) {
-        trace(p, kTraceStart);
         // The host sizes shared memory from the same formula (megamoe_rt.kernels.fused); a mismatch is a bug.
         if (ptx::dynamic_smem_size() < p.table_smem_offset + RoutingTables::bytes(m.num_local_experts, p.max_blocks) +
                                            L1::kSmemAlignSlack)
@@ -380,6 +382,7 @@ sm90_fp8_fused_moe(const __grid_constant__ FusedParams p, const __grid_constant_
     // here on the inputs and this buffer's workspace (the previous launch's) are read.
     ptx::griddepcontrol_wait();
     if (threadIdx.x == 0) {
+        trace(p, kTraceStart);
         // Launch parity: this launch counts in one bank and clears the other for the next launch.
         tab.scalars[3] = ptx::ld_relaxed_gpu_u32(p.launch_epoch);
     }

@@ -57,6 +57,11 @@ _STREAM_GEN_WORDS = 3
 _ERROR_FLAG_WORDS = 4
 
 
+def ep_bank_words(num_ranks: int, num_local_experts: int) -> int:
+    """u32 words of one bank of ``ep_banks`` (ep/params.cuh EpBankLayout)."""
+    return 2 * num_ranks * num_local_experts + 2 * num_ranks
+
+
 def _align_up(n: int, a: int) -> int:
     return -(-n // a) * a
 
@@ -294,6 +299,16 @@ def symm_buffer_layout(
     if slots:
         ws.add("stream_ring_gens", "uint64", (r, slots, _STREAM_GEN_WORDS),
                "per peer and slot: route_ready, layout_ready, consumed generations")
+    if r > 1:
+        ws.add("ep_send_counts", "int32", (e,), "this rank's pairs per global expert")
+        ws.add("ep_send_offsets", "int32", (e + 1,), "send list layout: exclusive scan of ep_send_counts")
+        ws.add("ep_send_cursors", "int32", (e,), "send-list entries claimed so far per global expert")
+        ws.add("ep_src_rows", "int32", (el, r + 1), "first pool row of each (local expert, source rank)")
+        ws.add("ep_expert_totals", "int32", (el,), "rows received per local expert from all ranks")
+        ws.add("ep_banks", "uint32", (_BARRIER_BANKS, ep_bank_words(r, el)),
+               "written by peers, per launch parity: received counts and send-list offsets, "
+               "count_ready and combine_ready words")
+        ws.add("peer_bases", "uint64", (r,), "base address of every rank's buffer, as this rank maps it")
     ws_bytes = _align_up(ws.cursor, REGION_ALIGN)
 
     top = _Packer(REGION_ALIGN)
@@ -313,6 +328,9 @@ def symm_buffer_layout(
     top.add("l2_pool", "e4m3", (rows, i), "L1 output (activated), L2 input")
     top.add("l2_pool_sf", "float32", (i // act_sf_gran, rows), "scales of l2_pool, k-block-major")
     top.add("combine", "bf16", (k, t, h), "expert outputs returned per top-k slot")
+    if r > 1:
+        top.add("send_list", "uint64", (t * k,),
+                "this rank's routed pairs grouped by expert: (weight bits << 32) | token * K + slot")
     top.add("workspace", "uint8", (ws_bytes,), "counters, flags and barrier words")
 
     return BufferLayout(

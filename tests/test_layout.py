@@ -27,8 +27,13 @@ def up(n: int, a: int = 1024) -> int:
     return -(-n // a) * a
 
 
+EP_WORKSPACE = ["ep_send_counts", "ep_send_offsets", "ep_send_cursors", "ep_src_rows", "ep_expert_totals",
+                "ep_banks", "peer_bases"]
+
+
 def check_invariants(lay: BufferLayout) -> None:
-    assert [r.name for r in lay.regions] == TOP_LEVEL
+    multi = lay.num_ranks > 1
+    assert [r.name for r in lay.regions] == TOP_LEVEL[:-1] + (["send_list"] if multi else []) + ["workspace"]
     prev_end = 0
     for r in lay.regions:
         assert r.offset % 1024 == 0, r
@@ -54,6 +59,9 @@ def check_invariants(lay: BufferLayout) -> None:
     names = [w.name for w in lay.workspace]
     assert ("ring_empty_counts" in names) == (lay.pool == "ring")
     assert ("stream_ring_gens" in names) == (lay.stream_slots > 0)
+    assert all((n in names) == multi for n in EP_WORKSPACE)
+    if multi:
+        assert lay.region("send_list").shape == (lay.num_max_tokens_per_rank * lay.num_topk,)
 
     # TMA: 16-byte aligned bases and 16-byte multiple row strides.
     for r in lay.regions:
@@ -136,12 +144,21 @@ def test_flash_full_pool_sizes():
         2 * (2 * EL + 3 * blocks + 1) * 4,  # fused_banks 74992
         32 * 4,            # launch_epoch             128
         4 * 4,             # error_flags               16
+        256 * 4,           # ep_send_counts          1024
+        257 * 4,           # ep_send_offsets         1028
+        256 * 4,           # ep_send_cursors         1024
+        EL * (R + 1) * 4,  # ep_src_rows             1152
+        EL * 4,            # ep_expert_totals         128
+        2 * (2 * R * EL + 2 * R) * 4,  # ep_banks    4224
+        R * 8,             # peer_bases                64
     ]
     ws_end = 0
     for part in ws_parts:
         ws_end = up(ws_end, 128) + part
     expected["workspace"] = up(ws_end, 1024)
-    assert expected["workspace"] == up(1024 + 256 + 128 + 12416 + 24832 + 128 + 128 + 75008 + 128 + 16, 1024)
+    assert expected["workspace"] == up(1024 + 256 + 128 + 12416 + 24832 + 128 + 128 + 75008 + 128 + 128
+                                       + 1024 + 1152 + 1024 + 1152 + 128 + 4224 + 64, 1024)
+    expected["send_list"] = 8192 * 6 * 8
 
     for name, nbytes in expected.items():
         assert lay.region(name).nbytes == nbytes, name
@@ -162,9 +179,10 @@ def test_flash_full_pool_sizes():
         + up(3103 * 128 * 2048)             # l2_pool
         + up(16 * 3103 * 128 * 4)           # l2_pool_sf
         + up(6 * 8192 * 4096 * 2)           # combine
+        + up(8192 * 6 * 8)                  # send_list
         + expected["workspace"]             # workspace
     )
-    assert lay.total_bytes == total == 2_960_603_136 + 74_752
+    assert lay.total_bytes == total == 2_960_603_136 + 74_752 + 393_216 + 9_216
     assert lay.region("l1_pool").offset == sum(up(expected[n]) for n in TOP_LEVEL[:4])
 
 
@@ -282,5 +300,5 @@ def test_format_report():
     assert f"{lay.total_bytes / MiB:.2f}" in total_lines[0]
     assert "134.00" in text  # l1_pool: 268 blocks * 128 rows * 4096 B
     report = lay.report()
-    assert [n for n, _, _ in report] == TOP_LEVEL
+    assert [n for n, _, _ in report] == TOP_LEVEL[:-1] + ["send_list", "workspace"]
     assert all(mib == pytest.approx(b / MiB) for _, b, mib in report)

@@ -68,6 +68,18 @@ __device__ __forceinline__ u64 ld_acquire_sys_u64(const u64* ptr) {
     return v;
 }
 
+__device__ __forceinline__ u32 ld_acquire_sys_u32(const u32* ptr) {
+    u32 v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(ptr) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void st_release_sys_u32(u32* ptr, u32 v) {
+    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(ptr), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+
 __device__ __forceinline__ u32 ld_acquire_gpu_u32(const u32* ptr) {
     u32 v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(ptr) : "memory");

@@ -90,6 +90,25 @@ __device__ __forceinline__ u64 wait_ge_acquire_sys_u64(const u64* word, u64 expe
     return seen;
 }
 
+// Waits until *word >= expected (acquire, system scope: a peer rank's store over NVLink).
+// Kernels without wgmma only: the report prints.
+__device__ __forceinline__ u32 wait_ge_acquire_sys_u32(const u32* word, u32 expected, WaitSite site,
+                                                       const WaitContext& ctx, u32 peer) {
+    const u64 start = ptx::globaltimer_ns();
+    u32 seen = ptx::ld_acquire_sys_u32(word);
+    u32 spins = 0;
+    bool expired = false;
+    while (seen < expected) {
+        if ((++spins & 255u) == 0 && ptx::globaltimer_ns() - start > ctx.timeout_ns) {
+            expired = true;
+            break;
+        }
+        seen = ptx::ld_acquire_sys_u32(word);
+    }
+    if (expired) report_wait_timeout(site, ctx, peer, expected, seen);
+    return seen;
+}
+
 // Waits until `done(*word)` (acquire, GPU scope) and returns the value seen; on timeout
 // records and traps without a call (wgmma kernels). `expected` is only for the report.
 // `deadline_shift`: waits that can only be stuck because another wait is give themselves

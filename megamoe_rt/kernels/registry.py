@@ -10,13 +10,14 @@ from ..jit import KernelSpec
 
 
 def all_kernel_specs() -> list[KernelSpec]:
-    from . import fused, gemm, moe, probe, quantize
+    from . import ep, fused, gemm, moe, probe, quantize
 
     specs: list[KernelSpec] = []
     specs += quantize.kernel_specs()
     specs += gemm.kernel_specs()
     specs += moe.kernel_specs()
     specs += fused.kernel_specs()
+    specs += ep.kernel_specs()
     specs += probe.kernel_specs()
     names = [s.name for s in specs]
     dup = {n for n in names if names.count(n) > 1}

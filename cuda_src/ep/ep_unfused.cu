@@ -1,0 +1,221 @@
+// The cross-rank steps of the unfused layer under expert parallelism (pull dispatch over
+// NVLink, scatter combine), one kernel per step on the caller's stream:
+//
+//   ep_begin        zero this rank's other bank (launch parity)
+//   ep_count        pairs per global expert
+//   ep_send_scan    send list layout (grouped by destination rank, then expert)
+//   ep_claim        each pair's send-list entry: (weight, token * K + slot)
+//   ep_publish      per destination: counts and send-list offsets into its bank, then its
+//                   count_ready word (release, system scope)
+//   ep_recv_layout  wait for every source's count_ready; lay out the pool by (expert, source)
+//   ep_dispatch     pull each pool row from its source rank: the send-list entry, the x row
+//                   and its scales, over NVLink; the row's combine slot is in the source's buffer
+//   (L1 and L2 grouped GEMMs; the L2 epilogue scatters into the sources' combine buffers)
+//   ep_finish       tell every rank its partials are in, wait until every rank did the same,
+//                   bump the launch epoch
+//   (combine over this rank's tokens)
+//
+// The protocol and why the parity banks make it safe across back-to-back launches:
+// megamoe_rt/ep_protocol.py. Every wait on a peer has a deadline and names the peer.
+
+#include "common/types.cuh"
+#include "ep/params.cuh"
+#include "moe/params.cuh"
+#include "ptx/ld_st.cuh"
+#include "sync/deadline_wait.cuh"
+
+namespace megamoe_rt::ep {
+
+constexpr u32 kThreads = 256;
+constexpr u32 kScanThreads = 1024;
+constexpr u32 kMaxExperts = 1024;
+static_assert(kScanThreads >= kMaxExperts, "one scan block covers every global expert (checked on the host)");
+
+__global__ void __launch_bounds__(kThreads) ep_begin(const __grid_constant__ EpParams p) {
+    u32* other = p.banks + (launch_bank(p) ^ 1u) * p.bank.words;
+    for (u32 i = blockIdx.x * kThreads + threadIdx.x; i < p.bank.words; i += gridDim.x * kThreads) other[i] = 0;
+}
+
+// Global expert of a pair, or -1 for empty slots and (flagged) out-of-range ids.
+template <typename IdxT>
+__device__ __forceinline__ i32 global_expert(const moe::MoeParams& m, u32 pair) {
+    const i64 id = moe::load_expert_id<IdxT>(m, pair);
+    if (id == -1) return -1;
+    if (id < -1 || id >= static_cast<i64>(m.num_experts)) {
+        atomicOr(m.error_flags, moe::ErrorFlags::kExpertIdOutOfRange);
+        return -1;
+    }
+    return static_cast<i32>(id);
+}
+
+template <typename IdxT>
+__global__ void __launch_bounds__(kThreads) ep_count(const __grid_constant__ EpParams p) {
+    __shared__ i32 hist[kMaxExperts];
+    const moe::MoeParams& m = p.moe;
+    for (u32 e = threadIdx.x; e < m.num_experts; e += kThreads) hist[e] = 0;
+    __syncthreads();
+    const u32 pairs = m.num_tokens * m.num_topk;
+    for (u32 i = blockIdx.x * kThreads + threadIdx.x; i < pairs; i += gridDim.x * kThreads) {
+        const i32 g = global_expert<IdxT>(m, i);
+        if (g >= 0) atomicAdd(&hist[g], 1);
+    }
+    __syncthreads();
+    for (u32 e = threadIdx.x; e < m.num_experts; e += kThreads)
+        if (hist[e]) atomicAdd(&p.send_counts[e], hist[e]);
+}
+
+// One block: exclusive scan of the send counts (experts are numbered rank-major, so the send
+// list comes grouped by destination rank and, inside, by its local expert).
+__global__ void __launch_bounds__(kScanThreads) ep_send_scan(const __grid_constant__ EpParams p) {
+    __shared__ i32 scan[kScanThreads];
+    const u32 e = threadIdx.x;
+    const u32 n = p.moe.num_experts;
+    const i32 count = e < n ? p.send_counts[e] : 0;
+    scan[e] = count;
+    __syncthreads();
+    for (u32 step = 1; step < kScanThreads; step *= 2) {
+        const i32 v = e >= step ? scan[e - step] : 0;
+        __syncthreads();
+        scan[e] += v;
+        __syncthreads();
+    }
+    if (e < n) p.send_offsets[e] = scan[e] - count;
+    if (e == n - 1) p.send_offsets[n] = scan[e];
+}
+
+template <typename IdxT>
+__global__ void __launch_bounds__(kThreads) ep_claim(const __grid_constant__ EpParams p) {
+    const moe::MoeParams& m = p.moe;
+    const u32 pairs = m.num_tokens * m.num_topk;
+    for (u32 i = blockIdx.x * kThreads + threadIdx.x; i < pairs; i += gridDim.x * kThreads) {
+        const i32 g = global_expert<IdxT>(m, i);
+        if (g < 0) continue;
+        const i32 pos = p.send_offsets[g] + atomicAdd(&p.send_cursors[g], 1);
+        p.send_list[pos] = (static_cast<u64>(__float_as_uint(m.topk_weights[i])) << 32) | i;
+    }
+}
+
+// One block. The send list and counts come from earlier kernels on this stream (complete);
+// the system-scope release of each count_ready word publishes them to that destination.
+__global__ void __launch_bounds__(kThreads) ep_publish(const __grid_constant__ EpParams p) {
+    const u32 b = launch_bank(p);
+    const u32 el = p.moe.num_local_experts;
+    for (u32 d = 0; d < p.num_ranks; ++d) {
+        for (u32 e = threadIdx.x; e < el; e += kThreads) {
+            const u32 slot = p.rank * el + e;
+            *peer_bank_word(p, d, b, p.bank.recv_counts + slot) = static_cast<u32>(p.send_counts[d * el + e]);
+            *peer_bank_word(p, d, b, p.bank.recv_offsets + slot) = static_cast<u32>(p.send_offsets[d * el + e]);
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < p.num_ranks) {
+        ptx::fence_acq_rel_sys();  // every thread's stores above, observed through the barrier
+        ptx::st_release_sys_u32(peer_bank_word(p, threadIdx.x, b, p.bank.count_ready + p.rank), 1);
+    }
+}
+
+// One block: wait for every source, then the pool: experts block-aligned, inside an expert
+// the sources in rank order.
+__global__ void __launch_bounds__(kScanThreads) ep_recv_layout(const __grid_constant__ EpParams p) {
+    __shared__ i32 scan[kScanThreads];
+    const moe::MoeParams& m = p.moe;
+    const u32 b = launch_bank(p);
+    const u32* bank = p.banks + b * p.bank.words;
+    if (threadIdx.x < p.num_ranks)
+        sync::wait_ge_acquire_sys_u32(bank + p.bank.count_ready + threadIdx.x, 1, sync::WaitSite::kExpertCountsArrived,
+                                      p.wait, threadIdx.x);
+    __syncthreads();
+    const u32 e = threadIdx.x;
+    const u32 el = m.num_local_experts;
+    i32 total = 0;
+    if (e < el)
+        for (u32 s = 0; s < p.num_ranks; ++s) total += static_cast<i32>(bank[p.bank.recv_counts + s * el + e]);
+    const i32 align = static_cast<i32>(m.pool_align);
+    const i32 padded = (total + align - 1) / align * align;
+    scan[e] = padded;
+    __syncthreads();
+    for (u32 step = 1; step < kScanThreads; step *= 2) {
+        const i32 v = e >= step ? scan[e - step] : 0;
+        __syncthreads();
+        scan[e] += v;
+        __syncthreads();
+    }
+    if (e < el) {
+        const i32 begin = scan[e] - padded;
+        m.expert_offsets[e] = begin;
+        m.expert_counts[e] = total;
+        if (m.expert_recv_stats != nullptr) m.expert_recv_stats[e] += total;
+        i32 row = begin;
+        i32* rows = p.src_rows + e * (p.num_ranks + 1);
+        for (u32 s = 0; s < p.num_ranks; ++s) {
+            rows[s] = row;
+            row += static_cast<i32>(bank[p.bank.recv_counts + s * el + e]);
+        }
+        rows[p.num_ranks] = row;
+    }
+    if (e == el - 1) {
+        m.expert_offsets[el] = scan[e];
+        if (static_cast<u32>(scan[e]) > m.pool_rows) atomicOr(m.error_flags, moe::ErrorFlags::kPoolOverflow);
+    }
+}
+
+// A warp per pool row: find its (expert, source, index), pull the send-list entry, the x row
+// and its scales from the source rank, and write the row's metadata.
+__global__ void __launch_bounds__(kThreads) ep_dispatch(const __grid_constant__ EpParams p) {
+    const moe::MoeParams& m = p.moe;
+    const u32 lane = threadIdx.x % 32;
+    const u32 warps = gridDim.x * (kThreads / 32);
+    const u32 el = m.num_local_experts;
+    const u32 rows = static_cast<u32>(m.expert_offsets[el]);
+    if (rows > m.pool_rows) return;  // flagged by ep_recv_layout
+    const u32 b = launch_bank(p);
+    const u32* bank = p.banks + b * p.bank.words;
+    const u32 sf_cols = m.hidden / 128;
+    for (u32 row = (blockIdx.x * kThreads + threadIdx.x) / 32; row < rows; row += warps) {
+        // Last expert whose first row is <= row (offsets are non-decreasing).
+        u32 lo = 0, hi = el;
+        while (hi - lo > 1) {
+            const u32 mid = (lo + hi) / 2;
+            if (static_cast<u32>(m.expert_offsets[mid]) <= row) lo = mid; else hi = mid;
+        }
+        const i32* src_rows = p.src_rows + lo * (p.num_ranks + 1);
+        if (static_cast<i32>(row) >= src_rows[p.num_ranks]) continue;  // padding
+        u32 s = 0;
+        while (static_cast<i32>(row) >= src_rows[s + 1]) ++s;
+        const u32 j = row - static_cast<u32>(src_rows[s]);
+        const u32 list_pos = bank[p.bank.recv_offsets + s * el + lo] + j;
+        const u64 entry = peer_ptr<const u64>(p, s, p.off_send_list)[list_pos];
+        const u32 pair = static_cast<u32>(entry);
+        const u32 token = pair / m.num_topk, slot = pair % m.num_topk;
+        const ptx::u32x4* src = peer_ptr<const ptx::u32x4>(p, s, p.off_x + static_cast<u64>(token) * m.hidden);
+        ptx::u32x4* dst = reinterpret_cast<ptx::u32x4*>(m.pool + static_cast<u64>(row) * m.hidden);
+        for (u32 v = lane; v < m.hidden / 16; v += 32) dst[v] = src[v];
+        const float* src_sf = peer_ptr<const float>(p, s, p.off_x_sf);
+        for (u32 c = lane; c < sf_cols; c += 32)
+            m.pool_sf[static_cast<u64>(c) * m.pool_rows + row] = src_sf[static_cast<u64>(c) * m.token_capacity + token];
+        if (lane == 0) {
+            m.pool_src[row] = static_cast<i32>((s * m.token_capacity + token) * m.num_topk + slot);
+            m.pool_weight[row] = __uint_as_float(static_cast<u32>(entry >> 32));
+            m.pool_dst[row] = p.peer_bases[s] + p.off_combine +
+                              (static_cast<u64>(slot) * m.token_capacity + token) * m.hidden * 2ull;
+        }
+    }
+}
+
+// One block, after the L2 GEMM on this stream has completed: every partial this rank owes
+// another rank is in that rank's combine buffer.
+__global__ void __launch_bounds__(kThreads) ep_finish(const __grid_constant__ EpParams p) {
+    const u32 b = launch_bank(p);
+    if (threadIdx.x < p.num_ranks) {
+        ptx::fence_acq_rel_sys();
+        ptx::st_release_sys_u32(peer_bank_word(p, threadIdx.x, b, p.bank.combine_ready + p.rank), 1);
+        const u32* own = p.banks + b * p.bank.words;
+        sync::wait_ge_acquire_sys_u32(own + p.bank.combine_ready + threadIdx.x, 1, sync::WaitSite::kCombineArrived,
+                                      p.wait, threadIdx.x);
+    }
+    __syncthreads();
+    // Every read of the epoch in this launch is behind us (earlier kernels, and the bank above).
+    if (threadIdx.x == 0) *p.launch_epoch += 1;
+}
+
+}  // namespace megamoe_rt::ep

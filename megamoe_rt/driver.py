@@ -334,6 +334,20 @@ def memset_d32_async(ptr: int, value: int, count: int, stream: Any = None) -> No
         call(_cu().cuMemsetD32Async, ptr, value & 0xFFFFFFFF, count, stream_handle(stream))
 
 
+def memcpy_2d_async(dst: int, dst_pitch: int, src: int, src_pitch: int, width_bytes: int, rows: int,
+                    stream: Any = None) -> None:
+    """Device-to-device copy of ``rows`` rows of ``width_bytes`` between pitched layouts."""
+    if not rows or not width_bytes:
+        return
+    cu = _cu()
+    m = cu.CUDA_MEMCPY2D()
+    m.srcMemoryType = m.dstMemoryType = cu.CUmemorytype.CU_MEMORYTYPE_DEVICE
+    m.srcDevice, m.srcPitch = src, src_pitch
+    m.dstDevice, m.dstPitch = dst, dst_pitch
+    m.WidthInBytes, m.Height = width_bytes, rows
+    call(cu.cuMemcpy2DAsync, m, stream_handle(stream))
+
+
 def stream_is_capturing(stream: Any = None) -> bool:
     cu = _cu()
     status = call(cu.cuStreamIsCapturing, stream_handle(stream))

@@ -62,15 +62,20 @@ class MegaMoE:
         bench/results/moe_fused_vs_unfused_h200_2026-11-30.md), else unfused.
     ring_blocks: fused: slots (of 64 rows) of the ring pools; default the schedule's
         ``8 x (lag + group) + 4``; at least the full worst-case pool means the ring never wraps.
-    timeout_s: deadline of the fused kernel's waits on other blocks (default
+    timeout_s: deadline of every wait on another block or rank (default
         ``$MEGAMOE_RT_TIMEOUT_S`` or 60 s); a wait past it traps and the error names it.
+    group: a :class:`megamoe_rt.launch.RankContext` (``megamoe_rt.launch.context_from_env()``
+        in a script started by ``megamoe-rt launch``): run expert-parallel across its ranks,
+        ``num_experts`` split evenly (rank r owns experts ``[r*E/R, (r+1)*E/R)``), the buffer on
+        the NVSHMEM symmetric heap. Every rank constructs the layer and makes every call.
+        Unfused mode only for now.
     """
 
     def __init__(self, hidden: int, intermediate: int, num_experts: int, num_topk: int,
                  num_max_tokens_per_rank: int, *, swiglu_limit: float | None = None, act_sf_gran: int = 128,
                  pow2_scale: bool = False, track_expert_stats: bool = False, validate_ids: bool = True,
                  debug: bool = False, device: int | None = None, mode: str | None = None,
-                 ring_blocks: int | None = None, timeout_s: float | None = None):
+                 ring_blocks: int | None = None, timeout_s: float | None = None, group: Any = None):
         self.hidden = _positive("hidden", hidden)
         self.intermediate = _positive("intermediate", intermediate)
         self.num_experts = _positive("num_experts", num_experts)
@@ -86,8 +91,13 @@ class MegaMoE:
             raise ValueError(f"act_sf_gran: expected 64 or 128, got {act_sf_gran!r}")
         if swiglu_limit is not None and not (float(swiglu_limit) > 0):
             raise ValueError(f"swiglu_limit: expected a positive number or None, got {swiglu_limit!r}")
+        world = 1 if group is None else int(group.world_size)
+        if world > 1 and self.num_experts % world:
+            raise ValueError(f"num_experts={num_experts}: expected a multiple of the {world} ranks")
+        if world > 1 and mode == "fused":
+            raise ValueError("mode='fused' does not run across ranks yet; use mode='unfused' with group=")
         if mode is None:
-            mode = "fused" if self.hidden % fk.BLOCK_N == 0 else "unfused"
+            mode = "fused" if self.hidden % fk.BLOCK_N == 0 and world == 1 else "unfused"
         if mode not in MODES:
             raise ValueError(f"mode: expected one of {MODES} or None, got {mode!r}")
         if mode == "fused" and self.hidden % fk.BLOCK_N:
@@ -103,22 +113,36 @@ class MegaMoE:
         self.pow2_scale = bool(pow2_scale)
         self.validate_ids = bool(validate_ids)
         self.debug = bool(debug)
-        self.num_ranks = 1
-        self.num_local_experts = self.num_experts
+        self.group = group if world > 1 else None
+        self.num_ranks = world
+        self.rank = 0 if group is None else int(group.rank)
+        self.num_local_experts = self.num_experts // world
+        self.first_local_expert = self.rank * self.num_local_experts
 
+        if device is None and group is not None:
+            device = group.device
         self.device_info = driver.require_hopper(device)
         self.device = self.device_info.ordinal
         driver.ensure_context(self.device)
         fused = mode == "fused"
         self.pool_align = fk.BLOCK_M if fused else POOL_ALIGN
         self.layout = symm_buffer_layout(self.hidden, self.intermediate, self.num_experts, self.num_topk,
-                                         self.num_max_tokens_per_rank, 1, block_m=self.pool_align,
+                                         self.num_max_tokens_per_rank, world, block_m=self.pool_align,
                                          act_sf_gran=act_sf_gran, pool="ring" if fused else "full",
                                          ring_blocks=ring_blocks)
         if fused:
             buffer_schedule(self.layout)  # a ring below the live window is refused here
         self.token_capacity = self.layout.num_max_tokens_per_rank
-        self.buffer = DeviceBuffer(self.layout, device=self.device)
+        self._ep = None
+        if self.group is None:
+            self.buffer = DeviceBuffer(self.layout, device=self.device)
+        else:
+            from .ep import EpUnfusedRunner
+            from .symm import NvshmemRuntime, SymmetricBuffer
+
+            self.buffer = SymmetricBuffer(self.layout, NvshmemRuntime.initialize(self.group))
+            self._ep = EpUnfusedRunner(self.buffer, rank=self.rank, num_ranks=world, device=self.device,
+                                       sm_count=self.device_info.sm_count, timeout_s=timeout_s)
         # The fused kernel's counters, grid barrier and launch epoch start from zero once;
         # after that every launch leaves them ready for the next. The fills run on CuPy's
         # stream, the calls on the caller's: finish them before any call can be issued.
@@ -128,6 +152,8 @@ class MegaMoE:
             self.expert_recv_stats = (cupy.zeros(self.num_local_experts, dtype=cupy.int32)
                                       if track_expert_stats else None)
             cupy.cuda.Device(self.device).synchronize()
+        if self.group is not None:
+            self.group.barrier()  # no peer writes into this buffer before it is zeroed
         self._plans = None
         self._kernels: dict[tuple[str, str], dict[str, Any]] = {}
 
@@ -177,7 +203,7 @@ class MegaMoE:
                              act_sf_gran=self.act_sf_gran, swiglu_limit=self.swiglu_limit,
                              pow2_scale=self.pow2_scale, sm_count=self.device_info.sm_count, device=self.device)
         # One rank: the received counts are this rank's own row of expert_recv_counts.
-        counts = b.view("expert_recv_counts").reshape(-1)
+        counts = b.view("ep_expert_totals") if self._ep is not None else b.view("expert_recv_counts").reshape(-1)
         common = dict(group_offsets=b.view("expert_pool_offsets"), group_counts=counts,
                       check_layout=False, a_sf_kmajor=True, stream=0)
         l1 = plan_grouped_gemm_swiglu_fp8(
@@ -228,6 +254,13 @@ class MegaMoE:
             raise ValueError(f"x: {t} tokens exceed the layer's capacity "
                              f"(num_max_tokens_per_rank={self.num_max_tokens_per_rank})")
         bound = self._check_bound(num_tokens_bound, t)
+        if self.group is not None and self.debug:
+            # One small exchange over the launcher channel: a bound that differs between ranks
+            # would size schedules differently on each side of the same exchange.
+            root = self.group.broadcast(str(bound).encode() if self.rank == 0 else None, key="num_tokens_bound")
+            if int(root) != bound:
+                raise ValueError(f"num_tokens_bound={bound} on rank {self.rank}, {int(root)} on rank 0: "
+                                 "it must be the same on every rank")
         sfa = as_device_array(x_sf, "x_sf", stream=sh)
         check_array(sfa, "x_sf", dtypes=("float32",), shape=(t, h // 128), device=self.device, align=4)
         ia = as_device_array(topk_idx, "topk_idx", stream=sh)
@@ -240,8 +273,8 @@ class MegaMoE:
             y = cupy.empty((t, h), dtype=cupy.uint16) if out is None else out
             ya = as_device_array(y, "out", stream=sh)
             check_array(ya, "out", dtypes=("bf16",), shape=(t, h), device=self.device)
-            if t == 0:
-                return y
+            if t == 0 and self._ep is None:
+                return y  # across ranks a rank without tokens still serves its experts
             capturing = driver.stream_is_capturing(sh)
             if self.validate_ids and not capturing:
                 ids = cupy.asarray(topk_idx)
@@ -252,7 +285,9 @@ class MegaMoE:
             kernels = self._kernels_for(idx)
             grid = mk.grids(t, k, self.device_info.sm_count)
             b = self.buffer
-            if self.mode == "fused":
+            if self._ep is not None:
+                self._ep.run(idx, params, xa, sfa, t, self._plans, kernels, sh)
+            elif self.mode == "fused":
                 # Flags are only read in debug mode; without the memset a decode-sized call's
                 # kernel directly follows the previous kernel and can use PDL.
                 if self.debug:
@@ -298,9 +333,11 @@ class MegaMoE:
         return mk.MoeParams(
             topk_idx=ia.ptr, topk_weights=wa.ptr, x=xa.ptr, x_sf=sfa.ptr,
             num_tokens=t, num_topk=self.num_topk, hidden=self.hidden, num_experts=self.num_experts,
-            num_local_experts=self.num_local_experts, first_local_expert=0, pool_rows=self.layout.pool_rows,
+            num_local_experts=self.num_local_experts, first_local_expert=self.first_local_expert,
+            pool_rows=self.layout.pool_rows,
             pool_align=self.pool_align, token_capacity=self.token_capacity,
-            expert_counts=b.ptr("expert_recv_counts"), expert_offsets=b.ptr("expert_pool_offsets"),
+            expert_counts=b.ptr("ep_expert_totals" if self._ep is not None else "expert_recv_counts"),
+            expert_offsets=b.ptr("expert_pool_offsets"),
             expert_cursors=b.ptr("expert_cursors"),
             expert_recv_stats=0 if stats is None else int(stats.data.ptr),
             error_flags=b.ptr("error_flags"), pool=b.ptr("l1_pool"), pool_sf=b.ptr("l1_pool_sf"),
@@ -327,6 +364,12 @@ class MegaMoE:
             if s is not None:
                 text += f"\nschedule at capacity: lag {s.lag_units} units, group {s.group_units}"
         return text
+
+    def close(self) -> None:
+        """Release the buffer. Across ranks this frees symmetric memory: every rank calls it."""
+        close = getattr(self.buffer, "close", None)
+        if close is not None:
+            close()
 
     def flops(self, num_pairs: int) -> float:
         """Useful FLOPs of a call with ``num_pairs`` routed (token, slot) pairs."""

@@ -1,0 +1,44 @@
+"""Expert parallelism over two GPUs: each rank owns half of the experts and its own tokens.
+
+Run on a machine with two Hopper GPUs joined by NVLink:
+    megamoe-rt launch -n 2 examples/two_rank_ep.py
+"""
+
+import cupy as cp
+import numpy as np
+
+import megamoe_rt
+from megamoe_rt.launch import context_from_env
+from megamoe_rt.symm import NvshmemRuntime
+
+ctx = context_from_env()
+cp.cuda.Device(ctx.device).use()
+tokens, hidden, intermediate, experts, topk = 256, 2048, 1024, 16, 4
+local = experts // ctx.world_size
+first = ctx.rank * local
+
+# Every rank draws the same global expert weights and loads its own slice of them.
+rs = cp.random.RandomState(1234)
+w1, w1_sf = megamoe_rt.quantize_weight_fp8(
+    rs.standard_normal((experts, 2 * intermediate, hidden), dtype=cp.float32) / np.float32(hidden ** 0.5))
+w2, w2_sf = megamoe_rt.quantize_weight_fp8(
+    rs.standard_normal((experts, hidden, intermediate), dtype=cp.float32) / np.float32(intermediate ** 0.5))
+
+# This rank's tokens and their routing over all experts (global ids).
+rng = cp.random.RandomState(ctx.rank)
+x, x_sf = megamoe_rt.quantize_fp8(rng.standard_normal((tokens, hidden), dtype=cp.float32))
+logits = rng.standard_normal((tokens, experts), dtype=cp.float32)
+topk_idx = cp.argsort(-logits, axis=1)[:, :topk].astype(cp.int32)
+topk_weights = cp.full((tokens, topk), 1.0 / topk, dtype=cp.float32)
+
+layer = megamoe_rt.MegaMoE(hidden, intermediate, experts, topk, num_max_tokens_per_rank=tokens, mode="unfused",
+                           group=ctx)
+layer.load_weights(w1[first:first + local], w1_sf[first:first + local], w2[first:first + local],
+                   w2_sf[first:first + local])
+y_bits = layer(x, x_sf, topk_idx, topk_weights)
+y = (y_bits.astype(cp.uint32) << 16).view(cp.float32)
+print(f"rank {ctx.rank}: experts {first}..{first + local - 1}, y {y.shape}, mean |y| {float(cp.abs(y).mean()):.4f}")
+
+ctx.barrier()
+layer.close()
+NvshmemRuntime.initialize(ctx).finalize()

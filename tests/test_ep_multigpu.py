@@ -1,0 +1,135 @@
+"""MegaMoE across two ranks (expert parallelism over NVLink) against the single-process
+reference of the same global problem (needs two Hopper GPUs and nvshmem4py).
+
+Every rank draws the same global weights from a shared seed and loads its own experts; its
+tokens and routing are its own. A token's output depends only on its routing and the
+weights, so each rank checks its own outputs against the reference of the global layer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from megamoe_rt.launch import RankFailed, spawn
+
+pytestmark = pytest.mark.multigpu
+
+H, I, E, K = 512, 256, 16, 4
+BF16_NAN = 0x7FC1
+
+
+def _inputs(rank, tokens, routing, seed):
+    from megamoe_rt import reference as ref
+
+    weights = ref.random_moe_inputs(np.random.default_rng(seed), 1, H, I, E, K)
+    rng = np.random.default_rng(seed * 100 + rank)
+    inp = ref.random_moe_inputs(rng, tokens, H, I, E, K, empty_slot_prob=0.15)
+    if routing == "to_peer":  # every slot on the other rank's experts
+        el = E // 2
+        other = (1 - rank) * el
+        inp["topk_idx"] = np.stack([rng.permutation(el)[:K] + other for _ in range(tokens)]).astype(np.int32)
+    for name in ("w1", "w1_sf", "w2", "w2_sf"):
+        inp[name] = weights[name]
+    return inp
+
+
+def _run_rank(ctx, tokens_per_rank, routing, launches, graph, seed):
+    import cupy as cp
+
+    from megamoe_rt import MegaMoE
+    from megamoe_rt import reference as ref
+
+    cp.cuda.Device(ctx.device).use()
+    capacity = max(max(tokens_per_rank), 1)
+    layer = MegaMoE(H, I, E, K, capacity, mode="unfused", group=ctx, track_expert_stats=True, debug=True)
+    el = E // ctx.world_size
+    t = tokens_per_rank[ctx.rank]
+    diffs = []
+    for n in range(launches):
+        inp = _inputs(ctx.rank, t, routing, seed + n)
+        if n == 0:
+            local = slice(ctx.rank * el, (ctx.rank + 1) * el)
+            layer.load_weights(inp["w1"][local], inp["w1_sf"][local], inp["w2"][local], inp["w2_sf"][local])
+        x = cp.asarray(inp["x"].view(np.uint8))
+        args = (x, cp.asarray(inp["x_sf"]), cp.asarray(inp["topk_idx"]), cp.asarray(inp["topk_weights"]))
+        out = cp.full((t, H), BF16_NAN, dtype=cp.uint16)
+        if graph and n == 1:
+            stream = cp.cuda.Stream(non_blocking=True)
+            with stream:
+                stream.begin_capture()
+                layer(*args, out=out, stream=stream)
+                g = stream.end_capture()
+                for _ in range(3):
+                    out.fill(BF16_NAN)
+                    g.launch(stream=stream)
+                stream.synchronize()
+        else:
+            layer(*args, out=out)
+        got = (cp.asnumpy(out).astype(np.uint32) << 16).view(np.float32)
+        if t:
+            sample = slice(0, min(t, 48))
+            exp = ref.moe_forward(inp["x"][sample], inp["x_sf"][sample], inp["topk_idx"][sample],
+                                  inp["topk_weights"][sample], inp["w1"], inp["w1_sf"], inp["w2"], inp["w2_sf"])
+            diffs.append(float(ref.calc_diff(got[sample], exp.astype(np.float32))))
+            assert np.isfinite(got).all()
+            empty = (inp["topk_idx"] < 0).all(axis=1)
+            assert (got[empty] == 0).all()
+    stats = cp.asnumpy(layer.expert_recv_stats).tolist()
+    ctx.barrier()
+    layer.close()
+    from megamoe_rt.symm import NvshmemRuntime
+
+    NvshmemRuntime.initialize(ctx).finalize()
+    return diffs, stats
+
+
+@pytest.mark.parametrize("tokens,routing", [((200, 77), "random"), ((150, 0), "random"), ((64, 96), "to_peer")],
+                         ids=["uneven", "one_rank_empty", "all_to_peer"])
+def test_ep2_matches_the_reference(tokens, routing):
+    results = spawn(_run_rank, 2, args=(tokens, routing, 2, False, 7), timeout=600)
+    for diffs, _ in results:
+        assert all(d < 1e-3 for d in diffs), diffs
+
+
+def test_ep2_twenty_back_to_back_launches_and_a_graph_replay():
+    results = spawn(_run_rank, 2, args=((128, 100), "random", 20, True, 11), timeout=900)
+    for diffs, stats in results:
+        assert len(diffs) == 20 and max(diffs) < 1e-3, diffs
+        assert sum(stats) > 0
+
+
+def _withholding_rank(ctx):
+    import cupy as cp
+
+    from megamoe_rt import MegaMoE
+    from megamoe_rt import reference as ref
+
+    cp.cuda.Device(ctx.device).use()
+    layer = MegaMoE(H, I, E, K, 64, mode="unfused", group=ctx, timeout_s=1.0)
+    inp = _inputs(ctx.rank, 64, "random", 3)
+    el = E // ctx.world_size
+    local = slice(ctx.rank * el, (ctx.rank + 1) * el)
+    layer.load_weights(inp["w1"][local], inp["w1_sf"][local], inp["w2"][local], inp["w2_sf"][local])
+    if ctx.rank == 1:
+        # Never calls the layer, so its counts never reach rank 0; it stays alive (its buffer
+        # mapped) until the launcher stops it after rank 0's failure.
+        ctx.barrier()
+        ctx.barrier()
+        return None
+    from cuda.bindings import driver as cu
+
+    from megamoe_rt import driver
+
+    layer(cp.asarray(inp["x"].view(np.uint8)), cp.asarray(inp["x_sf"]), cp.asarray(inp["topk_idx"]),
+          cp.asarray(inp["topk_weights"]))
+    ctx.barrier()
+    driver.call(cu.cuCtxSynchronize)  # raises the CudaError that names the wait and the peer
+    return ref  # not reached
+
+
+def test_a_rank_that_never_signals_makes_its_peer_trap_naming_it():
+    with pytest.raises(RankFailed) as info:
+        spawn(_withholding_rank, 2, timeout=300)
+    text = str(info.value)
+    assert "expert counts from all ranks" in text and "peer 1" in text, text

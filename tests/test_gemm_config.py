@@ -12,6 +12,7 @@ from megamoe_rt.jit import KernelSpec, compile_kernel
 from megamoe_rt.jit import compiler as jit_compiler
 from megamoe_rt.jit.paths import cuda_src_dir
 from megamoe_rt.deadlines import WaitContext
+from megamoe_rt.kernels.ep import EpBankLayout, EpParams
 from megamoe_rt.kernels.fused import BankLayout, FusedParams
 from megamoe_rt.kernels.gemm import SMEM_LIMIT, GemmConfig, GemmParams
 from megamoe_rt.kernels.moe import MoeParams
@@ -88,6 +89,7 @@ def test_host_structs_mirror_device_structs(tmp_path, monkeypatch):
         "#endif",
         '#include "gemm/params.cuh"',
         '#include "fused/params.cuh"',
+        '#include "ep/params.cuh"',
         "namespace megamoe_rt { struct QuantizeParams { const void* x; u8* q; float* sf; u64 num_groups;"
         " u32 groups_per_row; u32 pad_; }; }",
         _struct_checks("megamoe_rt::gemm::GemmParams", GemmParams),
@@ -95,10 +97,12 @@ def test_host_structs_mirror_device_structs(tmp_path, monkeypatch):
         _struct_checks("megamoe_rt::sync::WaitContext", WaitContext),
         _struct_checks("megamoe_rt::fused::BankLayout", BankLayout),
         _struct_checks("megamoe_rt::fused::FusedParams", FusedParams),
+        _struct_checks("megamoe_rt::ep::EpBankLayout", EpBankLayout),
+        _struct_checks("megamoe_rt::ep::EpParams", EpParams),
         "__global__ void structs_ok() {}",
     ])
     (tmp_path / "structs.cu").write_text(src)
-    for sub in ("common", "gemm", "ptx", "fused", "moe", "sync"):
+    for sub in ("common", "gemm", "ptx", "fused", "moe", "sync", "ep"):
         (tmp_path / sub).symlink_to(cuda_src_dir() / sub)
     monkeypatch.setattr(jit_compiler, "cuda_src_dir", lambda: tmp_path)
     spec = KernelSpec(name="structs", source="structs.cu", entry="structs_ok")

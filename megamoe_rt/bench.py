@@ -318,3 +318,24 @@ def bench_moe(presets: list[str], tokens: list[int], *, mode: str | list[str] = 
         with open(json_path, "w") as f:
             json.dump(rows, f, indent=2)
     return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m megamoe_rt.bench gemm|moe ...``; started by ``megamoe-rt launch -n N -m
+    megamoe_rt.bench moe ...`` the layer benchmark runs across the launched ranks."""
+    import sys
+
+    from .launch import launched
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if launched() and argv[:1] == ["moe"]:
+        from .bench_ep import main_ep
+
+        return main_ep(argv[1:])
+    from .cli import main as cli_main
+
+    return cli_main(["bench", *argv])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

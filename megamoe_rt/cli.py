@@ -275,9 +275,9 @@ def cmd_sweep(args) -> int:
 def cmd_launch(args) -> int:
     from .launch import launch_script
 
-    if not os.path.isfile(args.script):
+    if not args.module and not os.path.isfile(args.script):
         raise UsageError(f"megamoe-rt launch: script {args.script!r} not found")
-    return launch_script(args.nprocs, args.script, args.script_args, timeout=args.timeout)
+    return launch_script(args.nprocs, args.script, args.script_args, timeout=args.timeout, module=args.module)
 
 
 # --- demo -------------------------------------------------------------------------------
@@ -336,6 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("launch", help="run a script as N ranks, one process per GPU")
     s.add_argument("-n", "--nprocs", type=_positive_int, required=True, help="number of ranks")
     s.add_argument("--timeout", type=float, default=None, help="stop every rank after this many seconds")
+    s.add_argument("-m", dest="module", action="store_true",
+                   help="SCRIPT is a module run as `python -m SCRIPT` (e.g. megamoe_rt.bench)")
     s.add_argument("script", help="Python script; it calls megamoe_rt.launch.context_from_env()")
     s.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     s.set_defaults(func=cmd_launch)

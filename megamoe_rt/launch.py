@@ -153,6 +153,11 @@ class RankContext:
 _env_context: RankContext | None = None
 
 
+def launched() -> bool:
+    """True in a process started by ``megamoe-rt launch`` (or spawn)."""
+    return _ENV_RANK in os.environ and _ENV_HUB in os.environ
+
+
 def context_from_env() -> RankContext:
     """The rank context of a process started by ``megamoe-rt launch`` (one per process:
     broadcast and barrier counts must agree across ranks)."""
@@ -241,8 +246,10 @@ def _exit_on_signal(signum, _frame):
     raise SystemExit(128 + signum)
 
 
-def launch_script(nprocs: int, script: str, script_args: Sequence[str], *, timeout: float | None = None) -> int:
-    """Run ``python script args`` as ``nprocs`` ranks; returns the exit status to use."""
+def launch_script(nprocs: int, script: str, script_args: Sequence[str], *, timeout: float | None = None,
+                  module: bool = False) -> int:
+    """Run ``python script args`` (``python -m script args`` with ``module``) as ``nprocs`` ranks;
+    returns the exit status to use."""
     # SIGTERM / SIGHUP to the launcher must still run the clean-up below (no orphans).
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _exit_on_signal)
@@ -252,7 +259,8 @@ def launch_script(nprocs: int, script: str, script_args: Sequence[str], *, timeo
         for r in range(nprocs):
             env = dict(os.environ, **SAFE_ENV)
             env.update({_ENV_RANK: str(r), _ENV_WORLD: str(nprocs), _ENV_HUB: hub.address, _ENV_KEY: hub.key.hex()})
-            procs.append(subprocess.Popen([sys.executable, script, *script_args], env=env))
+            target = ["-m", script] if module else [script]
+            procs.append(subprocess.Popen([sys.executable, *target, *script_args], env=env))
         start = time.monotonic()
         while True:
             codes = [p.poll() for p in procs]

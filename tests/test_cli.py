@@ -85,3 +85,9 @@ def test_invalid_arguments_exit_2_with_one_line(args):
     lines = [l for l in out.stderr.splitlines() if l.strip()]
     assert len(lines) == 1, out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_bench_module_forwards_to_the_cli_outside_a_launch():
+    out = subprocess.run([sys.executable, "-m", "megamoe_rt.bench", "moe", "--preset", "nosuch"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "nosuch" in out.stderr  # the CLI's own argument check

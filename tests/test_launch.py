@@ -81,6 +81,23 @@ def test_launch_command_runs_a_script_per_rank(tmp_path):
     assert lines == ["rank 0/2 uid=abc nvls=1 arg=X", "rank 1/2 uid=abc nvls=1 arg=X"]
 
 
+def test_launch_command_runs_a_module_per_rank(tmp_path):
+    (tmp_path / "rank_job.py").write_text(textwrap.dedent("""
+        import os, sys
+        from megamoe_rt.launch import context_from_env, launched
+        ctx = context_from_env()
+        ctx.barrier()
+        os.write(1, f"module rank {ctx.rank} launched={launched()} arg={sys.argv[1]}\\n".encode())
+    """))
+    env = _env()
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-m", "megamoe_rt", "launch", "-n", "2", "-m", "rank_job", "Y"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    lines = sorted(l for l in out.stdout.splitlines() if l.startswith("module"))
+    assert lines == ["module rank 0 launched=True arg=Y", "module rank 1 launched=True arg=Y"]
+
+
 def test_launch_command_stops_the_others_when_one_fails(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent("""

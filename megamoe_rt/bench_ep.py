@@ -1,0 +1,115 @@
+"""The layer benchmark across launched ranks:
+``megamoe-rt launch -n 2 -m megamoe_rt.bench moe --preset flash --tokens 2048``.
+
+Each rank runs a preset's EP8 per-rank slice (E/8 local experts) so per-GPU numbers compare
+with the one-GPU benchmark at the same slice; routing is uniform over all ranks' experts.
+Device time per rank (DESIGN §8 method, graph replay), reported as the slowest rank; useful
+TFLOP/s per GPU; NVLink GB/s per rank from the bytes that cross ranks (the pulled x rows,
+scales and send-list entries, and the bf16 partials returned) against the ~395 GB/s copy
+ceiling measured on these GPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from .bench import DeviceTimer, bracketed
+from .presets import DEFAULT_EP_RANKS, get_preset
+
+NVLINK_BYTES_PER_S = 395e9
+
+
+def _inputs(cp, rank: int, tokens: int, hidden: int, intermediate: int, experts: int, local: int, topk: int,
+            seed: int):
+    from .kernels.quantize import quantize_fp8, quantize_weight_fp8
+
+    rs = cp.random.RandomState(seed * 1000 + rank)
+    x, x_sf = quantize_fp8(rs.standard_normal((tokens, hidden), dtype=cp.float32))
+    logits = rs.standard_normal((tokens, experts), dtype=cp.float32)
+    topk_idx = cp.argsort(-logits, axis=1)[:, :topk].astype(cp.int32)
+    topk_weights = cp.full((tokens, topk), 1.0 / topk, dtype=cp.float32)
+    # Only this rank's experts: nobody else multiplies by them.
+    w1, w1_sf = quantize_weight_fp8(rs.standard_normal((local, 2 * intermediate, hidden), dtype=cp.float32) / 64)
+    w2, w2_sf = quantize_weight_fp8(rs.standard_normal((local, hidden, intermediate), dtype=cp.float32) / 64)
+    return (x, x_sf, topk_idx, topk_weights), (w1, w1_sf, w2, w2_sf)
+
+
+def bench_moe_ep(ctx, presets: list[str], tokens: list[int], *, modes: list[str], rounds: int,
+                 json_path: str | None) -> list[dict]:
+    import cupy as cp
+
+    from .layer import MegaMoE
+
+    cp.cuda.Device(ctx.device).use()
+    world = ctx.world_size
+    rows = []
+    for name in presets:
+        p = get_preset(name)
+        local = p.num_experts // DEFAULT_EP_RANKS
+        experts = local * world
+        for t in tokens:
+            args, weights = _inputs(cp, ctx.rank, t, p.hidden, p.intermediate, experts, local, p.num_topk, t)
+            ids = args[2]
+            remote = int(cp.count_nonzero((ids // local) != ctx.rank))
+            stream = cp.cuda.Stream(non_blocking=True)
+            layers, arms = {}, {}
+            for m in modes:
+                layer = MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, t, mode=m, group=ctx)
+                layer.load_weights(*weights)
+                y = cp.empty((t, p.hidden), dtype=cp.uint16)
+                with stream:
+                    layer(*args, out=y, stream=stream)
+                    stream.synchronize()
+                    stream.begin_capture()
+                    layer(*args, out=y, stream=stream)
+                    graph = stream.end_capture()
+                layers[m] = layer
+                arms[m] = lambda g=graph: g.launch(stream=stream)
+            with stream:
+                results = bracketed(DeviceTimer(), arms, rounds=rounds)
+            mine = {m: results[m].median_us for m in modes}
+            # Everyone's numbers to everyone (one exchange per rank, same order on all ranks).
+            everyone = [json.loads(ctx.broadcast(json.dumps(mine).encode() if ctx.rank == r else None,
+                                                 key="bench-ep", root=r)) for r in range(world)]
+            cross = remote * (p.hidden + p.hidden // 128 * 4 + 8 + 2 * p.hidden)
+            for m in modes:
+                slowest = max(e[m] for e in everyone)
+                pairs_per_gpu = t * p.num_topk
+                row = {"preset": name, "tokens_per_rank": t, "ranks": world, "mode": m, "local_experts": local,
+                       "median_us_slowest_rank": slowest, "median_us_per_rank": [e[m] for e in everyone],
+                       "tflops_per_gpu": layers[m].flops(pairs_per_gpu) / (slowest * 1e-6) / 1e12,
+                       "nvlink_gbps_rank": cross / (mine[m] * 1e-6) / 1e9,
+                       "nvlink_ceiling_gbps": NVLINK_BYTES_PER_S / 1e9,
+                       "buffer_mib": layers[m].layout.total_bytes / 2**20}
+                rows.append(row)
+                if ctx.rank == 0:
+                    print(f"{name:>5} T={t:<5}/rank EP{world} {m:>8}: {slowest:9.1f} us (slowest rank)  "
+                          f"{row['tflops_per_gpu']:7.1f} TFLOP/s/GPU  NVLink {row['nvlink_gbps_rank']:6.1f} GB/s "
+                          f"(rank 0, ceiling 395)  buffer {row['buffer_mib']:8.1f} MiB", flush=True)
+            ctx.barrier()
+            for layer in layers.values():
+                layer.close()
+            del layers, arms, args, weights
+            cp.get_default_memory_pool().free_all_blocks()
+    if json_path and ctx.rank == 0:
+        with open(json_path, "w") as f:
+            json.dump(rows, f, indent=2)
+    return rows
+
+
+def main_ep(argv: list[str]) -> int:
+    from .launch import context_from_env
+    from .symm import NvshmemRuntime
+
+    ap = argparse.ArgumentParser(prog="megamoe_rt.bench moe (across ranks)")
+    ap.add_argument("--preset", dest="presets", default="flash", type=lambda s: s.split(","))
+    ap.add_argument("--tokens", default="64,256,2048,8192", type=lambda s: [int(v) for v in s.split(",")])
+    ap.add_argument("--mode", default="unfused", type=lambda s: s.split(","))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    ctx = context_from_env()
+    bench_moe_ep(ctx, a.presets, a.tokens, modes=a.mode, rounds=a.rounds, json_path=a.json)
+    NvshmemRuntime.initialize(ctx).finalize()
+    return 0

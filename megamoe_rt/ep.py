@@ -56,12 +56,10 @@ class EpUnfusedRunner:
             num_ranks=self.num_ranks)
 
     def stage_inputs(self, xa: Any, sfa: Any, t: int, stream: int) -> None:
-        """x rows and their scales (k-block-major, as peers and TMA read them) into the buffer."""
-        b, h, cap = self.buffer, self.layout.hidden, self.layout.num_max_tokens_per_rank
+        """x rows and their scales into the buffer, where the ranks owning their experts pull them."""
+        b, h = self.buffer, self.layout.hidden
         driver.memcpy_2d_async(b.ptr("x"), h, xa.ptr, h, h, t, stream)
-        # x_sf [t, H/128] -> [H/128, cap]: one 4-byte column per source row, as a pitched copy.
-        for j in range(h // 128):
-            driver.memcpy_2d_async(b.ptr("x_sf") + 4 * j * cap, 4, sfa.ptr + 4 * j, 4 * (h // 128), 4, t, stream)
+        driver.memcpy_2d_async(b.ptr("x_sf"), h // 32, sfa.ptr, h // 32, h // 32, t, stream)
 
     def run(self, idx: str, moe: mk.MoeParams, xa: Any, sfa: Any, t: int, gemms, moe_kernels, stream: int) -> None:
         b = self.buffer

@@ -6,14 +6,14 @@ no extra barrier). A rank's launch, in order:
 
 1. ``clear``    zero its own other bank;
 2. ``publish``  per destination rank: write its send list for that destination into its own
-                bank (the receiver reads it over NVLink), then write the per-expert counts into
-                the destination's bank and release-add the destination's ``count_signal``;
-3. ``gather``   wait until ``count_signal == num_ranks`` (all sources published), acquire the
-                counts of every source and lay out the pool;
+                buffer (not banked: the receiver reads it over NVLink), then write the per-expert
+                counts into the destination's bank and release its ``count_ready[me]`` word;
+3. ``gather``   wait until every source's ``count_ready`` word is set, acquire the counts of
+                every source and lay out the pool;
 4. ``pull``     per source: read its send list (peer pointer) and copy the rows;
-5. ``scatter``  its L2 tiles are done: release-add every source's ``combine_signal``
+5. ``scatter``  its L2 tiles are done: set ``combine_ready[me]`` in every source's bank
                 (the L2 epilogues wrote the bf16 partials into the sources' combine buffers);
-6. ``combine``  wait until ``combine_signal == num_ranks``, then reduce.
+6. ``combine``  wait until every rank's ``combine_ready`` word is set, then reduce.
 
 Every wait is a deadline-bounded acquire on a word of the rank's current bank; every write
 into a peer's bank is tagged here with the launch that wrote it, so the model can check that
@@ -36,18 +36,16 @@ STEPS = ("clear", "publish", "gather", "pull", "scatter", "combine")
 
 @dataclass
 class Bank:
-    """The words one rank's bank holds; payload words carry the launch that wrote them."""
+    """The words peers write into one rank's bank; payload words carry the launch that wrote them."""
 
-    count_signal: int = 0
-    combine_signal: int = 0
-    counts: dict = field(default_factory=dict)       # source rank -> launch that wrote them
-    send_lists: dict = field(default_factory=dict)   # destination rank -> launch that wrote it
+    count_ready: set = field(default_factory=set)     # sources whose count_ready word is set
+    combine_ready: set = field(default_factory=set)   # ranks whose combine_ready word is set
+    counts: dict = field(default_factory=dict)        # source rank -> launch that wrote them
 
     def clear(self) -> None:
-        self.count_signal = 0
-        self.combine_signal = 0
+        self.count_ready.clear()
+        self.combine_ready.clear()
         self.counts.clear()
-        self.send_lists.clear()
 
 
 @dataclass
@@ -70,6 +68,10 @@ class EpModel:
         self.clear_other_bank = clear_other_bank
         self.withhold = withhold  # a rank that never signals its peers (a dead or hung rank)
         self.memory = [[Bank() for _ in range(2)] for _ in range(num_ranks)]
+        # Not banked: each rank's send list (destination -> launch written, standing in for the
+        # x rows published with it) and its combine buffer (source -> launch of its partials).
+        self.send_lists: list[dict] = [{} for _ in range(num_ranks)]
+        self.combine_buffers: list[dict] = [{} for _ in range(num_ranks)]
         self.ranks = [RankState() for _ in range(num_ranks)]
 
     # --- helpers ------------------------------------------------------------------------------
@@ -90,9 +92,9 @@ class EpModel:
         s = self.ranks[rank]
         bank = self._bank(rank, s.launch)
         if STEPS[s.step] == "gather":
-            return bank.count_signal >= self.num_ranks
+            return len(bank.count_ready) == self.num_ranks
         if STEPS[s.step] == "combine":
-            return bank.combine_signal >= self.num_ranks
+            return len(bank.combine_ready) == self.num_ranks
         return True
 
     def _advance(self, s: RankState, per_peer: bool) -> None:
@@ -125,15 +127,15 @@ class EpModel:
             self._advance(s, per_peer=False)
         elif name == "publish":
             dest = s.progress
-            own.send_lists[dest] = n
+            self.send_lists[rank][dest] = n
             peer = self._bank(dest, n)
             if rank != self.withhold or dest == rank:
+                if rank in peer.count_ready:
+                    raise ProtocolViolation(f"rank {rank} launch {n}: count_ready of rank {dest} already set")
                 peer.counts[rank] = n
-                peer.count_signal += 1
+                peer.count_ready.add(rank)
             self._advance(s, per_peer=True)
         elif name == "gather":
-            if own.count_signal > self.num_ranks:
-                raise ProtocolViolation(f"rank {rank} launch {n}: count signal {own.count_signal} > ranks")
             for src in range(self.num_ranks):
                 seen = own.counts.get(src)
                 if seen != n:
@@ -141,16 +143,22 @@ class EpModel:
             self._advance(s, per_peer=False)
         elif name == "pull":
             src = s.progress
-            seen = self._bank(src, n).send_lists.get(rank)
+            seen = self.send_lists[src].get(rank)
             if seen != n:
                 raise ProtocolViolation(f"rank {rank} launch {n}: send list of rank {src} is from launch {seen}")
             self._advance(s, per_peer=True)
         elif name == "scatter":
-            self._bank(s.progress, n).combine_signal += 1
+            self.combine_buffers[s.progress][rank] = n
+            peer = self._bank(s.progress, n)
+            if rank in peer.combine_ready:
+                raise ProtocolViolation(f"rank {rank} launch {n}: combine_ready of rank {s.progress} already set")
+            peer.combine_ready.add(rank)
             self._advance(s, per_peer=True)
         elif name == "combine":
-            if own.combine_signal > self.num_ranks:
-                raise ProtocolViolation(f"rank {rank} launch {n}: combine signal {own.combine_signal} > ranks")
+            for src in range(self.num_ranks):
+                seen = self.combine_buffers[rank].get(src)
+                if seen != n:
+                    raise ProtocolViolation(f"rank {rank} launch {n}: partials of rank {src} are from launch {seen}")
             self._advance(s, per_peer=False)
 
     def run(self, choose) -> None:

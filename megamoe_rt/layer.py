@@ -53,8 +53,9 @@ class MegaMoE:
     pow2_scale: round intermediate scales up to powers of two (UE8M0-style callers).
     track_expert_stats: keep ``expert_recv_stats`` (int32 ``[E_local]``), increased on the
         device by every call with the (token, slot) pairs each local expert received.
-    validate_ids: check expert ids before launching (one small reduction and a host
-        read; skipped while the stream is being captured into a graph).
+    validate_ids: check expert ids before launching: in range, and no expert twice in one
+        token's top-k (a few small reductions and host reads; skipped while the stream is being
+        captured into a graph).
     debug: also check ids on the device and raise after the call.
     mode: ``"fused"`` (one persistent launch, pools sized as rings around the lag-ordered
         schedule; needs hidden % 256 == 0) or ``"unfused"`` (separate kernels, full-size pools).
@@ -86,7 +87,7 @@ class MegaMoE:
         if self.num_topk > min(self.num_experts, mk.MAX_TOPK):
             raise ValueError(f"num_topk={num_topk}: expected at most min(num_experts={num_experts}, {mk.MAX_TOPK})")
         if self.num_experts > mk.MAX_LOCAL_EXPERTS:
-            raise ValueError(f"num_experts={num_experts}: at most {mk.MAX_LOCAL_EXPERTS} local experts are supported")
+            raise ValueError(f"num_experts={num_experts}: at most {mk.MAX_LOCAL_EXPERTS} experts are supported")
         if act_sf_gran not in (64, 128):
             raise ValueError(f"act_sf_gran: expected 64 or 128, got {act_sf_gran!r}")
         if swiglu_limit is not None and not (float(swiglu_limit) > 0):
@@ -134,26 +135,29 @@ class MegaMoE:
             buffer_schedule(self.layout)  # a ring below the live window is refused here
         self.token_capacity = self.layout.num_max_tokens_per_rank
         self._ep = None
+        self._closed = False
         if self.group is None:
             self.buffer = DeviceBuffer(self.layout, device=self.device)
         else:
-            from .ep import EpUnfusedRunner
             from .symm import NvshmemRuntime, SymmetricBuffer
 
-            self.buffer = SymmetricBuffer(self.layout, NvshmemRuntime.initialize(self.group))
-            self._ep = EpUnfusedRunner(self.buffer, rank=self.rank, num_ranks=world, device=self.device,
-                                       sm_count=self.device_info.sm_count, timeout_s=timeout_s)
+            runtime = NvshmemRuntime.initialize(self.group, heap_bytes=self.layout.total_bytes)
+            self.buffer = SymmetricBuffer(self.layout, runtime)  # zeroed on every rank when it returns
         # The fused kernel's counters, grid barrier and launch epoch start from zero once;
         # after that every launch leaves them ready for the next. The fills run on CuPy's
         # stream, the calls on the caller's: finish them before any call can be issued.
         cupy = require_cupy()
         with cupy.cuda.Device(self.device):
-            self.buffer.view("workspace").fill(0)
+            if self.group is None:
+                self.buffer.view("workspace").fill(0)
             self.expert_recv_stats = (cupy.zeros(self.num_local_experts, dtype=cupy.int32)
                                       if track_expert_stats else None)
             cupy.cuda.Device(self.device).synchronize()
         if self.group is not None:
-            self.group.barrier()  # no peer writes into this buffer before it is zeroed
+            from .ep import EpUnfusedRunner
+
+            self._ep = EpUnfusedRunner(self.buffer, rank=self.rank, num_ranks=world, device=self.device,
+                                       sm_count=self.device_info.sm_count, timeout_s=timeout_s)
         self._plans = None
         self._kernels: dict[tuple[str, str], dict[str, Any]] = {}
 
@@ -241,6 +245,8 @@ class MegaMoE:
         runs single-wave, and a smaller bound gives a shorter lag. Across ranks it must be the
         same on every rank. The unfused mode checks it and otherwise ignores it.
         """
+        if self._closed:
+            raise RuntimeError("MegaMoE: the layer was closed")
         if self._plans is None:
             raise RuntimeError("MegaMoE: call load_weights(w1, w1_sf, w2, w2_sf) before running the layer")
         sh = driver.stream_handle(stream)
@@ -254,13 +260,6 @@ class MegaMoE:
             raise ValueError(f"x: {t} tokens exceed the layer's capacity "
                              f"(num_max_tokens_per_rank={self.num_max_tokens_per_rank})")
         bound = self._check_bound(num_tokens_bound, t)
-        if self.group is not None and self.debug:
-            # One small exchange over the launcher channel: a bound that differs between ranks
-            # would size schedules differently on each side of the same exchange.
-            root = self.group.broadcast(str(bound).encode() if self.rank == 0 else None, key="num_tokens_bound")
-            if int(root) != bound:
-                raise ValueError(f"num_tokens_bound={bound} on rank {self.rank}, {int(root)} on rank 0: "
-                                 "it must be the same on every rank")
         sfa = as_device_array(x_sf, "x_sf", stream=sh)
         check_array(sfa, "x_sf", dtypes=("float32",), shape=(t, h // 128), device=self.device, align=4)
         ia = as_device_array(topk_idx, "topk_idx", stream=sh)
@@ -281,6 +280,13 @@ class MegaMoE:
                 bad = cupy.count_nonzero((ids < -1) | (ids >= self.num_experts))
                 if int(bad):
                     raise ValueError(f"topk_idx: {int(bad)} expert id(s) outside [-1, {self.num_experts})")
+                if k > 1:
+                    s = cupy.sort(ids, axis=1)
+                    repeated = int(cupy.count_nonzero((s[:, 1:] == s[:, :-1]) & (s[:, 1:] >= 0)))
+                    if repeated:
+                        raise ValueError(f"topk_idx: {repeated} repeated expert id(s) within a token's top-k")
+            if self.group is not None and self.debug:
+                self._check_bound_on_every_rank(bound)
             params = self._params(xa, sfa, ia, wa, ya, t)
             kernels = self._kernels_for(idx)
             grid = mk.grids(t, k, self.device_info.sm_count)
@@ -315,6 +321,14 @@ class MegaMoE:
 
     _withhold_block: int | None = None  # tests: a fused launch that never publishes this block's rows
     _trace_ptr: int = 0  # profiling: device array of fused.TRACE_EVENTS stamps per block (0: off)
+
+    def _check_bound_on_every_rank(self, bound: int) -> None:
+        """Debug mode across ranks: every rank publishes its bound and all compare, so all raise
+        or none does (a rank raising alone would leave the others waiting for it)."""
+        seen = [int(self.group.broadcast(str(bound).encode() if self.rank == r else None,
+                                         key="num_tokens_bound", root=r)) for r in range(self.num_ranks)]
+        if len(set(seen)) > 1:
+            raise ValueError(f"num_tokens_bound: ranks passed {seen}; it must be the same on every rank")
 
     def _check_bound(self, num_tokens_bound: Any, t: int) -> int:
         if num_tokens_bound is None:
@@ -366,7 +380,13 @@ class MegaMoE:
         return text
 
     def close(self) -> None:
-        """Release the buffer. Across ranks this frees symmetric memory: every rank calls it."""
+        """Release the buffer; the layer cannot be called afterwards. Across ranks this frees
+        symmetric memory (after this rank's work is done): every rank calls it."""
+        if self._closed:
+            return
+        self._closed = True
+        self._plans = None
+        self._ep = None
         close = getattr(self.buffer, "close", None)
         if close is not None:
             close()

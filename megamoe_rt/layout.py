@@ -313,8 +313,8 @@ def symm_buffer_layout(
 
     top = _Packer(REGION_ALIGN)
     top.add("x", "e4m3", (t, h), "input tokens, FP8")
-    top.add("x_sf", "float32", (h // _SF_BLOCK, t),
-            "input scales, k-block-major so one k-block's scales are contiguous for TMA")
+    top.add("x_sf", "float32", (t, h // _SF_BLOCK),
+            "input scales, one row per token as the caller passes them (peers pull a token's row)")
     top.add("topk_idx", "int32", (t, k), "routed expert of each token and slot")
     top.add("topk_weights", "float32", (t, k), "router weight of each token and slot")
     top.add("l1_pool", "e4m3", (rows, h), "received rows grouped by local expert")

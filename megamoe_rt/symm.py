@@ -34,11 +34,16 @@ class NvshmemRuntime:
 
     _active: "NvshmemRuntime | None" = None
 
-    def __init__(self, ctx: Any):
+    def __init__(self, ctx: Any, *, heap_bytes: int = 0):
         import numpy as np
         from cuda.core import Device
 
+        if heap_bytes and "NVSHMEM_SYMMETRIC_SIZE" not in os.environ:
+            # The default heap (1 GiB) is smaller than a MoE buffer at real shapes; size it for
+            # the first buffer with room for a second (the caller's setting wins).
+            os.environ["NVSHMEM_SYMMETRIC_SIZE"] = str(2 * heap_bytes + (256 << 20))
         nvshmem = _nvshmem()
+        self.ctx = ctx
         self.rank, self.world_size = ctx.rank, ctx.world_size
         self.device = ctx.device
         dev = Device(self.device)
@@ -53,10 +58,11 @@ class NvshmemRuntime:
         self._buffers: list[SymmetricBuffer] = []
 
     @classmethod
-    def initialize(cls, ctx: Any) -> "NvshmemRuntime":
-        """The process's runtime, created on first use from the launcher context."""
+    def initialize(cls, ctx: Any, *, heap_bytes: int = 0) -> "NvshmemRuntime":
+        """The process's runtime, created on first use from the launcher context; ``heap_bytes``
+        sizes the symmetric heap then (``NVSHMEM_SYMMETRIC_SIZE``, unless already set)."""
         if cls._active is None:
-            cls._active = NvshmemRuntime(ctx)
+            cls._active = NvshmemRuntime(ctx, heap_bytes=heap_bytes)
         elif (cls._active.rank, cls._active.world_size) != (ctx.rank, ctx.world_size):
             raise RuntimeError(f"NVSHMEM is already initialized as rank {cls._active.rank} of "
                                f"{cls._active.world_size}")
@@ -75,17 +81,33 @@ class NvshmemRuntime:
             NvshmemRuntime._active = None
 
 
+def _check_same_layout_on_every_rank(layout: BufferLayout, ctx: Any) -> None:
+    """Every rank publishes its layout's shape; all compare, so all raise or none does (one
+    rank raising alone would leave the others blocked in the collective allocation)."""
+    mine = repr((layout.hidden, layout.intermediate, layout.num_experts, layout.num_topk,
+                 layout.num_max_tokens_per_rank, layout.block_m, layout.pool, layout.pool_blocks,
+                 layout.act_sf_gran, layout.total_bytes)).encode()
+    seen = [ctx.broadcast(mine if ctx.rank == r else None, key="symm-layout", root=r)
+            for r in range(ctx.world_size)]
+    if len(set(seen)) > 1:
+        differing = [r for r, s in enumerate(seen) if s != seen[0]]
+        raise ValueError(f"layout: ranks {differing} size their buffer differently from rank 0 "
+                         "(hidden, intermediate, experts, top-k and num_max_tokens_per_rank must match)")
+
+
 class SymmetricBuffer(LaidOutBuffer):
     """A :class:`BufferLayout` on the NVSHMEM symmetric heap (same layout on every rank).
 
     Allocation and :meth:`close` are collective: every rank makes the same calls in order.
-    The allocation starts zeroed, as the fused kernel's launch-parity banks require.
+    The allocation starts zeroed on every rank before any rank returns from the constructor,
+    as the launch-parity banks require (a peer's first signal must not be wiped).
     """
 
     def __init__(self, layout: BufferLayout, runtime: NvshmemRuntime):
         if layout.num_ranks != runtime.world_size:
             raise ValueError(f"layout: computed for {layout.num_ranks} ranks, the runtime has "
                              f"{runtime.world_size}")
+        _check_same_layout_on_every_rank(layout, runtime.ctx)
         nvshmem = runtime._nvshmem
         self.layout = layout
         self.device = runtime.device
@@ -102,6 +124,7 @@ class SymmetricBuffer(LaidOutBuffer):
         with cupy.cuda.Device(self.device):
             self._bytes(0, layout.total_bytes).fill(0)
             cupy.cuda.Device(self.device).synchronize()
+        runtime.ctx.barrier()
         runtime._buffers.append(self)
 
     def _bytes(self, offset: int, nbytes: int, base: int | None = None) -> Any:
@@ -128,8 +151,10 @@ class SymmetricBuffer(LaidOutBuffer):
         return (ctypes.c_uint64 * len(self.peer_base_ptrs))(*self.peer_base_ptrs)
 
     def close(self) -> None:
-        """Free the symmetric allocation (collective)."""
+        """Free the symmetric allocation (collective). Waits for this rank's work first: its
+        kernels may still read or write the buffers of peers."""
         if getattr(self, "_buf", None) is not None:
+            require_cupy().cuda.Device(self.device).synchronize()
             self._runtime._nvshmem.free(self._buf)
             self._buf = None
             self._runtime._buffers.remove(self)

@@ -31,10 +31,10 @@ def _enough_gpus():
 BF16_NAN = 0x7FC1
 
 
-def _inputs(rank, tokens, routing, seed):
+def _inputs(rank, tokens, routing, seed, weight_seed):
     from megamoe_rt import reference as ref
 
-    weights = ref.random_moe_inputs(np.random.default_rng(seed), 1, H, I, E, K)
+    weights = ref.random_moe_inputs(np.random.default_rng(weight_seed), 1, H, I, E, K)
     rng = np.random.default_rng(seed * 100 + rank)
     inp = ref.random_moe_inputs(rng, tokens, H, I, E, K, empty_slot_prob=0.15)
     if routing == "to_peer":  # every slot on the next rank's experts
@@ -59,7 +59,7 @@ def _run_rank(ctx, tokens_per_rank, routing, launches, graph, seed):
     t = tokens_per_rank[ctx.rank]
     diffs = []
     for n in range(launches):
-        inp = _inputs(ctx.rank, t, routing, seed + n)
+        inp = _inputs(ctx.rank, t, routing, seed + n, weight_seed=seed)  # the weights loaded at n == 0
         if n == 0:
             local = slice(ctx.rank * el, (ctx.rank + 1) * el)
             layer.load_weights(inp["w1"][local], inp["w1_sf"][local], inp["w2"][local], inp["w2_sf"][local])
@@ -125,7 +125,7 @@ def _withholding_rank(ctx):
 
     cp.cuda.Device(ctx.device).use()
     layer = MegaMoE(H, I, E, K, 64, mode="unfused", group=ctx, timeout_s=1.0)
-    inp = _inputs(ctx.rank, 64, "random", 3)
+    inp = _inputs(ctx.rank, 64, "random", 3, weight_seed=3)
     el = E // ctx.world_size
     local = slice(ctx.rank * el, (ctx.rank + 1) * el)
     layer.load_weights(inp["w1"][local], inp["w1_sf"][local], inp["w2"][local], inp["w2_sf"][local])

@@ -177,6 +177,10 @@ def test_bad_inputs_raise_before_launch(mode):
     bad[3, 1] = e
     with pytest.raises(ValueError, match=r"topk_idx: 1 expert id\(s\) outside"):
         layer(x, x_sf, bad, w)
+    dup = idx.copy()
+    dup[5, 1] = dup[5, 0]
+    with pytest.raises(ValueError, match=r"topk_idx: 1 repeated expert id"):
+        layer(x, x_sf, dup, w)
     with pytest.raises(ValueError, match="w1: expected shape"):
         layer.load_weights(inp["w1"][:, :128], inp["w1_sf"], inp["w2"], inp["w2_sf"])
     with pytest.raises(ValueError, match="num_topk"):

@@ -140,8 +140,13 @@ __global__ void __launch_bounds__(kScanThreads) ep_recv_layout(const __grid_cons
         scan[e] += v;
         __syncthreads();
     }
+    // A routing past the worst-case pool (repeated experts in a token, which the host refuses
+    // when it validates ids) is flagged and leaves every expert empty: the GEMMs then do
+    // nothing, rather than scatter rows of a previous launch into peers' combine buffers.
+    const bool overflow = static_cast<u32>(scan[kScanThreads - 1]) > m.pool_rows;
+    if (overflow) total = 0;
     if (e < el) {
-        const i32 begin = scan[e] - padded;
+        const i32 begin = overflow ? 0 : scan[e] - padded;
         m.expert_offsets[e] = begin;
         m.expert_counts[e] = total;
         if (m.expert_recv_stats != nullptr) m.expert_recv_stats[e] += total;
@@ -154,8 +159,8 @@ __global__ void __launch_bounds__(kScanThreads) ep_recv_layout(const __grid_cons
         rows[p.num_ranks] = row;
     }
     if (e == el - 1) {
-        m.expert_offsets[el] = scan[e];
-        if (static_cast<u32>(scan[e]) > m.pool_rows) atomicOr(m.error_flags, moe::ErrorFlags::kPoolOverflow);
+        m.expert_offsets[el] = overflow ? 0 : scan[e];
+        if (overflow) atomicOr(m.error_flags, moe::ErrorFlags::kPoolOverflow);
     }
 }
 
@@ -166,8 +171,7 @@ __global__ void __launch_bounds__(kThreads) ep_dispatch(const __grid_constant__ 
     const u32 lane = threadIdx.x % 32;
     const u32 warps = gridDim.x * (kThreads / 32);
     const u32 el = m.num_local_experts;
-    const u32 rows = static_cast<u32>(m.expert_offsets[el]);
-    if (rows > m.pool_rows) return;  // flagged by ep_recv_layout
+    const u32 rows = static_cast<u32>(m.expert_offsets[el]);  // 0 after an overflow (ep_recv_layout)
     const u32 b = launch_bank(p);
     const u32* bank = p.banks + b * p.bank.words;
     const u32 sf_cols = m.hidden / 128;
@@ -190,9 +194,8 @@ __global__ void __launch_bounds__(kThreads) ep_dispatch(const __grid_constant__ 
         const ptx::u32x4* src = peer_ptr<const ptx::u32x4>(p, s, p.off_x + static_cast<u64>(token) * m.hidden);
         ptx::u32x4* dst = reinterpret_cast<ptx::u32x4*>(m.pool + static_cast<u64>(row) * m.hidden);
         for (u32 v = lane; v < m.hidden / 16; v += 32) dst[v] = src[v];
-        const float* src_sf = peer_ptr<const float>(p, s, p.off_x_sf);
-        for (u32 c = lane; c < sf_cols; c += 32)
-            m.pool_sf[static_cast<u64>(c) * m.pool_rows + row] = src_sf[static_cast<u64>(c) * m.token_capacity + token];
+        const float* src_sf = peer_ptr<const float>(p, s, p.off_x_sf + 4ull * token * sf_cols);
+        for (u32 c = lane; c < sf_cols; c += 32) m.pool_sf[static_cast<u64>(c) * m.pool_rows + row] = src_sf[c];
         if (lane == 0) {
             m.pool_src[row] = static_cast<i32>((s * m.token_capacity + token) * m.num_topk + slot);
             m.pool_weight[row] = __uint_as_float(static_cast<u32>(entry >> 32));

@@ -16,7 +16,7 @@ import numpy as np
 
 import megamoe_rt.gemm as gemm
 from megamoe_rt import MegaMoE
-from megamoe_rt.bench import DeviceTimer, bracketed
+from megamoe_rt.bench import DeviceTimer, bracketed, capture_layer_call
 from megamoe_rt.demo import random_layer_inputs
 from megamoe_rt.gemm_heuristics import _config
 from megamoe_rt.kernels.fused import TRACE_EVENTS
@@ -35,12 +35,7 @@ def main(preset: str, tokens: int) -> None:
         layer = MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, tokens, **kw)
         layer.load_weights(inp["w1"], inp["w1_sf"], inp["w2"], inp["w2_sf"])
         y = cp.empty((tokens, p.hidden), cp.uint16)
-        with stream:
-            layer(*args, out=y, stream=stream)
-            stream.synchronize()
-            stream.begin_capture()
-            layer(*args, out=y, stream=stream)
-            graph = stream.end_capture()
+        graph = capture_layer_call(layer, args, y, stream)
         arms[name] = lambda g=graph: g.launch(stream=stream)
         layers[name] = layer
 

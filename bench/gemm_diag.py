@@ -1,5 +1,4 @@
 """Kernel time vs host overhead for one grouped-GEMM shape, per tile config."""
-import sys
 import time
 
 import cupy as cp

@@ -250,6 +250,16 @@ def _print_gemm_row(row: dict) -> None:
 
 # --- whole layer --------------------------------------------------------------------------
 
+def capture_layer_call(layer, args, out, stream, **kwargs):
+    """One eager call (kernels load, plans build), then the same call captured in a CUDA graph."""
+    with stream:
+        layer(*args, out=out, stream=stream, **kwargs)
+        stream.synchronize()
+        stream.begin_capture()
+        layer(*args, out=out, stream=stream, **kwargs)
+        return stream.end_capture()
+
+
 def bench_moe(presets: list[str], tokens: list[int], *, mode: str | list[str] = "unfused", rounds: int = 3,
               capacity: int | None = None, json_path: str | None = None) -> list[dict]:
     """The layer (a preset's EP8 per-rank slice on one GPU) captured in a CUDA graph and
@@ -283,12 +293,7 @@ def bench_moe(presets: list[str], tokens: list[int], *, mode: str | list[str] = 
                 layer = MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, cap, mode=m)
                 layer.load_weights(inp["w1"], inp["w1_sf"], inp["w2"], inp["w2_sf"])
                 y = cp.empty((t, p.hidden), dtype=cp.uint16)
-                with stream:
-                    layer(*args, out=y, stream=stream, num_tokens_bound=t)
-                    stream.synchronize()
-                    stream.begin_capture()
-                    layer(*args, out=y, stream=stream, num_tokens_bound=t)
-                    graphs[m] = stream.end_capture()
+                graphs[m] = capture_layer_call(layer, args, y, stream, num_tokens_bound=t)
                 layers[m] = layer
                 arms[m] = lambda g=graphs[m]: g.launch(stream=stream)
             with stream:

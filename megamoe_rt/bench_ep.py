@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from .bench import DeviceTimer, bracketed
+from .bench import DeviceTimer, bracketed, capture_layer_call
 from .presets import DEFAULT_EP_RANKS, get_preset
 
 NVLINK_BYTES_PER_S = 395e9
@@ -58,12 +58,7 @@ def bench_moe_ep(ctx, presets: list[str], tokens: list[int], *, modes: list[str]
                 layer = MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, t, mode=m, group=ctx)
                 layer.load_weights(*weights)
                 y = cp.empty((t, p.hidden), dtype=cp.uint16)
-                with stream:
-                    layer(*args, out=y, stream=stream)
-                    stream.synchronize()
-                    stream.begin_capture()
-                    layer(*args, out=y, stream=stream)
-                    graph = stream.end_capture()
+                graph = capture_layer_call(layer, args, y, stream)
                 layers[m] = layer
                 arms[m] = lambda g=graph: g.launch(stream=stream)
             with stream:

@@ -21,6 +21,7 @@
 #include "common/types.cuh"
 #include "ep/params.cuh"
 #include "moe/params.cuh"
+#include "moe/route_count.cuh"
 #include "ptx/ld_st.cuh"
 #include "sync/deadline_wait.cuh"
 
@@ -52,16 +53,8 @@ template <typename IdxT>
 __global__ void __launch_bounds__(kThreads) ep_count(const __grid_constant__ EpParams p) {
     __shared__ i32 hist[kMaxExperts];
     const moe::MoeParams& m = p.moe;
-    for (u32 e = threadIdx.x; e < m.num_experts; e += kThreads) hist[e] = 0;
-    __syncthreads();
-    const u32 pairs = m.num_tokens * m.num_topk;
-    for (u32 i = blockIdx.x * kThreads + threadIdx.x; i < pairs; i += gridDim.x * kThreads) {
-        const i32 g = global_expert<IdxT>(m, i);
-        if (g >= 0) atomicAdd(&hist[g], 1);
-    }
-    __syncthreads();
-    for (u32 e = threadIdx.x; e < m.num_experts; e += kThreads)
-        if (hist[e]) atomicAdd(&p.send_counts[e], hist[e]);
+    moe::count_pairs<kThreads>(hist, m.num_experts, m.num_tokens * m.num_topk, p.send_counts,
+                               [&m](u32 pair) { return global_expert<IdxT>(m, pair); });
 }
 
 // One block: exclusive scan of the send counts (experts are numbered rank-major, so the send
@@ -72,13 +65,7 @@ __global__ void __launch_bounds__(kScanThreads) ep_send_scan(const __grid_consta
     const u32 n = p.moe.num_experts;
     const i32 count = e < n ? p.send_counts[e] : 0;
     scan[e] = count;
-    __syncthreads();
-    for (u32 step = 1; step < kScanThreads; step *= 2) {
-        const i32 v = e >= step ? scan[e - step] : 0;
-        __syncthreads();
-        scan[e] += v;
-        __syncthreads();
-    }
+    moe::block_inclusive_scan<kScanThreads>(scan);
     if (e < n) p.send_offsets[e] = scan[e] - count;
     if (e == n - 1) p.send_offsets[n] = scan[e];
 }
@@ -133,13 +120,7 @@ __global__ void __launch_bounds__(kScanThreads) ep_recv_layout(const __grid_cons
     const i32 align = static_cast<i32>(m.pool_align);
     const i32 padded = (total + align - 1) / align * align;
     scan[e] = padded;
-    __syncthreads();
-    for (u32 step = 1; step < kScanThreads; step *= 2) {
-        const i32 v = e >= step ? scan[e - step] : 0;
-        __syncthreads();
-        scan[e] += v;
-        __syncthreads();
-    }
+    moe::block_inclusive_scan<kScanThreads>(scan);
     // A routing past the worst-case pool (repeated experts in a token, which the host refuses
     // when it validates ids) is flagged and leaves every expert empty: the GEMMs then do
     // nothing, rather than scatter rows of a previous launch into peers' combine buffers.

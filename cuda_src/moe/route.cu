@@ -4,6 +4,7 @@
 
 #include "common/types.cuh"
 #include "moe/params.cuh"
+#include "moe/route_count.cuh"
 
 namespace megamoe_rt::moe {
 
@@ -14,16 +15,8 @@ constexpr u32 kMaxLocalExperts = 1024;
 template <typename IdxT>
 __global__ void __launch_bounds__(kCountThreads) moe_count_routes(const __grid_constant__ MoeParams p) {
     __shared__ i32 hist[kMaxLocalExperts];
-    for (u32 e = threadIdx.x; e < p.num_local_experts; e += kCountThreads) hist[e] = 0;
-    __syncthreads();
-    const u32 pairs = p.num_tokens * p.num_topk;
-    for (u32 i = blockIdx.x * kCountThreads + threadIdx.x; i < pairs; i += gridDim.x * kCountThreads) {
-        const i32 e = local_expert<IdxT>(p, i);
-        if (e >= 0) atomicAdd(&hist[e], 1);
-    }
-    __syncthreads();
-    for (u32 e = threadIdx.x; e < p.num_local_experts; e += kCountThreads)
-        if (hist[e]) atomicAdd(&p.expert_counts[e], hist[e]);
+    count_pairs<kCountThreads>(hist, p.num_local_experts, p.num_tokens * p.num_topk, p.expert_counts,
+                               [&p](u32 pair) { return local_expert<IdxT>(p, pair); });
 }
 
 constexpr u32 kScanThreads = 1024;
@@ -37,14 +30,7 @@ __global__ void __launch_bounds__(kScanThreads) moe_pool_offsets(const __grid_co
     const i32 align = static_cast<i32>(p.pool_align);
     const i32 padded = (count + align - 1) / align * align;
     scan[e] = padded;
-    __syncthreads();
-    // Hillis-Steele inclusive scan; the experts fit one block (checked on the host).
-    for (u32 step = 1; step < kScanThreads; step *= 2) {
-        const i32 v = e >= step ? scan[e - step] : 0;
-        __syncthreads();
-        scan[e] += v;
-        __syncthreads();
-    }
+    block_inclusive_scan<kScanThreads>(scan);  // the experts fit one block (checked on the host)
     if (e < p.num_local_experts) {
         p.expert_offsets[e] = scan[e] - padded;
         p.expert_cursors[e] = 0;

@@ -71,11 +71,16 @@ __device__ __noinline__ void report_wait_timeout(WaitSite site, const WaitContex
     fail_wait(site, ctx, peer, expected, seen, ctx.timeout_ns);
 }
 
-// Waits until *word >= expected (acquire, system scope). Returns the value seen.
-__device__ __forceinline__ u64 wait_ge_acquire_sys_u64(const u64* word, u64 expected, WaitSite site,
-                                                       const WaitContext& ctx, u32 peer) {
+__device__ __forceinline__ u64 ld_acquire_sys(const u64* word) { return ptx::ld_acquire_sys_u64(word); }
+__device__ __forceinline__ u32 ld_acquire_sys(const u32* word) { return ptx::ld_acquire_sys_u32(word); }
+
+// Waits until *word >= expected (acquire, system scope: a peer rank's store over NVLink)
+// and returns the value seen. Kernels without wgmma only: the report prints.
+template <typename Word>
+__device__ __forceinline__ Word wait_ge_acquire_sys(const Word* word, Word expected, WaitSite site,
+                                                    const WaitContext& ctx, u32 peer) {
     const u64 start = ptx::globaltimer_ns();
-    u64 seen = ptx::ld_acquire_sys_u64(word);
+    Word seen = ld_acquire_sys(word);
     u32 spins = 0;
     bool expired = false;
     while (seen < expected) {
@@ -84,29 +89,20 @@ __device__ __forceinline__ u64 wait_ge_acquire_sys_u64(const u64* word, u64 expe
             expired = true;
             break;
         }
-        seen = ptx::ld_acquire_sys_u64(word);
+        seen = ld_acquire_sys(word);
     }
     if (expired) report_wait_timeout(site, ctx, peer, expected, seen);
     return seen;
 }
 
-// Waits until *word >= expected (acquire, system scope: a peer rank's store over NVLink).
-// Kernels without wgmma only: the report prints.
+__device__ __forceinline__ u64 wait_ge_acquire_sys_u64(const u64* word, u64 expected, WaitSite site,
+                                                       const WaitContext& ctx, u32 peer) {
+    return wait_ge_acquire_sys(word, expected, site, ctx, peer);
+}
+
 __device__ __forceinline__ u32 wait_ge_acquire_sys_u32(const u32* word, u32 expected, WaitSite site,
                                                        const WaitContext& ctx, u32 peer) {
-    const u64 start = ptx::globaltimer_ns();
-    u32 seen = ptx::ld_acquire_sys_u32(word);
-    u32 spins = 0;
-    bool expired = false;
-    while (seen < expected) {
-        if ((++spins & 255u) == 0 && ptx::globaltimer_ns() - start > ctx.timeout_ns) {
-            expired = true;
-            break;
-        }
-        seen = ptx::ld_acquire_sys_u32(word);
-    }
-    if (expired) report_wait_timeout(site, ctx, peer, expected, seen);
-    return seen;
+    return wait_ge_acquire_sys(word, expected, site, ctx, peer);
 }
 
 // Waits until `done(*word)` (acquire, GPU scope) and returns the value seen; on timeout

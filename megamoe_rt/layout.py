@@ -289,7 +289,7 @@ def symm_buffer_layout(
            "cross-rank signal words, one bank per launch parity")
     ws.add("grid_sync", "uint32", (_GRID_SYNC_WORDS,),
            "grid-wide barrier counters")
-    ws.add("fused_banks", "uint32", (_BARRIER_BANKS, 2 * el + 3 * full_blocks + 1),
+    ws.add("fused_banks", "uint32", (_BARRIER_BANKS, 2 * e + 3 * full_blocks + 1),
            "fused kernel, per launch parity: expert counts and cursors, per-block arrivals, "
            "L1 publishes and L2 reads, the tile ticket")
     ws.add("launch_epoch", "uint32", (_GRID_SYNC_WORDS,),

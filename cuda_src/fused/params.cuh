@@ -3,6 +3,7 @@
 #pragma once
 
 #include "common/types.cuh"
+#include "ep/params.cuh"
 #include "gemm/params.cuh"
 #include "moe/params.cuh"
 #include "sync/deadline_wait.cuh"
@@ -39,6 +40,20 @@ struct FusedParams {
     u32 table_smem_offset;    // bytes from the aligned shared-memory base to the routing tables
     u32 withhold_block;       // tests only: this block's arrival is never published (~0u: off)
     u64* trace;               // profiling only: kTraceEvents %globaltimer stamps per block (null: off)
+    // Across ranks (the expert-parallel instantiation only). Regions of the symmetric buffer
+    // sit at the same offsets on every rank: a peer's is peer_bases[peer] + offset. The bank's
+    // counts and cursors then count per global expert, this rank's pairs into its send list.
+    const u64* peer_bases;    // [num_ranks]
+    u64 off_x;                // [T, H] e4m3 inputs, staged by the host
+    u64 off_x_sf;             // [T, H / 128] their scales
+    u64 off_send_list;        // [T * K] (weight bits << 32) | (token * K + slot), grouped by expert
+    u64 off_combine;          // [K, T, H] bf16 partials
+    u64 off_ep_banks;         // words peers write, per launch parity (ep::EpBankLayout)
+    u64* send_list;           // this rank's
+    u32* ep_banks;            // this rank's
+    ep::EpBankLayout ep_bank;
+    u32 rank;
+    u32 num_ranks;
 };
 
 // Events of the optional per-block trace (megamoe_rt.fused.TRACE_EVENTS names them).

@@ -20,6 +20,7 @@
 // combine address) stays full size, indexed by the global pool row.
 
 #include "common/types.cuh"
+#include "fused/expert_parallel.cuh"
 #include "fused/params.cuh"
 #include "fused/signal_relay.cuh"
 #include "fused/task_stream.cuh"
@@ -45,6 +46,7 @@ constexpr u32 kBlockN = 256;
 constexpr u32 kNumThreads = 384;
 constexpr u32 kNumDispatchWarps = 2;
 constexpr u32 kRelayThread = 96;
+constexpr u32 kPartialsBarrier = 3;  // across ranks: the relay warp tells the math warps every rank's partials are in
 constexpr u32 kProducerRegs = 72;
 constexpr u32 kMathRegs = 208;
 constexpr u32 kMathBarrier = 2;  // named barrier of the 256 math threads (1 is the epilogue's)
@@ -136,8 +138,41 @@ __device__ __forceinline__ void build_tables(const FusedParams& p, const u32* co
     }
 }
 
+// Across ranks: pool row `row` of `expert` comes from the source rank whose range holds it
+// (sources in rank order); its send-list entry, x row and scales are pulled over NVLink and
+// its metadata written here (one rank claims rows in the routing phase instead).
+__device__ __forceinline__ void pull_row_from_source(const FusedParams& p, const RoutingTables& tab, u32 expert,
+                                                     u32 row, u32 slot_row, u32 lane) {
+    const moe::MoeParams& m = p.moe;
+    const EpScratch ep(tab.unit_info + p.max_blocks, m.num_experts, m.num_local_experts);
+    const i32* src_rows = ep.src_rows + expert * (p.num_ranks + 1);
+    u32 s = 0;
+    while (static_cast<i32>(row) >= src_rows[s + 1]) ++s;
+    const u32* own = ep_own_bank(p, tab.scalars[3] & 1);
+    const u32 pos = own[p.ep_bank.recv_offsets + s * m.num_local_experts + expert] +
+                    (row - static_cast<u32>(src_rows[s]));
+    const u64 entry = reinterpret_cast<const u64*>(p.peer_bases[s] + p.off_send_list)[pos];
+    const u32 pair = static_cast<u32>(entry);
+    const u32 token = pair / m.num_topk, slot = pair % m.num_topk;
+    const ptx::u32x4* src =
+        reinterpret_cast<const ptx::u32x4*>(p.peer_bases[s] + p.off_x + static_cast<u64>(token) * m.hidden);
+    ptx::u32x4* dst = reinterpret_cast<ptx::u32x4*>(m.pool + static_cast<u64>(slot_row) * m.hidden);
+#pragma unroll 4
+    for (u32 v = lane; v < m.hidden / 16; v += 32) dst[v] = src[v];
+    const u32 sf_cols = m.hidden / 128;
+    const float* src_sf = reinterpret_cast<const float*>(p.peer_bases[s] + p.off_x_sf) + static_cast<u64>(token) * sf_cols;
+    for (u32 j = lane; j < sf_cols; j += 32) m.pool_sf[static_cast<u64>(j) * m.pool_rows + slot_row] = src_sf[j];
+    if (lane == 0) {
+        m.pool_src[row] = static_cast<i32>((s * m.token_capacity + token) * m.num_topk + slot);
+        m.pool_weight[row] = __uint_as_float(static_cast<u32>(entry >> 32));
+        m.pool_dst[row] = p.peer_bases[s] + p.off_combine +
+                          (static_cast<u64>(slot) * m.token_capacity + token) * m.hidden * 2ull;
+    }
+}
+
 // Dispatch warps: rows in pool order, warps interleaved across blocks, so pool blocks (and
 // with them L1 tiles, which the stream also takes in pool order) complete front to back.
+template <bool kEp>
 __device__ __forceinline__ void dispatch_rows(const FusedParams& p, const RoutingTables& tab) {
     const moe::MoeParams& m = p.moe;
     u32* bank = tab.bank(p);
@@ -160,6 +195,9 @@ __device__ __forceinline__ void dispatch_rows(const FusedParams& p, const Routin
             __syncwarp();
         }
         const u32 slot_row = (block % p.ring_blocks) * kBlockM + row % kBlockM;
+        if constexpr (kEp) {
+            pull_row_from_source(p, tab, expert, row, slot_row, lane);
+        } else {
         const u32 token = static_cast<u32>(m.pool_src[row]) / m.num_topk;
         const ptx::u32x4* src = reinterpret_cast<const ptx::u32x4*>(m.x + static_cast<u64>(token) * m.hidden);
         ptx::u32x4* dst = reinterpret_cast<ptx::u32x4*>(m.pool + static_cast<u64>(slot_row) * m.hidden);
@@ -167,6 +205,7 @@ __device__ __forceinline__ void dispatch_rows(const FusedParams& p, const Routin
         for (u32 v = lane; v < m.hidden / 16; v += 32) dst[v] = ptx::ld_global_nc_v4_u32(src + v);
         for (u32 j = lane; j < sf_cols; j += 32)
             m.pool_sf[static_cast<u64>(j) * m.pool_rows + slot_row] = m.x_sf[static_cast<u64>(token) * sf_cols + j];
+        }
         // The rows are read by TMA (the async proxy) in another block.
         ptx::fence_proxy_async_global();
         __syncwarp();
@@ -234,6 +273,126 @@ __device__ __forceinline__ void route_and_claim(const FusedParams& p, const Rout
         trace(p, kTraceClaimed);
     }
     __syncthreads();
+}
+
+// Across ranks: the routing of the header comment of fused/expert_parallel.cuh.
+template <class IdxT>
+__device__ __forceinline__ void route_and_claim_across_ranks(const FusedParams& p, const RoutingTables& tab) {
+    const moe::MoeParams& m = p.moe;
+    u32* bank = tab.bank(p);
+    const u32 b = tab.scalars[3] & 1;
+    const u32 el = m.num_local_experts;
+    const u32 grid_threads = ptx::nctaid_x() * kNumThreads;
+    const u32 gtid = ptx::ctaid_x() * kNumThreads + threadIdx.x;
+    u32* next_bank = p.banks[b ^ 1];
+    u32* next_ep_bank = p.ep_banks + (b ^ 1) * p.ep_bank.words;
+    for (u32 i = gtid; i < p.bank.words; i += grid_threads) next_bank[i] = 0;
+    for (u32 i = gtid; i < p.ep_bank.words; i += grid_threads) next_ep_bank[i] = 0;
+    const EpScratch ep(tab.unit_info + p.max_blocks, m.num_experts, el);
+
+    // This rank's pairs per global expert.
+    const u32 pairs = m.num_tokens * m.num_topk;
+    i32* hist = ep.send_offsets;  // scratch until the scan
+    for (u32 e = threadIdx.x; e < m.num_experts; e += kNumThreads) hist[e] = 0;
+    __syncthreads();
+    for (u32 i = gtid; i < pairs; i += grid_threads) {
+        const i32 g = global_expert_id<IdxT>(m, i);
+        if (g >= 0) atomicAdd(&hist[g], 1);
+    }
+    __syncthreads();
+    for (u32 e = threadIdx.x; e < m.num_experts; e += kNumThreads)
+        if (hist[e]) atomicAdd(bank + p.bank.counts + e, static_cast<u32>(hist[e]));
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        sync::grid_barrier_acq_rel_gpu(p.grid_barrier, ptx::nctaid_x(), p.wait);
+        trace(p, kTraceCounted);
+    }
+    __syncthreads();
+
+    // The send list, grouped by global expert (so by destination rank first).
+    if (threadIdx.x < 32) scan_send_offsets(bank + p.bank.counts, m.num_experts, ep.send_offsets);
+    __syncthreads();
+    for (u32 i = gtid; i < pairs; i += grid_threads) {
+        const i32 g = global_expert_id<IdxT>(m, i);
+        if (g < 0) continue;
+        const u32 pos = static_cast<u32>(ep.send_offsets[g]) + atomicAdd(bank + p.bank.cursors + g, 1u);
+        p.send_list[pos] = (static_cast<u64>(__float_as_uint(m.topk_weights[i])) << 32) | i;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) sync::grid_barrier_acq_rel_gpu(p.grid_barrier, ptx::nctaid_x(), p.wait);
+    __syncthreads();
+
+    // Block d publishes to rank d: counts and send-list offsets, then its count_ready word.
+    for (u32 d = ptx::ctaid_x(); d < p.num_ranks; d += ptx::nctaid_x()) {
+        for (u32 e = threadIdx.x; e < el; e += kNumThreads) {
+            const u32 word = p.rank * el + e;
+            *ep_peer_word(p, d, b, p.ep_bank.recv_counts + word) = bank[p.bank.counts + d * el + e];
+            *ep_peer_word(p, d, b, p.ep_bank.recv_offsets + word) = static_cast<u32>(ep.send_offsets[d * el + e]);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            ptx::fence_acq_rel_sys();
+            ptx::st_release_sys_u32(ep_peer_word(p, d, b, p.ep_bank.count_ready + p.rank), 1);
+        }
+        __syncthreads();
+    }
+
+    // Every block: all sources' counts, then the pool by (local expert, source rank).
+    const u32* own = ep_own_bank(p, b);
+    if (threadIdx.x < p.num_ranks)  // one thread per source: no trap inside a loop
+        sync::wait_ge_acquire_sys_u32_quiet(own + p.ep_bank.count_ready + threadIdx.x, 1,
+                                            sync::WaitSite::kExpertCountsArrived, p.wait, threadIdx.x);
+    __syncthreads();
+    for (u32 e = threadIdx.x; e < el; e += kNumThreads) {
+        u32 total = 0;
+        for (u32 s = 0; s < p.num_ranks; ++s) total += own[p.ep_bank.recv_counts + s * el + e];
+        ep.totals[e] = static_cast<i32>(total);
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) build_tables(p, reinterpret_cast<const u32*>(ep.totals), tab);
+    __syncthreads();
+    for (u32 e = threadIdx.x; e < el; e += kNumThreads) {
+        i32* rows = ep.src_rows + e * (p.num_ranks + 1);
+        i32 row = tab.row_begin[e];
+        for (u32 s = 0; s < p.num_ranks; ++s) {
+            rows[s] = row;
+            row += static_cast<i32>(own[p.ep_bank.recv_counts + s * el + e]);
+        }
+        rows[p.num_ranks] = row;
+    }
+    const bool overflow = tab.scalars[2] != 0;
+    if (ptx::ctaid_x() == 0) {
+        for (u32 e = threadIdx.x; e <= el; e += kNumThreads) {
+            m.expert_offsets[e] = tab.row_begin[e];
+            if (e < el && m.expert_recv_stats != nullptr) m.expert_recv_stats[e] += ep.totals[e];
+        }
+        if (threadIdx.x == 0 && overflow) atomicOr(m.error_flags, moe::ErrorFlags::kPoolOverflow);
+    }
+    if (threadIdx.x == 0 && !overflow && p.lag_units >= p.max_blocks && tab.scalars[1] > p.ring_blocks)
+        sync::fail_wait(sync::WaitSite::kRingOverflow, p.wait, 0, p.ring_blocks, tab.scalars[1], 0);
+    __syncthreads();
+    if (threadIdx.x == 0) trace(p, kTraceClaimed);
+}
+
+// Across ranks, after every block's last tile (thread 128 of block 0, past the grid
+// barrier): tell every rank its partials are in its combine buffer.
+__device__ __forceinline__ void signal_partials_ready(const FusedParams& p, const RoutingTables& tab) {
+    const u32 b = tab.scalars[3] & 1;
+    ptx::fence_acq_rel_sys();  // the partials every block stored before the grid barrier
+    for (u32 d = 0; d < p.num_ranks; ++d)
+        ptx::st_release_sys_u32(ep_peer_word(p, d, b, p.ep_bank.combine_ready + p.rank), 1);
+}
+
+// Across ranks, by the relay thread once the math warpgroups are through their tiles: wait
+// until every rank's partials are in this rank's combine buffer (its own word is set past the
+// grid barrier, so this also waits for that), then release the math warps into the combine.
+// Waiting here keeps the wait (and its trap) out of the math warpgroups' registers.
+__device__ __forceinline__ void wait_partials_from_every_rank(const FusedParams& p, const RoutingTables& tab) {
+    const u32* own = ep_own_bank(p, tab.scalars[3] & 1);
+    for (u32 s = 0; s < p.num_ranks; ++s)
+        sync::wait_ge_acquire_sys_u32_quiet(own + p.ep_bank.combine_ready + s, 1, sync::WaitSite::kCombineArrived,
+                                            p.wait, s);
+    ptx::bar_arrive(kPartialsBarrier, 32 + kNumThreads - 128);
 }
 
 // The GEMM tile of a stream position: metadata rows are global pool rows, A and D rows
@@ -339,7 +498,7 @@ __device__ __forceinline__ void compute_tiles(const FusedParams& p, const Routin
     if (leader) relay.post(posted, SignalRelay::kStop);
 }
 
-template <u32 kStages, u32 kActSfGran, typename IdxT>
+template <u32 kStages, u32 kActSfGran, typename IdxT, bool kEp>
 __global__ void __launch_bounds__(kNumThreads, 1)
 sm90_fp8_fused_moe(const __grid_constant__ FusedParams p, const __grid_constant__ ptx::TmaDescriptor tma_l1_a,
                    const __grid_constant__ ptx::TmaDescriptor tma_l1_b,
@@ -388,7 +547,11 @@ sm90_fp8_fused_moe(const __grid_constant__ FusedParams p, const __grid_constant_
     }
     for (u32 e = threadIdx.x; e < m.num_local_experts; e += kNumThreads) tab.row_end[e] = 0;  // count scratch
     __syncthreads();
-    route_and_claim<IdxT>(p, tab);
+    if constexpr (kEp) {
+        route_and_claim_across_ranks<IdxT>(p, tab);
+    } else {
+        route_and_claim<IdxT>(p, tab);
+    }
 
     // --- dispatch and both GEMMs on the lag-ordered stream ------------------------------------
     if (threadIdx.x < 128) {
@@ -400,8 +563,9 @@ sm90_fp8_fused_moe(const __grid_constant__ FusedParams p, const __grid_constant_
             trace(p, kTraceProducerDone);
         } else if (threadIdx.x == kRelayThread) {
             tab.relay.run(tab.bank(p));
+            if constexpr (kEp) wait_partials_from_every_rank(p, tab);
         } else if (threadIdx.x >= 32 && threadIdx.x < 32 * (1 + kNumDispatchWarps)) {
-            dispatch_rows(p, tab);
+            dispatch_rows<kEp>(p, tab);
             if (threadIdx.x == 32) trace(p, kTraceDispatchDone);
         }
         return;
@@ -415,11 +579,18 @@ sm90_fp8_fused_moe(const __grid_constant__ FusedParams p, const __grid_constant_
         trace(p, kTraceMathDone);
         sync::grid_barrier_acq_rel_gpu(p.grid_barrier, gridDim.x, p.wait);
         trace(p, kTraceAllTilesDone);
+        if constexpr (kEp) {
+            if (blockIdx.x == 0) signal_partials_ready(p, tab);
+        }
         if (blockIdx.x == 0) ptx::st_relaxed_gpu_u32(p.launch_epoch, tab.scalars[3] + 1);
         // The next kernel may begin launching; it waits for this one to finish before reading.
         ptx::griddepcontrol_launch_dependents();
     }
-    ptx::bar_sync(kMathBarrier, L1::kNumMathThreads);
+    if constexpr (kEp) {
+        ptx::bar_sync(kPartialsBarrier, 32 + L1::kNumMathThreads);
+    } else {
+        ptx::bar_sync(kMathBarrier, L1::kNumMathThreads);
+    }
     const u32 math_wg = threadIdx.x / 128 - 1;
     for (u32 token = blockIdx.x * 2 + math_wg; token < m.num_tokens; token += gridDim.x * 2) {
         const u32 mask = tab.overflow() ? 0u : moe::valid_slot_mask<IdxT>(m, token);

@@ -21,6 +21,11 @@ __device__ __forceinline__ void bar_sync(u32 id, u32 num_threads) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(num_threads) : "memory");
 }
 
+// Arrive at named barrier `id` without waiting (the others wait with bar_sync on the same count).
+__device__ __forceinline__ void bar_arrive(u32 id, u32 num_threads) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(num_threads) : "memory");
+}
+
 __device__ __forceinline__ u32 dynamic_smem_size() {
     u32 size;
     asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(size));

@@ -138,6 +138,28 @@ __device__ __forceinline__ u32 wait_ge_acquire_gpu_u32(const u32* word, u32 expe
                                 deadline_shift);
 }
 
+// Waits until *word >= expected (acquire, system scope: a peer rank's store) in a kernel that
+// cannot printf (wgmma): on timeout it records and traps, like wait_acquire_gpu_u32.
+__device__ __forceinline__ u32 wait_ge_acquire_sys_u32_quiet(const u32* word, u32 expected, WaitSite site,
+                                                             const WaitContext& ctx, u32 peer) {
+    u32 seen = ptx::ld_acquire_sys_u32(word);
+    if (seen >= expected) return seen;
+    const u64 start = ptx::globaltimer_ns();
+    u64 elapsed = 0;
+    u32 spins = 0;
+    while (seen < expected) {
+        if ((++spins & 255u) == 0) {
+            elapsed = ptx::globaltimer_ns() - start;
+            if (elapsed > ctx.timeout_ns) break;
+        }
+        if (spins > 8) __nanosleep(64);
+        seen = ptx::ld_acquire_sys_u32(word);
+    }
+    // The trap stays out of the loop (see the header comment).
+    if (seen < expected) fail_wait(site, ctx, peer, expected, seen, elapsed);
+    return seen;
+}
+
 // Deadline shifts of derived waits (see wait_acquire_gpu_u32).
 constexpr u32 kDerivedWaitShift = 1;   // waits on work that itself waits (published L1 output, freed slots)
 constexpr u32 kBarrierWaitShift = 2;   // grid barriers: downstream of everything

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from ..deadlines import WaitContext
 from ..jit import KernelSpec
+from .ep import EpBankLayout
 from .gemm import SMEM_LIMIT, GemmConfig, GemmParams
 from .moe import MoeParams
 
@@ -35,8 +36,10 @@ class BankLayout(ctypes.Structure):
                 ("ticket", ctypes.c_uint32)]
 
 
-def bank_layout(num_local_experts: int, max_blocks: int) -> BankLayout:
-    el, b = num_local_experts, max_blocks
+def bank_layout(num_experts: int, max_blocks: int) -> BankLayout:
+    """``num_experts``: the experts this rank counts its pairs for: its own on one rank, all
+    (global) across ranks, where the counts and cursors lay out its send list."""
+    el, b = num_experts, max_blocks
     return BankLayout(words=bank_words(el, b), counts=0, cursors=el, arrivals=2 * el, l1_done=2 * el + b,
                       l2_read=2 * el + 2 * b, ticket=2 * el + 3 * b)
 
@@ -65,6 +68,18 @@ class FusedParams(ctypes.Structure):
         ("table_smem_offset", ctypes.c_uint32),
         ("withhold_block", ctypes.c_uint32),
         ("trace", ctypes.c_uint64),
+        # across ranks
+        ("peer_bases", ctypes.c_uint64),
+        ("off_x", ctypes.c_uint64),
+        ("off_x_sf", ctypes.c_uint64),
+        ("off_send_list", ctypes.c_uint64),
+        ("off_combine", ctypes.c_uint64),
+        ("off_ep_banks", ctypes.c_uint64),
+        ("send_list", ctypes.c_uint64),
+        ("ep_banks", ctypes.c_uint64),
+        ("ep_bank", EpBankLayout),
+        ("rank", ctypes.c_uint32),
+        ("num_ranks", ctypes.c_uint32),
     ]
 
 
@@ -88,14 +103,22 @@ def tile_smem_bytes(stages: int) -> int:
     return stages * GemmConfig.stage_bytes(BLOCK_M, BLOCK_N, 64) + 2 * 64 * 4 + 2 * stages * 8
 
 
-def dynamic_smem_bytes(stages: int, num_local_experts: int, max_blocks: int) -> int:
-    return tile_smem_bytes(stages) + table_bytes(num_local_experts, max_blocks) + _ALIGN_SLACK
+def ep_scratch_bytes(num_experts: int, num_local_experts: int, num_ranks: int) -> int:
+    """Across ranks, after the tables (fused/expert_parallel.cuh EpScratch): send offsets,
+    per-expert totals and per-(expert, source) first rows."""
+    if num_ranks == 1:
+        return 0
+    return 4 * (num_experts + 1 + num_local_experts + num_local_experts * (num_ranks + 1))
 
 
-def pick_stages(num_local_experts: int, max_blocks: int) -> int:
-    """The deepest pipeline whose stages and routing tables fit in shared memory."""
+def dynamic_smem_bytes(stages: int, num_local_experts: int, max_blocks: int, extra: int = 0) -> int:
+    return tile_smem_bytes(stages) + table_bytes(num_local_experts, max_blocks) + extra + _ALIGN_SLACK
+
+
+def pick_stages(num_local_experts: int, max_blocks: int, extra: int = 0) -> int:
+    """The deepest pipeline whose stages and routing tables (plus ``extra`` bytes) fit in shared memory."""
     for s in range(MAX_STAGES, MIN_STAGES - 1, -1):
-        if dynamic_smem_bytes(s, num_local_experts, max_blocks) <= SMEM_LIMIT:
+        if dynamic_smem_bytes(s, num_local_experts, max_blocks, extra) <= SMEM_LIMIT:
             return s
     raise ValueError(f"{num_local_experts} local experts and {max_blocks} pool blocks leave no room for "
                      f"{MIN_STAGES} pipeline stages in shared memory")
@@ -106,15 +129,17 @@ class FusedConfig:
     stages: int
     act_sf_gran: int
     idx: str = "int32"
+    expert_parallel: bool = False   # the instantiation that runs across ranks
     smem_bytes: int = 0   # dynamic shared memory of a launch (tables depend on the buffer)
 
     @property
     def name(self) -> str:
-        return f"fused_moe[s{self.stages},asf{self.act_sf_gran},{self.idx}]"
+        ep = ",ep" if self.expert_parallel else ""
+        return f"fused_moe[s{self.stages},asf{self.act_sf_gran},{self.idx}{ep}]"
 
     def spec(self) -> KernelSpec:
         entry = (f"megamoe_rt::fused::sm90_fp8_fused_moe<{self.stages}u, {self.act_sf_gran}u, "
-                 f"{_IDX_CXX[self.idx]}>")
+                 f"{_IDX_CXX[self.idx]}, {'true' if self.expert_parallel else 'false'}>")
         return KernelSpec(name=self.name, source=SOURCE, entry=entry,
                           dynamic_smem_bytes=self.smem_bytes or SMEM_LIMIT,
                           block_threads=NUM_THREADS, expect_sass=("QGMMA",))
@@ -122,4 +147,5 @@ class FusedConfig:
 
 def kernel_specs() -> list[KernelSpec]:
     """The variants buffers of the shipped presets pick (deeper pipelines for smaller tables)."""
-    return [FusedConfig(s, g, idx).spec() for s in (4, 5) for g in (64, 128) for idx in ("int32", "int64")]
+    return [FusedConfig(s, g, idx, ep).spec() for s in (4, 5) for g in (64, 128) for idx in ("int32", "int64")
+            for ep in (False, True)]

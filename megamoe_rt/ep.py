@@ -18,11 +18,26 @@ from .kernels import moe as mk
 from .kernels.loader import get_kernel
 
 
+def write_peer_table(buffer: Any) -> None:
+    """Every rank's buffer base, as this rank maps it, into the ``peer_bases`` region."""
+    import cupy
+
+    with cupy.cuda.Device(buffer.device):
+        buffer.view("peer_bases")[:] = cupy.asarray(buffer.peer_base_ptrs, dtype=cupy.uint64)
+        cupy.cuda.Device(buffer.device).synchronize()
+
+
+def stage_inputs(buffer: Any, xa: Any, sfa: Any, t: int, stream: int) -> None:
+    """x rows and their scales into the symmetric buffer, where the ranks owning their experts
+    pull them from."""
+    h = buffer.layout.hidden
+    driver.memcpy_2d_async(buffer.ptr("x"), h, xa.ptr, h, h, t, stream)
+    driver.memcpy_2d_async(buffer.ptr("x_sf"), h // 32, sfa.ptr, h // 32, h // 32, t, stream)
+
+
 class EpUnfusedRunner:
     def __init__(self, buffer: Any, *, rank: int, num_ranks: int, device: int, sm_count: int,
                  timeout_s: float | None):
-        import cupy
-
         layout = buffer.layout
         if layout.num_experts > ek.MAX_EXPERTS:
             raise ValueError(f"num_experts={layout.num_experts}: at most {ek.MAX_EXPERTS} across ranks")
@@ -35,9 +50,7 @@ class EpUnfusedRunner:
                             off_send_list=layout.region("send_list").offset,
                             off_combine=layout.region("combine").offset,
                             off_banks=ws + layout.workspace_region("ep_banks").offset)
-        with cupy.cuda.Device(device):
-            buffer.view("peer_bases")[:] = cupy.asarray(buffer.peer_base_ptrs, dtype=cupy.uint64)
-            cupy.cuda.Device(device).synchronize()
+        write_peer_table(buffer)
         self._kernels: dict[str, dict[str, Any]] = {}
 
     def kernels(self, idx: str) -> dict[str, Any]:
@@ -55,17 +68,12 @@ class EpUnfusedRunner:
             wait=TimeoutRecord.get().context(self.timeout_s, rank=self.rank), rank=self.rank,
             num_ranks=self.num_ranks)
 
-    def stage_inputs(self, xa: Any, sfa: Any, t: int, stream: int) -> None:
-        """x rows and their scales into the buffer, where the ranks owning their experts pull them."""
-        b, h = self.buffer, self.layout.hidden
-        driver.memcpy_2d_async(b.ptr("x"), h, xa.ptr, h, h, t, stream)
-        driver.memcpy_2d_async(b.ptr("x_sf"), h // 32, sfa.ptr, h // 32, h // 32, t, stream)
 
     def run(self, idx: str, moe: mk.MoeParams, xa: Any, sfa: Any, t: int, gemms, moe_kernels, stream: int) -> None:
         b = self.buffer
         params = self.params(moe)
         kernels = self.kernels(idx)
-        self.stage_inputs(xa, sfa, t, stream)
+        stage_inputs(b, xa, sfa, t, stream)
         driver.memset_d32_async(b.ptr("ep_send_counts"), 0, self.layout.num_experts, stream)
         driver.memset_d32_async(b.ptr("ep_send_cursors"), 0, self.layout.num_experts, stream)
         driver.memset_d32_async(b.ptr("error_flags"), 0, 4, stream)

@@ -78,8 +78,10 @@ class FusedPlan:
             raise ValueError(f"num_max_tokens_per_rank: the worst-case pool of {self.max_blocks} blocks exceeds "
                              f"the fused kernel's {fk.MAX_BLOCKS}")
         el, h, i = layout.num_local_experts, layout.hidden, layout.intermediate
-        self.stages = fk.pick_stages(el, self.max_blocks)
-        self.smem_bytes = fk.dynamic_smem_bytes(self.stages, el, self.max_blocks)
+        self.expert_parallel = layout.num_ranks > 1
+        ep_extra = fk.ep_scratch_bytes(layout.num_experts, el, layout.num_ranks)
+        self.stages = fk.pick_stages(el, self.max_blocks, ep_extra)
+        self.smem_bytes = fk.dynamic_smem_bytes(self.stages, el, self.max_blocks, ep_extra)
         self.sm_count = sm_count
         self.device = device
         self.act_sf_gran = act_sf_gran
@@ -94,7 +96,7 @@ class FusedPlan:
                              swiglu_limit=0.0 if swiglu_limit is None else swiglu_limit)
         self.l2 = GemmParams(num_rows=ring_rows, n=h, k=i, num_groups=el, sfb=int(w2_sf.data.ptr),
                              row_dst=b.ptr("l1_pool_dst"))
-        bank = fk.bank_layout(el, self.max_blocks)
+        bank = fk.bank_layout(layout.num_experts, self.max_blocks)
         banks_ptr = b.ptr("fused_banks")
         self.banks = (ctypes.c_uint64 * 2)(banks_ptr, banks_ptr + 4 * bank.words)
         self.bank = bank
@@ -115,10 +117,24 @@ class FusedPlan:
         ]
         self._buffer = buffer
         self._weights = (w1p, w1p_sf, w2, w2_sf)  # the tensor maps point into them
+        self._ep_fields = {}
+        if self.expert_parallel:
+            from .ep import write_peer_table
+            from .kernels.ep import bank_layout as ep_bank_layout
+
+            write_peer_table(buffer)
+            ws = layout.region("workspace").offset
+            self._ep_fields = dict(
+                peer_bases=b.ptr("peer_bases"), off_x=layout.region("x").offset,
+                off_x_sf=layout.region("x_sf").offset, off_send_list=layout.region("send_list").offset,
+                off_combine=layout.region("combine").offset,
+                off_ep_banks=ws + layout.workspace_region("ep_banks").offset, send_list=b.ptr("send_list"),
+                ep_banks=b.ptr("ep_banks"), ep_bank=ep_bank_layout(layout.num_ranks, el),
+                rank=buffer.rank, num_ranks=layout.num_ranks)
 
     def kernel(self, idx: str):
         if idx not in self._kernels:
-            cfg = fk.FusedConfig(self.stages, self.act_sf_gran, idx)
+            cfg = fk.FusedConfig(self.stages, self.act_sf_gran, idx, self.expert_parallel)
             k = get_kernel(cfg.spec(), self.device)
             if k.max_active_blocks_per_sm(fk.NUM_THREADS, self.smem_bytes) < 1:
                 raise driver.GpuUnavailableError(f"{cfg.name}: cannot keep one block per SM resident")
@@ -128,12 +144,14 @@ class FusedPlan:
     def params(self, moe: MoeParams, schedule: CallSchedule, *, timeout_s: float | None = None,
                withhold_block: int | None = None, trace_ptr: int = 0) -> fk.FusedParams:
         b = self._buffer
+        rank = self._ep_fields.get("rank", 0)
         return fk.FusedParams(
-            moe=moe, l1=self.l1, l2=self.l2, wait=TimeoutRecord.get().context(timeout_s),
+            moe=moe, l1=self.l1, l2=self.l2, wait=TimeoutRecord.get().context(timeout_s, rank=rank),
             banks=self.banks, bank=self.bank, launch_epoch=b.ptr("launch_epoch"), grid_barrier=b.ptr("grid_sync"),
             ring_blocks=self.layout.pool_blocks, max_blocks=self.max_blocks, lag_units=schedule.lag_units,
             group_units=schedule.group_units, table_smem_offset=fk.tile_smem_bytes(self.stages),
-            withhold_block=fk.NO_BLOCK if withhold_block is None else int(withhold_block), trace=trace_ptr)
+            withhold_block=fk.NO_BLOCK if withhold_block is None else int(withhold_block), trace=trace_ptr,
+            **self._ep_fields)
 
     def launch(self, idx: str, params: fk.FusedParams, stream: int, *, programmatic: bool = False) -> None:
         args = [params] + [t.raw for t in self.tensor_maps]

@@ -69,7 +69,8 @@ class MegaMoE:
         in a script started by ``megamoe-rt launch``): run expert-parallel across its ranks,
         ``num_experts`` split evenly (rank r owns experts ``[r*E/R, (r+1)*E/R)``), the buffer on
         the NVSHMEM symmetric heap. Every rank constructs the layer and makes every call.
-        Unfused mode only for now.
+        The default mode across ranks is unfused; ``mode="fused"`` runs the persistent kernel
+        across ranks.
     """
 
     def __init__(self, hidden: int, intermediate: int, num_experts: int, num_topk: int,
@@ -95,8 +96,6 @@ class MegaMoE:
         world = 1 if group is None else int(group.world_size)
         if world > 1 and self.num_experts % world:
             raise ValueError(f"num_experts={num_experts}: expected a multiple of the {world} ranks")
-        if world > 1 and mode == "fused":
-            raise ValueError("mode='fused' does not run across ranks yet; use mode='unfused' with group=")
         if mode is None:
             mode = "fused" if self.hidden % fk.BLOCK_N == 0 and world == 1 else "unfused"
         if mode not in MODES:
@@ -153,7 +152,7 @@ class MegaMoE:
             self.expert_recv_stats = (cupy.zeros(self.num_local_experts, dtype=cupy.int32)
                                       if track_expert_stats else None)
             cupy.cuda.Device(self.device).synchronize()
-        if self.group is not None:
+        if self.group is not None and not fused:
             from .ep import EpUnfusedRunner
 
             self._ep = EpUnfusedRunner(self.buffer, rank=self.rank, num_ranks=world, device=self.device,
@@ -272,7 +271,7 @@ class MegaMoE:
             y = cupy.empty((t, h), dtype=cupy.uint16) if out is None else out
             ya = as_device_array(y, "out", stream=sh)
             check_array(ya, "out", dtypes=("bf16",), shape=(t, h), device=self.device)
-            if t == 0 and self._ep is None:
+            if t == 0 and self.group is None:
                 return y  # across ranks a rank without tokens still serves its experts
             capturing = driver.stream_is_capturing(sh)
             if self.validate_ids and not capturing:
@@ -299,6 +298,10 @@ class MegaMoE:
                 if self.debug:
                     driver.memset_d32_async(b.ptr("error_flags"), 0, 4, sh)
                 plan = self._plans
+                if self.group is not None:
+                    from .ep import stage_inputs
+
+                    stage_inputs(b, xa, sfa, t, sh)
                 plan.launch(idx, plan.params(params, call_schedule(self.layout, plan.schedule, bound),
                                              timeout_s=self.timeout_s, withhold_block=self._withhold_block,
                                              trace_ptr=self._trace_ptr), sh,
@@ -366,7 +369,7 @@ class MegaMoE:
         text = self.layout.format_report()
         if self.mode == "fused":
             full = symm_buffer_layout(self.hidden, self.intermediate, self.num_experts, self.num_topk,
-                                      self.num_max_tokens_per_rank, 1, block_m=self.pool_align,
+                                      self.num_max_tokens_per_rank, self.num_ranks, block_m=self.pool_align,
                                       act_sf_gran=self.act_sf_gran, pool="full")
             s = self._plans.schedule if self._plans is not None else None
             pools = ("l1_pool", "l1_pool_sf", "l2_pool", "l2_pool_sf")

@@ -46,7 +46,7 @@ def _inputs(rank, tokens, routing, seed, weight_seed):
     return inp
 
 
-def _run_rank(ctx, tokens_per_rank, routing, launches, graph, seed):
+def _run_rank(ctx, tokens_per_rank, routing, launches, graph, seed, mode):
     import cupy as cp
 
     from megamoe_rt import MegaMoE
@@ -54,7 +54,7 @@ def _run_rank(ctx, tokens_per_rank, routing, launches, graph, seed):
 
     cp.cuda.Device(ctx.device).use()
     capacity = max(max(tokens_per_rank), 1)
-    layer = MegaMoE(H, I, E, K, capacity, mode="unfused", group=ctx, track_expert_stats=True, debug=True)
+    layer = MegaMoE(H, I, E, K, capacity, mode=mode, group=ctx, track_expert_stats=True, debug=True)
     el = E // ctx.world_size
     t = tokens_per_rank[ctx.rank]
     diffs = []
@@ -101,30 +101,35 @@ def _tokens(*first_two):
     return tuple(first_two) + tuple(40 + 17 * r for r in range(2, WORLD))
 
 
+MODES = ["unfused", "fused"]
+
+
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("tokens,routing", [(_tokens(200, 77), "random"), (_tokens(150, 0), "random"),
                                             (_tokens(64, 96), "to_peer")],
                          ids=["uneven", "one_rank_empty", "all_to_peer"])
-def test_ep_matches_the_reference(tokens, routing):
-    results = spawn(_run_rank, WORLD, args=(tokens, routing, 2, False, 7), timeout=600)
+def test_ep_matches_the_reference(tokens, routing, mode):
+    results = spawn(_run_rank, WORLD, args=(tokens, routing, 2, False, 7, mode), timeout=600)
     for diffs, _ in results:
         assert all(d < 1e-3 for d in diffs), diffs
 
 
-def test_ep_twenty_back_to_back_launches_and_a_graph_replay():
-    results = spawn(_run_rank, WORLD, args=(_tokens(128, 100), "random", 20, True, 11), timeout=900)
+@pytest.mark.parametrize("mode", MODES)
+def test_ep_twenty_back_to_back_launches_and_a_graph_replay(mode):
+    results = spawn(_run_rank, WORLD, args=(_tokens(128, 100), "random", 20, True, 11, mode), timeout=900)
     for diffs, stats in results:
         assert len(diffs) == 20 and max(diffs) < 1e-3, diffs
         assert sum(stats) > 0
 
 
-def _withholding_rank(ctx):
+def _withholding_rank(ctx, mode):
     import cupy as cp
 
     from megamoe_rt import MegaMoE
     from megamoe_rt import reference as ref
 
     cp.cuda.Device(ctx.device).use()
-    layer = MegaMoE(H, I, E, K, 64, mode="unfused", group=ctx, timeout_s=1.0)
+    layer = MegaMoE(H, I, E, K, 64, mode=mode, group=ctx, timeout_s=1.0)
     inp = _inputs(ctx.rank, 64, "random", 3, weight_seed=3)
     el = E // ctx.world_size
     local = slice(ctx.rank * el, (ctx.rank + 1) * el)
@@ -146,8 +151,9 @@ def _withholding_rank(ctx):
     return ref  # not reached: every other rank waits for the silent one
 
 
-def test_a_rank_that_never_signals_makes_its_peers_trap_naming_it():
+@pytest.mark.parametrize("mode", MODES)
+def test_a_rank_that_never_signals_makes_its_peers_trap_naming_it(mode):
     with pytest.raises(RankFailed) as info:
-        spawn(_withholding_rank, WORLD, timeout=300)
+        spawn(_withholding_rank, WORLD, args=(mode,), timeout=300)
     text = str(info.value)
     assert "expert counts from all ranks" in text and f"peer {WORLD - 1}" in text, text

@@ -142,7 +142,7 @@ def test_flash_full_pool_sizes():
         blocks * 8,        # l2_arrival_masks       24824
         2 * R * 8,         # barrier_signals          128
         32 * 4,            # grid_sync                128
-        2 * (2 * EL + 3 * blocks + 1) * 4,  # fused_banks 74992
+        2 * (2 * 256 + 3 * blocks + 1) * 4,  # fused_banks 78576 (counts and cursors per global expert)
         32 * 4,            # launch_epoch             128
         4 * 4,             # error_flags               16
         256 * 4,           # ep_send_counts          1024
@@ -157,7 +157,7 @@ def test_flash_full_pool_sizes():
     for part in ws_parts:
         ws_end = up(ws_end, 128) + part
     expected["workspace"] = up(ws_end, 1024)
-    assert expected["workspace"] == up(1024 + 256 + 128 + 12416 + 24832 + 128 + 128 + 75008 + 128 + 128
+    assert expected["workspace"] == up(1024 + 256 + 128 + 12416 + 24832 + 128 + 128 + 78592 + 128 + 128
                                        + 1024 + 1152 + 1024 + 1152 + 128 + 4224 + 64, 1024)
     expected["send_list"] = 8192 * 6 * 8
 
@@ -183,7 +183,7 @@ def test_flash_full_pool_sizes():
         + up(8192 * 6 * 8)                  # send_list
         + expected["workspace"]             # workspace
     )
-    assert lay.total_bytes == total == 2_960_603_136 + 74_752 + 393_216 + 9_216
+    assert lay.total_bytes == total == 2_960_603_136 + 74_752 + 393_216 + 9_216 + 3_072
     assert lay.region("l1_pool").offset == sum(up(expected[n]) for n in TOP_LEVEL[:4])
 
 

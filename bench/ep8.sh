@@ -17,7 +17,7 @@ if [ "$N" -lt 2 ]; then
     echo "bench/ep8.sh: needs at least 2 Hopper GPUs, found $N" >&2
     exit 1
 fi
-MODES=${MODES:-unfused}
+MODES=${MODES:-unfused,fused}
 
 echo "== multigpu tests at $N ranks" | tee "$OUT/ep${N}_bench.txt"
 MEGAMOE_RT_TEST_RANKS=$N python3 -m pytest -q -m multigpu tests 2>&1 | tee "$OUT/ep${N}_multigpu_tests.txt" | tail -3

@@ -96,6 +96,8 @@ class MegaMoE:
         world = 1 if group is None else int(group.world_size)
         if world > 1 and self.num_experts % world:
             raise ValueError(f"num_experts={num_experts}: expected a multiple of the {world} ranks")
+        if world > 32 and mode == "fused":
+            raise ValueError(f"group: {world} ranks; mode='fused' runs on at most 32")
         if mode is None:
             mode = "fused" if self.hidden % fk.BLOCK_N == 0 and world == 1 else "unfused"
         if mode not in MODES:
@@ -179,6 +181,14 @@ class MegaMoE:
         self._w1p, self._w1p_sf = w1p, w1p_sf
         self._w2, self._w2_sf = arrays["w2"], arrays["w2_sf"]
         self._plans = self._build_plans()
+        if self.group is not None:
+            # Compile and load now, not at the first call: a rank still compiling there would
+            # eat into its peers' deadlines. (int32 ids; int64 loads at its first call.)
+            if self.mode == "fused":
+                self._plans.kernel("int32")
+            else:
+                self._ep.kernels("int32")
+            self._kernels_for("int32")
 
     @staticmethod
     def _weight_to_device(cupy, name: str, arr: Any, shape: tuple, is_sf: bool, device: int):

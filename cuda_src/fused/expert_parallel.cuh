@@ -34,6 +34,17 @@ struct EpScratch {
           src_rows(totals + num_local_experts) {}
 };
 
+// Bytes of EpScratch (0 on one rank): the kernel checks its shared memory against them.
+template <bool kEp>
+__device__ __forceinline__ u32 ep_scratch_bytes(const FusedParams& p) {
+    if constexpr (!kEp) {
+        return 0;
+    } else {
+        const u32 el = p.moe.num_local_experts;
+        return 4 * (p.moe.num_experts + 1 + el + el * (p.num_ranks + 1));
+    }
+}
+
 __device__ __forceinline__ u32* ep_peer_word(const FusedParams& p, u32 peer, u32 b, u32 index) {
     return reinterpret_cast<u32*>(p.peer_bases[peer] + p.off_ep_banks + 4ull * (b * p.ep_bank.words + index));
 }

@@ -383,15 +383,17 @@ __device__ __forceinline__ void signal_partials_ready(const FusedParams& p, cons
         ptx::st_release_sys_u32(ep_peer_word(p, d, b, p.ep_bank.combine_ready + p.rank), 1);
 }
 
-// Across ranks, by the relay thread once the math warpgroups are through their tiles: wait
-// until every rank's partials are in this rank's combine buffer (its own word is set past the
-// grid barrier, so this also waits for that), then release the math warps into the combine.
-// Waiting here keeps the wait (and its trap) out of the math warpgroups' registers.
+// Across ranks, by the relay thread's warp once the math warpgroups are through their tiles:
+// lane s waits until rank s's partials are in this rank's combine buffer (this rank's own
+// word is set past the grid barrier, so this also waits for that), then the whole warp
+// releases the math warps into the combine. Waiting here keeps the waits (and their traps)
+// out of the math warpgroups' registers. At most 32 ranks (checked on the host).
 __device__ __forceinline__ void wait_partials_from_every_rank(const FusedParams& p, const RoutingTables& tab) {
-    const u32* own = ep_own_bank(p, tab.scalars[3] & 1);
-    for (u32 s = 0; s < p.num_ranks; ++s)
-        sync::wait_ge_acquire_sys_u32_quiet(own + p.ep_bank.combine_ready + s, 1, sync::WaitSite::kCombineArrived,
-                                            p.wait, s);
+    const u32 lane = threadIdx.x % 32;
+    if (lane < p.num_ranks)
+        sync::wait_ge_acquire_sys_u32_quiet(ep_own_bank(p, tab.scalars[3] & 1) + p.ep_bank.combine_ready + lane, 1,
+                                            sync::WaitSite::kCombineArrived, p.wait, lane, sync::kPeerStallShift);
+    __syncwarp();
     ptx::bar_arrive(kPartialsBarrier, 32 + kNumThreads - 128);
 }
 
@@ -521,7 +523,7 @@ sm90_fp8_fused_moe(const __grid_constant__ FusedParams p, const __grid_constant_
     if (threadIdx.x == 0) {
         // The host sizes shared memory from the same formula (megamoe_rt.kernels.fused); a mismatch is a bug.
         if (ptx::dynamic_smem_size() < p.table_smem_offset + RoutingTables::bytes(m.num_local_experts, p.max_blocks) +
-                                           L1::kSmemAlignSlack)
+                                           ep_scratch_bytes<kEp>(p) + L1::kSmemAlignSlack)
             __trap();
         for (u32 s = 0; s < kStages; ++s) {
             ptx::mbarrier_init_shared(sm1.full(s), 1);
@@ -556,6 +558,16 @@ sm90_fp8_fused_moe(const __grid_constant__ FusedParams p, const __grid_constant_
     // --- dispatch and both GEMMs on the lag-ordered stream ------------------------------------
     if (threadIdx.x < 128) {
         ptx::setmaxnreg_dec_sync_aligned<kProducerRegs>();
+        if constexpr (kEp) {
+            // The relay's warp stays whole: it also waits for every rank's partials and releases
+            // the math warps into the combine, overflow or not (peers still signal this launch).
+            if (threadIdx.x / 32 == kRelayThread / 32) {
+                if (threadIdx.x == kRelayThread && !tab.overflow()) tab.relay.run(tab.bank(p));
+                __syncwarp();
+                wait_partials_from_every_rank(p, tab);
+                return;
+            }
+        }
         if (tab.overflow()) return;
         if (threadIdx.x == 0) {
             produce_tiles<kStages, kActSfGran>(p, tab, smem, &tma_l1_a, &tma_l1_b, &tma_l1_sfa, &tma_l2_a,
@@ -563,7 +575,6 @@ sm90_fp8_fused_moe(const __grid_constant__ FusedParams p, const __grid_constant_
             trace(p, kTraceProducerDone);
         } else if (threadIdx.x == kRelayThread) {
             tab.relay.run(tab.bank(p));
-            if constexpr (kEp) wait_partials_from_every_rank(p, tab);
         } else if (threadIdx.x >= 32 && threadIdx.x < 32 * (1 + kNumDispatchWarps)) {
             dispatch_rows<kEp>(p, tab);
             if (threadIdx.x == 32) trace(p, kTraceDispatchDone);
@@ -577,6 +588,9 @@ sm90_fp8_fused_moe(const __grid_constant__ FusedParams p, const __grid_constant_
     ptx::bar_sync(kMathBarrier, L1::kNumMathThreads);
     if (threadIdx.x == 128) {
         trace(p, kTraceMathDone);
+        // Across ranks this block's partials went to peers over NVLink: publish them at system
+        // scope before the grid barrier block 0's signals to the peers depend on.
+        if constexpr (kEp) ptx::fence_acq_rel_sys();
         sync::grid_barrier_acq_rel_gpu(p.grid_barrier, gridDim.x, p.wait);
         trace(p, kTraceAllTilesDone);
         if constexpr (kEp) {

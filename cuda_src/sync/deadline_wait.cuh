@@ -141,7 +141,9 @@ __device__ __forceinline__ u32 wait_ge_acquire_gpu_u32(const u32* word, u32 expe
 // Waits until *word >= expected (acquire, system scope: a peer rank's store) in a kernel that
 // cannot printf (wgmma): on timeout it records and traps, like wait_acquire_gpu_u32.
 __device__ __forceinline__ u32 wait_ge_acquire_sys_u32_quiet(const u32* word, u32 expected, WaitSite site,
-                                                             const WaitContext& ctx, u32 peer) {
+                                                             const WaitContext& ctx, u32 peer,
+                                                             u32 deadline_shift = 0) {
+    const u64 timeout_ns = ctx.timeout_ns << deadline_shift;
     u32 seen = ptx::ld_acquire_sys_u32(word);
     if (seen >= expected) return seen;
     const u64 start = ptx::globaltimer_ns();
@@ -150,7 +152,7 @@ __device__ __forceinline__ u32 wait_ge_acquire_sys_u32_quiet(const u32* word, u3
     while (seen < expected) {
         if ((++spins & 255u) == 0) {
             elapsed = ptx::globaltimer_ns() - start;
-            if (elapsed > ctx.timeout_ns) break;
+            if (elapsed > timeout_ns) break;
         }
         if (spins > 8) __nanosleep(64);
         seen = ptx::ld_acquire_sys_u32(word);
@@ -163,5 +165,6 @@ __device__ __forceinline__ u32 wait_ge_acquire_sys_u32_quiet(const u32* word, u3
 // Deadline shifts of derived waits (see wait_acquire_gpu_u32).
 constexpr u32 kDerivedWaitShift = 1;   // waits on work that itself waits (published L1 output, freed slots)
 constexpr u32 kBarrierWaitShift = 2;   // grid barriers: downstream of everything
+constexpr u32 kPeerStallShift = 3;     // a peer's end of launch: behind its own grid barriers
 
 }  // namespace megamoe_rt::sync

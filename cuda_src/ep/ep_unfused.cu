@@ -21,6 +21,7 @@
 #include "common/types.cuh"
 #include "ep/params.cuh"
 #include "moe/params.cuh"
+#include "ep/pull_row.cuh"
 #include "moe/route_count.cuh"
 #include "ptx/ld_st.cuh"
 #include "sync/deadline_wait.cuh"
@@ -37,24 +38,12 @@ __global__ void __launch_bounds__(kThreads) ep_begin(const __grid_constant__ EpP
     for (u32 i = blockIdx.x * kThreads + threadIdx.x; i < p.bank.words; i += gridDim.x * kThreads) other[i] = 0;
 }
 
-// Global expert of a pair, or -1 for empty slots and (flagged) out-of-range ids.
-template <typename IdxT>
-__device__ __forceinline__ i32 global_expert(const moe::MoeParams& m, u32 pair) {
-    const i64 id = moe::load_expert_id<IdxT>(m, pair);
-    if (id == -1) return -1;
-    if (id < -1 || id >= static_cast<i64>(m.num_experts)) {
-        atomicOr(m.error_flags, moe::ErrorFlags::kExpertIdOutOfRange);
-        return -1;
-    }
-    return static_cast<i32>(id);
-}
-
 template <typename IdxT>
 __global__ void __launch_bounds__(kThreads) ep_count(const __grid_constant__ EpParams p) {
     __shared__ i32 hist[kMaxExperts];
     const moe::MoeParams& m = p.moe;
     moe::count_pairs<kThreads>(hist, m.num_experts, m.num_tokens * m.num_topk, p.send_counts,
-                               [&m](u32 pair) { return global_expert<IdxT>(m, pair); });
+                               [&m](u32 pair) { return moe::global_expert<IdxT>(m, pair); });
 }
 
 // One block: exclusive scan of the send counts (experts are numbered rank-major, so the send
@@ -75,7 +64,7 @@ __global__ void __launch_bounds__(kThreads) ep_claim(const __grid_constant__ EpP
     const moe::MoeParams& m = p.moe;
     const u32 pairs = m.num_tokens * m.num_topk;
     for (u32 i = blockIdx.x * kThreads + threadIdx.x; i < pairs; i += gridDim.x * kThreads) {
-        const i32 g = global_expert<IdxT>(m, i);
+        const i32 g = moe::global_expert<IdxT>(m, i);
         if (g < 0) continue;
         const i32 pos = p.send_offsets[g] + atomicAdd(&p.send_cursors[g], 1);
         p.send_list[pos] = (static_cast<u64>(__float_as_uint(m.topk_weights[i])) << 32) | i;
@@ -155,7 +144,6 @@ __global__ void __launch_bounds__(kThreads) ep_dispatch(const __grid_constant__ 
     const u32 rows = static_cast<u32>(m.expert_offsets[el]);  // 0 after an overflow (ep_recv_layout)
     const u32 b = launch_bank(p);
     const u32* bank = p.banks + b * p.bank.words;
-    const u32 sf_cols = m.hidden / 128;
     for (u32 row = (blockIdx.x * kThreads + threadIdx.x) / 32; row < rows; row += warps) {
         // Last expert whose first row is <= row (offsets are non-decreasing).
         u32 lo = 0, hi = el;
@@ -167,22 +155,9 @@ __global__ void __launch_bounds__(kThreads) ep_dispatch(const __grid_constant__ 
         if (static_cast<i32>(row) >= src_rows[p.num_ranks]) continue;  // padding
         u32 s = 0;
         while (static_cast<i32>(row) >= src_rows[s + 1]) ++s;
-        const u32 j = row - static_cast<u32>(src_rows[s]);
-        const u32 list_pos = bank[p.bank.recv_offsets + s * el + lo] + j;
-        const u64 entry = peer_ptr<const u64>(p, s, p.off_send_list)[list_pos];
-        const u32 pair = static_cast<u32>(entry);
-        const u32 token = pair / m.num_topk, slot = pair % m.num_topk;
-        const ptx::u32x4* src = peer_ptr<const ptx::u32x4>(p, s, p.off_x + static_cast<u64>(token) * m.hidden);
-        ptx::u32x4* dst = reinterpret_cast<ptx::u32x4*>(m.pool + static_cast<u64>(row) * m.hidden);
-        for (u32 v = lane; v < m.hidden / 16; v += 32) dst[v] = src[v];
-        const float* src_sf = peer_ptr<const float>(p, s, p.off_x_sf + 4ull * token * sf_cols);
-        for (u32 c = lane; c < sf_cols; c += 32) m.pool_sf[static_cast<u64>(c) * m.pool_rows + row] = src_sf[c];
-        if (lane == 0) {
-            m.pool_src[row] = static_cast<i32>((s * m.token_capacity + token) * m.num_topk + slot);
-            m.pool_weight[row] = __uint_as_float(static_cast<u32>(entry >> 32));
-            m.pool_dst[row] = p.peer_bases[s] + p.off_combine +
-                              (static_cast<u64>(slot) * m.token_capacity + token) * m.hidden * 2ull;
-        }
+        const u32 list_pos = bank[p.bank.recv_offsets + s * el + lo] + (row - static_cast<u32>(src_rows[s]));
+        const SourceRegions regions{p.peer_bases[s], p.off_x, p.off_x_sf, p.off_send_list, p.off_combine};
+        pull_row(m, regions, s, list_pos, row, row, lane);
     }
 }
 

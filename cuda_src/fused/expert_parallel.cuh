@@ -53,17 +53,6 @@ __device__ __forceinline__ const u32* ep_own_bank(const FusedParams& p, u32 b) {
     return p.ep_banks + b * p.ep_bank.words;
 }
 
-template <typename IdxT>
-__device__ __forceinline__ i32 global_expert_id(const moe::MoeParams& m, u32 pair) {
-    const i64 id = moe::load_expert_id<IdxT>(m, pair);
-    if (id == -1) return -1;
-    if (id < -1 || id >= static_cast<i64>(m.num_experts)) {
-        atomicOr(m.error_flags, moe::ErrorFlags::kExpertIdOutOfRange);
-        return -1;
-    }
-    return static_cast<i32>(id);
-}
-
 // Warp 0: exclusive scan of the per-global-expert send counts into send_offsets[0 .. E].
 __device__ __forceinline__ void scan_send_offsets(const u32* counts, u32 num_experts, i32* send_offsets) {
     const u32 lane = threadIdx.x % 32;

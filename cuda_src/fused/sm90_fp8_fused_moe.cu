@@ -20,6 +20,7 @@
 // combine address) stays full size, indexed by the global pool row.
 
 #include "common/types.cuh"
+#include "ep/pull_row.cuh"
 #include "fused/expert_parallel.cuh"
 #include "fused/params.cuh"
 #include "fused/signal_relay.cuh"
@@ -151,23 +152,8 @@ __device__ __forceinline__ void pull_row_from_source(const FusedParams& p, const
     const u32* own = ep_own_bank(p, tab.scalars[3] & 1);
     const u32 pos = own[p.ep_bank.recv_offsets + s * m.num_local_experts + expert] +
                     (row - static_cast<u32>(src_rows[s]));
-    const u64 entry = reinterpret_cast<const u64*>(p.peer_bases[s] + p.off_send_list)[pos];
-    const u32 pair = static_cast<u32>(entry);
-    const u32 token = pair / m.num_topk, slot = pair % m.num_topk;
-    const ptx::u32x4* src =
-        reinterpret_cast<const ptx::u32x4*>(p.peer_bases[s] + p.off_x + static_cast<u64>(token) * m.hidden);
-    ptx::u32x4* dst = reinterpret_cast<ptx::u32x4*>(m.pool + static_cast<u64>(slot_row) * m.hidden);
-#pragma unroll 4
-    for (u32 v = lane; v < m.hidden / 16; v += 32) dst[v] = src[v];
-    const u32 sf_cols = m.hidden / 128;
-    const float* src_sf = reinterpret_cast<const float*>(p.peer_bases[s] + p.off_x_sf) + static_cast<u64>(token) * sf_cols;
-    for (u32 j = lane; j < sf_cols; j += 32) m.pool_sf[static_cast<u64>(j) * m.pool_rows + slot_row] = src_sf[j];
-    if (lane == 0) {
-        m.pool_src[row] = static_cast<i32>((s * m.token_capacity + token) * m.num_topk + slot);
-        m.pool_weight[row] = __uint_as_float(static_cast<u32>(entry >> 32));
-        m.pool_dst[row] = p.peer_bases[s] + p.off_combine +
-                          (static_cast<u64>(slot) * m.token_capacity + token) * m.hidden * 2ull;
-    }
+    const ep::SourceRegions regions{p.peer_bases[s], p.off_x, p.off_x_sf, p.off_send_list, p.off_combine};
+    ep::pull_row(m, regions, s, pos, row, slot_row, lane);
 }
 
 // Dispatch warps: rows in pool order, warps interleaved across blocks, so pool blocks (and
@@ -296,7 +282,7 @@ __device__ __forceinline__ void route_and_claim_across_ranks(const FusedParams& 
     for (u32 e = threadIdx.x; e < m.num_experts; e += kNumThreads) hist[e] = 0;
     __syncthreads();
     for (u32 i = gtid; i < pairs; i += grid_threads) {
-        const i32 g = global_expert_id<IdxT>(m, i);
+        const i32 g = moe::global_expert<IdxT>(m, i);
         if (g >= 0) atomicAdd(&hist[g], 1);
     }
     __syncthreads();
@@ -313,7 +299,7 @@ __device__ __forceinline__ void route_and_claim_across_ranks(const FusedParams& 
     if (threadIdx.x < 32) scan_send_offsets(bank + p.bank.counts, m.num_experts, ep.send_offsets);
     __syncthreads();
     for (u32 i = gtid; i < pairs; i += grid_threads) {
-        const i32 g = global_expert_id<IdxT>(m, i);
+        const i32 g = moe::global_expert<IdxT>(m, i);
         if (g < 0) continue;
         const u32 pos = static_cast<u32>(ep.send_offsets[g]) + atomicAdd(bank + p.bank.cursors + g, 1u);
         p.send_list[pos] = (static_cast<u64>(__float_as_uint(m.topk_weights[i])) << 32) | i;

@@ -46,6 +46,18 @@ __device__ __forceinline__ i64 load_expert_id(const MoeParams& p, u32 pair) {
     return static_cast<i64>(static_cast<const IdxT*>(p.topk_idx)[pair]);
 }
 
+// Global expert of a pair, or -1 for empty slots and (flagged) out-of-range ids.
+template <typename IdxT>
+__device__ __forceinline__ i32 global_expert(const MoeParams& p, u32 pair) {
+    const i64 id = load_expert_id<IdxT>(p, pair);
+    if (id == -1) return -1;
+    if (id < -1 || id >= static_cast<i64>(p.num_experts)) {
+        atomicOr(p.error_flags, ErrorFlags::kExpertIdOutOfRange);
+        return -1;
+    }
+    return static_cast<i32>(id);
+}
+
 // Local expert of a routed id, or -1 for empty slots, other ranks' experts and
 // (flagged) out-of-range ids.
 template <typename IdxT>

@@ -286,14 +286,15 @@ class MegaMoE:
             capturing = driver.stream_is_capturing(sh)
             if self.validate_ids and not capturing:
                 ids = cupy.asarray(topk_idx)
-                bad = cupy.count_nonzero((ids < -1) | (ids >= self.num_experts))
-                if int(bad):
-                    raise ValueError(f"topk_idx: {int(bad)} expert id(s) outside [-1, {self.num_experts})")
+                checks = [cupy.count_nonzero((ids < -1) | (ids >= self.num_experts))]
                 if k > 1:
                     s = cupy.sort(ids, axis=1)
-                    repeated = int(cupy.count_nonzero((s[:, 1:] == s[:, :-1]) & (s[:, 1:] >= 0)))
-                    if repeated:
-                        raise ValueError(f"topk_idx: {repeated} repeated expert id(s) within a token's top-k")
+                    checks.append(cupy.count_nonzero((s[:, 1:] == s[:, :-1]) & (s[:, 1:] >= 0)))
+                counts = cupy.stack(checks).get().tolist() + [0]  # one host read for both checks
+                if counts[0]:
+                    raise ValueError(f"topk_idx: {counts[0]} expert id(s) outside [-1, {self.num_experts})")
+                if counts[1]:
+                    raise ValueError(f"topk_idx: {counts[1]} repeated expert id(s) within a token's top-k")
             if self.group is not None and self.debug:
                 self._check_bound_on_every_rank(bound)
             params = self._params(xa, sfa, ia, wa, ya, t)

@@ -188,3 +188,36 @@ def test_report_survives_nvrtc_in_process_cubin_cache(toy_tree, cache, monkeypat
     second = compile_kernel(TOY, cache=cache, use_cache=False)
     assert len(calls) == 3  # served from the remembered report, no retry
     assert first.resources == second.resources == expected
+
+
+def test_reports_for_kernels_sharing_one_source(toy_tree, cache, monkeypatch):
+    """Three kernels of one file share its PTX: NVRTC's in-process cache reports ptxas once
+    per (PTX, options), so the second and third compiles see no report, and the retry
+    with the neutral option reports only once too. Every kernel still gets its own
+    resources."""
+    (toy_tree / "many.cu").write_text(
+        "__global__ void k_one(int* o) { o[threadIdx.x] = 1; }\n"
+        "__global__ void k_two(int* o) { __shared__ int s[32]; s[threadIdx.x] = o[0];\n"
+        "  __syncthreads(); o[threadIdx.x] = s[31 - threadIdx.x]; }\n"
+        "__global__ void k_three(int* o, int n) { for (int i = 0; i < n; ++i) o[i] += i; }\n"
+    )
+    specs = [KernelSpec(name=n, source="many.cu", entry=n, block_threads=32) for n in ("k_one", "k_two", "k_three")]
+    real = jit_compiler._nvrtc_compile
+    reference = {s.entry: real(s, jit_compiler.build_options(s, lineinfo=False)[0]) for s in specs}
+    seen_ptxas_runs = set()
+
+    def nvrtc_with_cubin_cache(spec, options):
+        cubin, lowered, log = real(spec, options)
+        key = tuple(options)  # one source: the same PTX for every entry
+        if key in seen_ptxas_runs:
+            log = ""
+        seen_ptxas_runs.add(key)
+        return cubin, lowered, log
+
+    monkeypatch.setattr(jit_compiler, "_nvrtc_compile", nvrtc_with_cubin_cache)
+    monkeypatch.setattr(jit_compiler, "_reports", {})
+    for s in specs:
+        got = compile_kernel(s, cache=cache, use_cache=False).resources
+        _, lowered, log = reference[s.entry]
+        assert got == parse_ptxas_report(log, lowered, name=s.name)
+    assert compile_kernel(specs[1], cache=cache, use_cache=False).resources.static_smem_bytes == 128

@@ -26,7 +26,7 @@ from pathlib import Path
 from ..errors import NvrtcError
 from .cache import CubinCache
 from .paths import cuda_src_dir, header_set_version, include_dirs, missing_header_message
-from .resources import KernelResources, parse_ptxas_report
+from .resources import KernelResources, parse_ptxas_report, ptxas_entry_names
 
 ARCH = "sm_90a"
 CXX_STD = "c++17"
@@ -193,25 +193,33 @@ def compile_kernel(spec: KernelSpec, *, lineinfo: bool | None = None, cache: Cub
 
 # NVRTC 13.0 keeps an in-process cache of PTX -> cubin keyed by the PTX and the
 # ptxas options; a hit skips ptxas and so leaves the log without its -v report.
-# Reports are remembered by cubin digest (same PTX and options, same cubin). A
-# miss there recompiles once with a codegen-neutral extra ptxas option (-O3 is
-# ptxas' default) to force a fresh ptxas run, and keeps that run's cubin and
-# report together (the cubin records its ptxas options, so its bytes differ).
+# Reports are remembered by cubin digest and entry (same PTX and options, same
+# cubin), for every entry of a report: kernels that share one source file share
+# its PTX, so the first of them brings the report for all the others. A miss
+# there recompiles once with a codegen-neutral extra ptxas option (-O3 is ptxas'
+# default) to force a fresh ptxas run, and keeps that run's cubin and report
+# together (the cubin records its ptxas options, so its bytes differ).
 _reports: dict[tuple[str, str], KernelResources] = {}
 _REPORT_RETRY_OPTION = "--ptxas-options=-O3"
 
 
+def _remember_report(cubin: bytes, log: str) -> None:
+    digest = hashlib.sha256(cubin).hexdigest()
+    for entry in ptxas_entry_names(log):
+        _reports[(digest, entry)] = parse_ptxas_report(log, entry, name=entry)
+
+
 def _cubin_with_resources(spec: KernelSpec, options: list[str], cubin: bytes, lowered: str,
                           log: str) -> tuple[bytes, KernelResources]:
-    digest = (hashlib.sha256(cubin).hexdigest(), lowered)
+    first_cubin = cubin
     if "Compiling entry function" not in log:
-        known = _reports.get(digest)
+        known = _reports.get((hashlib.sha256(cubin).hexdigest(), lowered))
         if known is not None:
             return cubin, dataclasses.replace(known, name=spec.name, dynamic_smem_bytes=spec.dynamic_smem_bytes)
         cubin, lowered, log = _nvrtc_compile(spec, options + [_REPORT_RETRY_OPTION])
     res = parse_ptxas_report(log, lowered, name=spec.name, dynamic_smem_bytes=spec.dynamic_smem_bytes)
-    _reports[digest] = res
-    _reports[(hashlib.sha256(cubin).hexdigest(), lowered)] = res
+    _remember_report(first_cubin, log)
+    _remember_report(cubin, log)
     return cubin, res
 
 

@@ -40,6 +40,11 @@ _BARRIERS = re.compile(r"used (\d+) barriers")
 _SMEM = re.compile(r"(\d+) bytes smem")
 
 
+def ptxas_entry_names(log: str) -> list[str]:
+    """Lowered names of every entry function ptxas reported on in ``log``, in order."""
+    return [m.group(1) for m in _ENTRY.finditer(log)]
+
+
 def parse_ptxas_report(log: str, lowered_name: str, *, name: str, dynamic_smem_bytes: int = 0) -> KernelResources:
     """Resources of entry ``lowered_name`` from an NVRTC log; ValueError if it is absent.
 

@@ -4,6 +4,8 @@
 #
 #   bench/ep8.sh [N] [OUT_DIR]      N defaults to the number of visible GPUs
 #
+# MODES, FLASH_PRO_TOKENS and V3_TOKENS (comma lists) override the arms and token counts.
+#
 # Writes OUT_DIR/ep<N>_multigpu_tests.txt, ep<N>_flash_pro.json, ep<N>_v3.json and the
 # printed tables (ep<N>_bench.txt); run from the repository root.
 set -euo pipefail
@@ -18,16 +20,18 @@ if [ "$N" -lt 2 ]; then
     exit 1
 fi
 MODES=${MODES:-unfused,fused}
+FLASH_PRO_TOKENS=${FLASH_PRO_TOKENS:-64,128,256,512,2048,8192}
+V3_TOKENS=${V3_TOKENS:-128,1024,8192}
 
 echo "== multigpu tests at $N ranks" | tee "$OUT/ep${N}_bench.txt"
 MEGAMOE_RT_TEST_RANKS=$N python3 -m pytest -q -m multigpu tests 2>&1 | tee "$OUT/ep${N}_multigpu_tests.txt" | tail -3
 
-echo "== flash, pro at 64..8192 tokens/rank" | tee -a "$OUT/ep${N}_bench.txt"
+echo "== flash, pro at $FLASH_PRO_TOKENS tokens/rank" | tee -a "$OUT/ep${N}_bench.txt"
 python3 -m megamoe_rt launch -n "$N" -m megamoe_rt.bench moe --preset flash,pro \
-    --tokens 64,128,256,512,2048,8192 --mode "$MODES" --rounds 3 --json "$OUT/ep${N}_flash_pro.json" \
+    --tokens "$FLASH_PRO_TOKENS" --mode "$MODES" --rounds 3 --json "$OUT/ep${N}_flash_pro.json" \
     | tee -a "$OUT/ep${N}_bench.txt"
 
-echo "== v3 at 128, 1024, 8192 tokens/rank" | tee -a "$OUT/ep${N}_bench.txt"
+echo "== v3 at $V3_TOKENS tokens/rank" | tee -a "$OUT/ep${N}_bench.txt"
 python3 -m megamoe_rt launch -n "$N" -m megamoe_rt.bench moe --preset v3 \
-    --tokens 128,1024,8192 --mode "$MODES" --rounds 3 --json "$OUT/ep${N}_v3.json" \
+    --tokens "$V3_TOKENS" --mode "$MODES" --rounds 3 --json "$OUT/ep${N}_v3.json" \
     | tee -a "$OUT/ep${N}_bench.txt"

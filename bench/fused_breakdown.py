@@ -12,14 +12,12 @@ from __future__ import annotations
 import sys
 
 import cupy as cp
-import numpy as np
 
 import megamoe_rt.gemm as gemm
 from megamoe_rt import MegaMoE
-from megamoe_rt.bench import DeviceTimer, bracketed, capture_layer_call
+from megamoe_rt.bench import DeviceTimer, bracketed, capture_layer_call, fused_trace, print_fused_trace
 from megamoe_rt.demo import random_layer_inputs
 from megamoe_rt.gemm_heuristics import _config
-from megamoe_rt.kernels.fused import TRACE_EVENTS
 from megamoe_rt.presets import get_preset
 
 
@@ -61,18 +59,7 @@ def main(preset: str, tokens: int) -> None:
               f"{layers[name].flops(pairs) / r.median_us / 1e6:7.1f} TFLOP/s")
 
     layer = layers["fused"]
-    trace = cp.zeros((layer.device_info.sm_count, len(TRACE_EVENTS)), cp.uint64)
-    layer._trace_ptr = int(trace.data.ptr)
-    with stream:
-        layer(*args, stream=stream)
-        stream.synchronize()
-    stamps = cp.asnumpy(trace).astype(np.int64)
-    rel = (stamps - stamps[:, 0].min()) / 1e3
-    print(f"fused trace ({layer._plans.schedule}), µs from the first block's start:")
-    for j, event in enumerate(TRACE_EVENTS):
-        col = rel[:, j]
-        print(f"  {event:>15}: min {col.min():8.1f}  median {np.median(col):8.1f}  max {col.max():8.1f}")
-
+    print_fused_trace(f"fused trace ({layer._plans.schedule})", fused_trace(layer, args, stream))
 
 if __name__ == "__main__":
     main(sys.argv[1], int(sys.argv[2]))

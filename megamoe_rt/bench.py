@@ -260,6 +260,34 @@ def capture_layer_call(layer, args, out, stream, **kwargs):
         return stream.end_capture()
 
 
+def fused_trace(layer, args, stream, **kwargs) -> dict[str, tuple[float, float, float]]:
+    """One traced fused call: per event of ``kernels.fused.TRACE_EVENTS``, the (min, median,
+    max) over blocks of its time in µs from the first block's start."""
+    import cupy as cp
+    import numpy as np
+
+    from .kernels.fused import TRACE_EVENTS
+
+    trace = cp.zeros((layer.device_info.sm_count, len(TRACE_EVENTS)), cp.uint64)
+    layer._trace_ptr = int(trace.data.ptr)
+    try:
+        with stream:
+            layer(*args, stream=stream, **kwargs)
+            stream.synchronize()
+    finally:
+        layer._trace_ptr = 0
+    stamps = cp.asnumpy(trace).astype(np.int64)
+    rel = (stamps - stamps[:, 0].min()) / 1e3
+    return {e: (float(rel[:, j].min()), float(np.median(rel[:, j])), float(rel[:, j].max()))
+            for j, e in enumerate(TRACE_EVENTS)}
+
+
+def print_fused_trace(title: str, events: dict[str, tuple[float, float, float]]) -> None:
+    print(f"{title}, µs from the first block's start:")
+    for event, (lo, mid, hi) in events.items():
+        print(f"  {event:>15}: min {lo:8.1f}  median {mid:8.1f}  max {hi:8.1f}")
+
+
 def bench_moe(presets: list[str], tokens: list[int], *, mode: str | list[str] = "unfused", rounds: int = 3,
               capacity: int | None = None, json_path: str | None = None) -> list[dict]:
     """The layer (a preset's EP8 per-rank slice on one GPU) captured in a CUDA graph and

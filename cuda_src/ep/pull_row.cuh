@@ -19,6 +19,10 @@ struct SourceRegions {
     u64 off_combine;     // [K, T, H] bf16
 };
 
+// 16-byte vectors per lane in flight while a row is pulled: 7 keeps the fused kernel's
+// dispatch warps within their register budget (8 spills), and H = 7168 rows take two batches.
+constexpr u32 kPullBatch = 7;
+
 // Warp-wide: entry `list_pos` of `source`'s send list into pool row `row` (metadata), whose
 // data lands in pool slot row `data_row` (the same row without a ring).
 __device__ __forceinline__ void pull_row(const moe::MoeParams& m, const SourceRegions& src_rank, u32 source,
@@ -29,12 +33,25 @@ __device__ __forceinline__ void pull_row(const moe::MoeParams& m, const SourceRe
     const ptx::u32x4* src =
         reinterpret_cast<const ptx::u32x4*>(src_rank.base + src_rank.off_x + static_cast<u64>(token) * m.hidden);
     ptx::u32x4* dst = reinterpret_cast<ptx::u32x4*>(m.pool + static_cast<u64>(data_row) * m.hidden);
-#pragma unroll 4
-    for (u32 v = lane; v < m.hidden / 16; v += 32) dst[v] = src[v];
     const u32 sf_cols = m.hidden / 128;
     const float* src_sf =
         reinterpret_cast<const float*>(src_rank.base + src_rank.off_x_sf) + static_cast<u64>(token) * sf_cols;
-    for (u32 c = lane; c < sf_cols; c += 32) m.pool_sf[static_cast<u64>(c) * m.pool_rows + data_row] = src_sf[c];
+    // A remote load costs an NVLink round trip: issue the row's first scales and a batch of
+    // its vectors before storing any of them, so one row takes about two round trips (the
+    // send-list entry, then the data) rather than one per unrolled group.
+    const float sf_first = lane < sf_cols ? src_sf[lane] : 0.0f;
+    const u32 vecs = m.hidden / 16;
+    for (u32 base = 0; base < vecs; base += 32 * kPullBatch) {
+        ptx::u32x4 v[kPullBatch];
+#pragma unroll
+        for (u32 i = 0; i < kPullBatch; ++i)
+            if (base + i * 32 + lane < vecs) v[i] = src[base + i * 32 + lane];
+#pragma unroll
+        for (u32 i = 0; i < kPullBatch; ++i)
+            if (base + i * 32 + lane < vecs) dst[base + i * 32 + lane] = v[i];
+    }
+    if (lane < sf_cols) m.pool_sf[static_cast<u64>(lane) * m.pool_rows + data_row] = sf_first;
+    for (u32 c = lane + 32; c < sf_cols; c += 32) m.pool_sf[static_cast<u64>(c) * m.pool_rows + data_row] = src_sf[c];
     if (lane == 0) {
         m.pool_src[row] = static_cast<i32>((source * m.token_capacity + token) * m.num_topk + slot);
         m.pool_weight[row] = __uint_as_float(static_cast<u32>(entry >> 32));

@@ -1,8 +1,11 @@
 """Where a fused call's time goes across ranks: unfused and fused bracketed on every rank,
 then one traced fused call per rank (fused.TRACE_EVENTS, µs from that rank's first block).
 
-    megamoe-rt launch -n 2 bench/fused_breakdown_ep.py flash 8192
+    megamoe-rt launch -n 2 bench/fused_breakdown_ep.py flash 8192 [local]
 
+With `local`, every rank routes its tokens to its own experts only: the same work per rank
+with no NVLink traffic, which separates the cost of the cross-rank protocol from the cost of
+moving rows and partials.
 Each rank owns the preset's EP8 slice of experts (as in `megamoe_rt.bench moe` across ranks),
 so a rank's work matches the one-GPU `bench/fused_breakdown.py` of the same preset.
 """
@@ -20,13 +23,17 @@ from megamoe_rt.launch import context_from_env
 from megamoe_rt.presets import DEFAULT_EP_RANKS, get_preset
 
 
-def main(preset: str, tokens: int) -> None:
+def main(preset: str, tokens: int, routing: str = "uniform") -> None:
     ctx = context_from_env()
     cp.cuda.Device(ctx.device).use()
     p = get_preset(preset)
     local = p.num_experts // DEFAULT_EP_RANKS
     experts = local * ctx.world_size
     args, weights = _inputs(cp, ctx.rank, tokens, p.hidden, p.intermediate, experts, local, p.num_topk, tokens)
+    if routing == "local":
+        logits = cp.random.RandomState(tokens + ctx.rank).standard_normal((tokens, local), dtype=cp.float32)
+        own = cp.argsort(-logits, axis=1)[:, :p.num_topk].astype(cp.int32) + ctx.rank * local
+        args = (*args[:2], own, args[3])
     stream = cp.cuda.Stream(non_blocking=True)
     layers, arms = {}, {}
     for mode in ("unfused", "fused"):
@@ -38,8 +45,9 @@ def main(preset: str, tokens: int) -> None:
     with stream:
         results = bracketed(DeviceTimer(), arms, rounds=1)
     pairs = tokens * p.num_topk
-    lines = [f"rank {ctx.rank} {preset} T={tokens}/rank EP{ctx.world_size} {m:>8}: {r.median_us:8.1f} us  "
+    lines = [f"rank {ctx.rank} {preset} T={tokens}/rank EP{ctx.world_size} {routing} {m:>8}: {r.median_us:8.1f} us  "
              f"{layers[m].flops(pairs) / r.median_us / 1e6:7.1f} TFLOP/s" for m, r in results.items()]
+    ctx.barrier()
     events = fused_trace(layers["fused"], args, stream)
     ctx.barrier()
     for r in range(ctx.world_size):
@@ -53,4 +61,4 @@ def main(preset: str, tokens: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    main(sys.argv[1], int(sys.argv[2]), *sys.argv[3:4])

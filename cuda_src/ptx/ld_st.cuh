@@ -17,6 +17,11 @@ __device__ __forceinline__ u32x4 ld_global_nc_v4_u32(const void* ptr) {
     return v;
 }
 
+__device__ __forceinline__ void st_global_v4_b32(void* ptr, u32x4 v) {
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" :: "l"(ptr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+
 __device__ __forceinline__ void st_global_v2_u32(void* ptr, u32x2 v) {
     asm volatile("st.global.v2.u32 [%0], {%1, %2};" :: "l"(ptr), "r"(v.x), "r"(v.y) : "memory");
 }

@@ -59,8 +59,9 @@ class MegaMoE:
     debug: also check ids on the device and raise after the call.
     mode: ``"fused"`` (one persistent launch, pools sized as rings around the lag-ordered
         schedule; needs hidden % 256 == 0) or ``"unfused"`` (separate kernels, full-size pools).
-        Default: fused where the shape allows it (it is faster on every benchmarked shape:
-        bench/results/moe_fused_vs_unfused_h200_2026-11-30.md), else unfused.
+        Default: fused where the shape allows it (it is faster on every benchmarked shape, on
+        one GPU and across two: bench/results/moe_fused_vs_unfused_h200_2026-11-30.md,
+        bench/results/ep2_h200_2026-11-30.md), else unfused.
     ring_blocks: fused: slots (of 64 rows) of the ring pools; default the schedule's
         ``8 x (lag + group) + 4``; at least the full worst-case pool means the ring never wraps.
     timeout_s: deadline of every wait on another block or rank (default
@@ -69,8 +70,7 @@ class MegaMoE:
         in a script started by ``megamoe-rt launch``): run expert-parallel across its ranks,
         ``num_experts`` split evenly (rank r owns experts ``[r*E/R, (r+1)*E/R)``), the buffer on
         the NVSHMEM symmetric heap. Every rank constructs the layer and makes every call.
-        The default mode across ranks is unfused; ``mode="fused"`` runs the persistent kernel
-        across ranks.
+        The fused mode runs across at most 32 ranks; past that the default is unfused.
     """
 
     def __init__(self, hidden: int, intermediate: int, num_experts: int, num_topk: int,
@@ -99,7 +99,7 @@ class MegaMoE:
         if world > 32 and mode == "fused":
             raise ValueError(f"group: {world} ranks; mode='fused' runs on at most 32")
         if mode is None:
-            mode = "fused" if self.hidden % fk.BLOCK_N == 0 and world == 1 else "unfused"
+            mode = "fused" if self.hidden % fk.BLOCK_N == 0 and world <= 32 else "unfused"
         if mode not in MODES:
             raise ValueError(f"mode: expected one of {MODES} or None, got {mode!r}")
         if mode == "fused" and self.hidden % fk.BLOCK_N:

@@ -158,16 +158,23 @@ def launched() -> bool:
     return _ENV_RANK in os.environ and _ENV_HUB in os.environ
 
 
-def context_from_env() -> RankContext:
-    """The rank context of a process started by ``megamoe-rt launch`` (one per process:
-    broadcast and barrier counts must agree across ranks)."""
+def context_from_env():
+    """This process's rank context: a :class:`RankContext` in a process started by
+    ``megamoe-rt launch`` (or spawn), else an :class:`~megamoe_rt.mpi_context.MpiRankContext`
+    under ``mpirun``/``mpiexec`` (NVSHMEM then bootstraps through MPI). One per process:
+    broadcast and barrier counts must agree across ranks."""
     global _env_context
     if _env_context is None:
-        try:
+        if launched():
             _env_context = RankContext(int(os.environ[_ENV_RANK]), int(os.environ[_ENV_WORLD]),
                                        os.environ[_ENV_HUB], bytes.fromhex(os.environ[_ENV_KEY]))
-        except KeyError as exc:
-            raise RuntimeError(f"not started by `megamoe-rt launch` ({exc.args[0]} is not set)") from None
+        else:
+            from .mpi_context import MpiRankContext, under_mpi
+
+            if not under_mpi():
+                raise RuntimeError(f"not started by `megamoe-rt launch` ({_ENV_RANK} is not set) "
+                                   "nor by an MPI launcher")
+            _env_context = MpiRankContext()
     return _env_context
 
 

@@ -2,7 +2,8 @@
 
 :class:`NvshmemRuntime` bootstraps NVSHMEM in a rank process: rank 0 creates a unique id and
 the launcher's local channel (:class:`megamoe_rt.launch.RankContext`) hands it to the others,
-so no MPI is needed. :class:`SymmetricBuffer` puts a :class:`BufferLayout` on the symmetric
+so no MPI is needed; under ``mpirun`` (:class:`megamoe_rt.mpi_context.MpiRankContext`) NVSHMEM
+bootstraps through MPI instead. :class:`SymmetricBuffer` puts a :class:`BufferLayout` on the symmetric
 heap: every rank allocates the same layout, and the base address of each peer's copy (the
 nvshmem_ptr of an NVLink peer) lets kernels load from and store into peer regions directly.
 NVLink multicast (NVLS) is always disabled.
@@ -48,12 +49,16 @@ class NvshmemRuntime:
         self.device = ctx.device
         dev = Device(self.device)
         dev.set_current()
-        uid = nvshmem.get_unique_id(empty=self.rank != 0)
-        raw = uid._data.view(np.uint8)
-        data = ctx.broadcast(raw.tobytes() if self.rank == 0 else None, key="nvshmem-uid")
-        if self.rank != 0:
-            raw[:] = np.frombuffer(data, dtype=np.uint8)
-        nvshmem.init(device=dev, uid=uid, rank=self.rank, nranks=self.world_size, initializer_method="uid")
+        mpi_comm = getattr(ctx, "mpi_comm", None)
+        if mpi_comm is not None:  # ranks from mpirun: NVSHMEM's own MPI bootstrap
+            nvshmem.init(device=dev, mpi_comm=mpi_comm, initializer_method="mpi")
+        else:
+            uid = nvshmem.get_unique_id(empty=self.rank != 0)
+            raw = uid._data.view(np.uint8)
+            data = ctx.broadcast(raw.tobytes() if self.rank == 0 else None, key="nvshmem-uid")
+            if self.rank != 0:
+                raw[:] = np.frombuffer(data, dtype=np.uint8)
+            nvshmem.init(device=dev, uid=uid, rank=self.rank, nranks=self.world_size, initializer_method="uid")
         self._nvshmem = nvshmem
         self._buffers: list[SymmetricBuffer] = []
 

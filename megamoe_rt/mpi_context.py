@@ -1,0 +1,66 @@
+"""Ranks started by ``mpirun``/``mpiexec`` instead of ``megamoe-rt launch``.
+
+:class:`MpiRankContext` offers what the launcher's context offers (rank, world size, the
+rank's GPU, broadcast of bytes, barrier) over an mpi4py communicator, and carries the
+communicator so NVSHMEM bootstraps through MPI rather than through a unique id.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+# Set in every rank by the common MPI launchers (Open MPI, MPICH/Hydra and Intel MPI, PMIx).
+MPI_ENV_MARKERS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
+
+
+def under_mpi() -> bool:
+    """True in a process an MPI launcher started (checked without initializing MPI)."""
+    return any(name in os.environ for name in MPI_ENV_MARKERS)
+
+
+class MpiRankContext:
+    """One rank of ``comm`` (default ``MPI.COMM_WORLD``); its GPU is its rank among the ranks
+    on the same node, so a multi-node job maps ranks onto each node's GPUs in order."""
+
+    def __init__(self, comm: Any = None):
+        from .launch import SAFE_ENV
+
+        for name, value in SAFE_ENV.items():  # before NVSHMEM or NCCL read them
+            os.environ[name] = value
+        if comm is None:
+            from mpi4py import MPI
+
+            comm = MPI.COMM_WORLD
+        self.mpi_comm = comm
+        self.rank = int(comm.Get_rank())
+        self.world_size = int(comm.Get_size())
+        node = comm.Split_type(_comm_type_shared(comm), key=self.rank)
+        try:
+            self._local_rank = int(node.Get_rank())
+        finally:
+            node.Free()
+
+    @property
+    def device(self) -> int:
+        return self._local_rank
+
+    def broadcast(self, value: bytes | None, *, key: str = "default", root: int = 0) -> bytes:
+        """``root`` passes bytes, every rank gets them. ``key`` names the exchange for the
+        launcher's context; MPI orders collectives by call order, which ranks share anyway."""
+        del key
+        if self.rank == root and not isinstance(value, (bytes, bytearray)):
+            raise TypeError(f"broadcast: rank {root} must pass bytes, got {type(value).__name__}")
+        return bytes(self.mpi_comm.bcast(bytes(value) if self.rank == root else None, root=root))
+
+    def barrier(self) -> None:
+        self.mpi_comm.Barrier()
+
+
+def _comm_type_shared(comm: Any) -> Any:
+    shared = getattr(comm, "COMM_TYPE_SHARED", None)
+    if shared is not None:
+        return shared
+    from mpi4py import MPI
+
+    return MPI.COMM_TYPE_SHARED

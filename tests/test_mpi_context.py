@@ -1,0 +1,106 @@
+"""Ranks from mpirun/mpiexec: the MPI rank context and how a process picks its context (CPU)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from megamoe_rt import launch
+from megamoe_rt.mpi_context import MPI_ENV_MARKERS, MpiRankContext, under_mpi
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class _FakeNode:
+    def __init__(self, rank):
+        self.rank, self.freed = rank, False
+
+    def Get_rank(self):
+        return self.rank
+
+    def Free(self):
+        self.freed = True
+
+
+class _FakeComm:
+    """Rank `rank` of `size`; a broadcast hands out what rank `root` passed (recorded)."""
+
+    COMM_TYPE_SHARED = "shared"
+
+    def __init__(self, rank, size, node_rank, root_values):
+        self.rank, self.size, self.node_rank = rank, size, node_rank
+        self.root_values, self.barriers, self.nodes = root_values, 0, []
+
+    def Get_rank(self):
+        return self.rank
+
+    def Get_size(self):
+        return self.size
+
+    def Split_type(self, split, key):
+        assert split == "shared" and key == self.rank
+        self.nodes.append(_FakeNode(self.node_rank))
+        return self.nodes[-1]
+
+    def bcast(self, value, root):
+        if self.rank == root:
+            self.root_values.append(value)
+            return value
+        return self.root_values[-1]
+
+    def Barrier(self):
+        self.barriers += 1
+
+
+def test_rank_device_broadcast_and_barrier(monkeypatch):
+    for name in launch.SAFE_ENV:
+        monkeypatch.delenv(name, raising=False)
+    sent = []
+    ctx = MpiRankContext(_FakeComm(rank=5, size=8, node_rank=1, root_values=sent))
+    assert (ctx.rank, ctx.world_size, ctx.device) == (5, 8, 1)  # the GPU is the rank on its node
+    assert ctx.mpi_comm.nodes[0].freed
+    assert all(os.environ[k] == v for k, v in launch.SAFE_ENV.items())
+    assert ctx.broadcast(bytearray(b"uid"), root=5) == b"uid" and sent == [b"uid"]
+    assert ctx.broadcast(None, root=0) == b"uid"
+    with pytest.raises(TypeError, match="rank 5 must pass bytes, got str"):
+        ctx.broadcast("uid", root=5)
+    ctx.barrier()
+    assert ctx.mpi_comm.barriers == 1
+
+
+def test_context_from_env_needs_a_launcher(monkeypatch):
+    monkeypatch.setattr(launch, "_env_context", None)
+    for name in (*MPI_ENV_MARKERS, "MEGAMOE_RT_RANK", "MEGAMOE_RT_HUB"):
+        monkeypatch.delenv(name, raising=False)
+    assert not under_mpi()
+    with pytest.raises(RuntimeError, match="nor by an MPI launcher"):
+        launch.context_from_env()
+    monkeypatch.setenv("PMI_SIZE", "2")
+    assert under_mpi()
+
+
+@pytest.mark.skipif(shutil.which("mpiexec") is None, reason="needs mpiexec and mpi4py")
+def test_ranks_under_mpiexec(tmp_path):
+    pytest.importorskip("mpi4py")
+    script = tmp_path / "ranks.py"
+    script.write_text(textwrap.dedent("""
+        from megamoe_rt.launch import context_from_env
+        from megamoe_rt.mpi_context import MpiRankContext
+        ctx = context_from_env()
+        assert isinstance(ctx, MpiRankContext) and context_from_env() is ctx
+        got = ctx.broadcast(b"from-1" if ctx.rank == 1 else None, root=1)
+        ctx.barrier()
+        print(f"rank {ctx.rank}/{ctx.world_size} device {ctx.device} got {got.decode()}", flush=True)
+    """))
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for name in ("MEGAMOE_RT_RANK", "MEGAMOE_RT_HUB"):
+        env.pop(name, None)
+    out = subprocess.run(["mpiexec", "-n", "3", sys.executable, str(script)], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert sorted(out.stdout.split("\n")[:-1]) == [f"rank {r}/3 device {r} got from-1" for r in range(3)]

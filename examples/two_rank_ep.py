@@ -2,6 +2,8 @@
 
 Run on a machine with two Hopper GPUs joined by NVLink:
     megamoe-rt launch -n 2 examples/two_rank_ep.py
+or under MPI (NVSHMEM then bootstraps through MPI; needs mpi4py):
+    mpirun -n 2 python examples/two_rank_ep.py
 """
 
 import cupy as cp

@@ -8,6 +8,7 @@ communicator so NVSHMEM bootstraps through MPI rather than through a unique id.
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any
 
 # Set in every rank by the common MPI launchers (Open MPI, MPICH/Hydra and Intel MPI, PMIx).
@@ -35,11 +36,9 @@ class MpiRankContext:
         self.mpi_comm = comm
         self.rank = int(comm.Get_rank())
         self.world_size = int(comm.Get_size())
-        node = comm.Split_type(_comm_type_shared(comm), key=self.rank)
-        try:
-            self._local_rank = int(node.Get_rank())
-        finally:
-            node.Free()
+        # The rank among the ranks on this host, in rank order.
+        hosts = comm.allgather(socket.gethostname())
+        self._local_rank = hosts[:self.rank].count(hosts[self.rank])
 
     @property
     def device(self) -> int:
@@ -56,11 +55,3 @@ class MpiRankContext:
     def barrier(self) -> None:
         self.mpi_comm.Barrier()
 
-
-def _comm_type_shared(comm: Any) -> Any:
-    shared = getattr(comm, "COMM_TYPE_SHARED", None)
-    if shared is not None:
-        return shared
-    from mpi4py import MPI
-
-    return MPI.COMM_TYPE_SHARED

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import textwrap
@@ -16,36 +17,22 @@ from megamoe_rt.mpi_context import MPI_ENV_MARKERS, MpiRankContext, under_mpi
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-class _FakeNode:
-    def __init__(self, rank):
-        self.rank, self.freed = rank, False
-
-    def Get_rank(self):
-        return self.rank
-
-    def Free(self):
-        self.freed = True
-
-
 class _FakeComm:
-    """Rank `rank` of `size`; a broadcast hands out what rank `root` passed (recorded)."""
+    """Rank `rank` of `size` on hosts `hosts`; a broadcast hands out what rank `root` passed."""
 
-    COMM_TYPE_SHARED = "shared"
-
-    def __init__(self, rank, size, node_rank, root_values):
-        self.rank, self.size, self.node_rank = rank, size, node_rank
-        self.root_values, self.barriers, self.nodes = root_values, 0, []
+    def __init__(self, rank, hosts, root_values):
+        self.rank, self.hosts = rank, hosts
+        self.root_values, self.barriers = root_values, 0
 
     def Get_rank(self):
         return self.rank
 
     def Get_size(self):
-        return self.size
+        return len(self.hosts)
 
-    def Split_type(self, split, key):
-        assert split == "shared" and key == self.rank
-        self.nodes.append(_FakeNode(self.node_rank))
-        return self.nodes[-1]
+    def allgather(self, value):
+        assert value == socket.gethostname()
+        return list(self.hosts)
 
     def bcast(self, value, root):
         if self.rank == root:
@@ -61,9 +48,10 @@ def test_rank_device_broadcast_and_barrier(monkeypatch):
     for name in launch.SAFE_ENV:
         monkeypatch.delenv(name, raising=False)
     sent = []
-    ctx = MpiRankContext(_FakeComm(rank=5, size=8, node_rank=1, root_values=sent))
-    assert (ctx.rank, ctx.world_size, ctx.device) == (5, 8, 1)  # the GPU is the rank on its node
-    assert ctx.mpi_comm.nodes[0].freed
+    me = socket.gethostname()
+    hosts = ["a", "a", me, "a", me, me, "b", me]  # rank 5 is the third rank on its host
+    ctx = MpiRankContext(_FakeComm(rank=5, hosts=hosts, root_values=sent))
+    assert (ctx.rank, ctx.world_size, ctx.device) == (5, 8, 2)
     assert all(os.environ[k] == v for k, v in launch.SAFE_ENV.items())
     assert ctx.broadcast(bytearray(b"uid"), root=5) == b"uid" and sent == [b"uid"]
     assert ctx.broadcast(None, root=0) == b"uid"
@@ -95,12 +83,14 @@ def test_ranks_under_mpiexec(tmp_path):
         assert isinstance(ctx, MpiRankContext) and context_from_env() is ctx
         got = ctx.broadcast(b"from-1" if ctx.rank == 1 else None, root=1)
         ctx.barrier()
-        print(f"rank {ctx.rank}/{ctx.world_size} device {ctx.device} got {got.decode()}", flush=True)
-    """))
+        with open(f"{OUT}/rank{ctx.rank}.txt", "w") as f:  # stdout of ranks may interleave
+            f.write(f"rank {ctx.rank}/{ctx.world_size} device {ctx.device} got {got.decode()}")
+    """).replace("{OUT}", str(tmp_path)))
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     for name in ("MEGAMOE_RT_RANK", "MEGAMOE_RT_HUB"):
         env.pop(name, None)
     out = subprocess.run(["mpiexec", "-n", "3", sys.executable, str(script)], env=env, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert sorted(out.stdout.split("\n")[:-1]) == [f"rank {r}/3 device {r} got from-1" for r in range(3)]
+    got = [(tmp_path / f"rank{r}.txt").read_text() for r in range(3)]
+    assert got == [f"rank {r}/3 device {r} got from-1" for r in range(3)]

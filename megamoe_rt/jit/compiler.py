@@ -218,8 +218,9 @@ def _cubin_with_resources(spec: KernelSpec, options: list[str], cubin: bytes, lo
             return cubin, dataclasses.replace(known, name=spec.name, dynamic_smem_bytes=spec.dynamic_smem_bytes)
         cubin, lowered, log = _nvrtc_compile(spec, options + [_REPORT_RETRY_OPTION])
     res = parse_ptxas_report(log, lowered, name=spec.name, dynamic_smem_bytes=spec.dynamic_smem_bytes)
-    _remember_report(first_cubin, log)
     _remember_report(cubin, log)
+    if cubin is not first_cubin:  # a retry: its report serves the first build's cubin too
+        _remember_report(first_cubin, log)
     return cubin, res
 
 

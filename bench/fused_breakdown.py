@@ -61,5 +61,6 @@ def main(preset: str, tokens: int) -> None:
     layer = layers["fused"]
     print_fused_trace(f"fused trace ({layer._plans.schedule})", fused_trace(layer, args, stream))
 
+
 if __name__ == "__main__":
     main(sys.argv[1], int(sys.argv[2]))

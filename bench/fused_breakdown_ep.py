@@ -6,6 +6,7 @@ then one traced fused call per rank (fused.TRACE_EVENTS, µs from that rank's fi
 With `local`, every rank routes its tokens to its own experts only: the same work per rank
 with no NVLink traffic, which separates the cost of the cross-rank protocol from the cost of
 moving rows and partials.
+
 Each rank owns the preset's EP8 slice of experts (as in `megamoe_rt.bench moe` across ranks),
 so a rank's work matches the one-GPU `bench/fused_breakdown.py` of the same preset.
 """
@@ -18,18 +19,21 @@ import cupy as cp
 
 from megamoe_rt import MegaMoE
 from megamoe_rt.bench import DeviceTimer, bracketed, capture_layer_call, fused_trace, print_fused_trace
-from megamoe_rt.bench_ep import _inputs
+from megamoe_rt.bench_ep import rank_inputs
 from megamoe_rt.launch import context_from_env
 from megamoe_rt.presets import DEFAULT_EP_RANKS, get_preset
+from megamoe_rt.symm import NvshmemRuntime
 
 
 def main(preset: str, tokens: int, routing: str = "uniform") -> None:
+    if routing not in ("uniform", "local"):
+        raise ValueError(f"routing: expected 'uniform' or 'local', got {routing!r}")
     ctx = context_from_env()
     cp.cuda.Device(ctx.device).use()
     p = get_preset(preset)
     local = p.num_experts // DEFAULT_EP_RANKS
     experts = local * ctx.world_size
-    args, weights = _inputs(cp, ctx.rank, tokens, p.hidden, p.intermediate, experts, local, p.num_topk, tokens)
+    args, weights = rank_inputs(cp, ctx.rank, tokens, p.hidden, p.intermediate, experts, local, p.num_topk, tokens)
     if routing == "local":
         logits = cp.random.RandomState(tokens + ctx.rank).standard_normal((tokens, local), dtype=cp.float32)
         own = cp.argsort(-logits, axis=1)[:, :p.num_topk].astype(cp.int32) + ctx.rank * local
@@ -58,6 +62,7 @@ def main(preset: str, tokens: int, routing: str = "uniform") -> None:
         ctx.barrier()
     for layer in layers.values():
         layer.close()
+    NvshmemRuntime.initialize(ctx).finalize()
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import numpy as np
 
 import megamoe_rt
 from megamoe_rt.launch import context_from_env
+from megamoe_rt.symm import NvshmemRuntime
 
 ctx = context_from_env()
 cp.cuda.Device(ctx.device).use()
@@ -46,3 +47,5 @@ y = run(None)  # the default: one fused persistent kernel per rank
 y_unfused = run("unfused")  # separate kernels, same protocol
 print(f"rank {ctx.rank}: experts {first}..{first + local - 1}, y {y.shape}, mean |y| {float(cp.abs(y).mean()):.4f}, "
       f"fused vs unfused max |diff| {float(cp.abs(y - y_unfused).max()):.2e}")
+
+NvshmemRuntime.initialize(ctx).finalize()  # collective: NVSHMEM torn down on every rank

@@ -20,7 +20,7 @@ from .presets import DEFAULT_EP_RANKS, get_preset
 NVLINK_BYTES_PER_S = 395e9
 
 
-def _inputs(cp, rank: int, tokens: int, hidden: int, intermediate: int, experts: int, local: int, topk: int,
+def rank_inputs(cp, rank: int, tokens: int, hidden: int, intermediate: int, experts: int, local: int, topk: int,
             seed: int):
     from .kernels.quantize import quantize_fp8, quantize_weight_fp8
 
@@ -49,7 +49,7 @@ def bench_moe_ep(ctx, presets: list[str], tokens: list[int], *, modes: list[str]
         local = p.num_experts // DEFAULT_EP_RANKS
         experts = local * world
         for t in tokens:
-            args, weights = _inputs(cp, ctx.rank, t, p.hidden, p.intermediate, experts, local, p.num_topk, t)
+            args, weights = rank_inputs(cp, ctx.rank, t, p.hidden, p.intermediate, experts, local, p.num_topk, t)
             ids = args[2]
             remote = int(cp.count_nonzero((ids // local) != ctx.rank))
             stream = cp.cuda.Stream(non_blocking=True)

@@ -21,7 +21,7 @@ NVLINK_BYTES_PER_S = 395e9
 
 
 def rank_inputs(cp, rank: int, tokens: int, hidden: int, intermediate: int, experts: int, local: int, topk: int,
-            seed: int):
+                seed: int):
     from .kernels.quantize import quantize_fp8, quantize_weight_fp8
 
     rs = cp.random.RandomState(seed * 1000 + rank)

@@ -13,11 +13,12 @@ import sys
 
 import cupy as cp
 
-import megamoe_rt.gemm as gemm
+import megamoe_rt.kernels.grouped_gemm as gemm
 from megamoe_rt import MegaMoE
-from megamoe_rt.bench import DeviceTimer, bracketed, capture_layer_call, fused_trace, print_fused_trace
-from megamoe_rt.demo import random_layer_inputs
-from megamoe_rt.gemm_heuristics import _config
+from megamoe_rt.cli.benchmarks import fused_trace, print_fused_trace
+from megamoe_rt.cli.timing import DeviceTimer, bracketed, capture_layer_call
+from megamoe_rt.cli.demo import random_layer_inputs
+from megamoe_rt.kernels.gemm_heuristics import _config
 from megamoe_rt.presets import get_preset
 
 

@@ -7,7 +7,7 @@ With `local`, every rank routes its tokens to its own experts only: the same wor
 with no NVLink traffic, which separates the cost of the cross-rank protocol from the cost of
 moving rows and partials.
 
-Each rank owns the preset's EP8 slice of experts (as in `megamoe_rt.bench moe` across ranks),
+Each rank owns the preset's EP8 slice of experts (as in `megamoe_rt.cli.bench moe` across ranks),
 so a rank's work matches the one-GPU `bench/fused_breakdown.py` of the same preset.
 """
 
@@ -18,11 +18,12 @@ import sys
 import cupy as cp
 
 from megamoe_rt import MegaMoE
-from megamoe_rt.bench import DeviceTimer, bracketed, capture_layer_call, fused_trace, print_fused_trace
-from megamoe_rt.bench_ep import rank_inputs
-from megamoe_rt.launch import context_from_env
+from megamoe_rt.cli.benchmarks import fused_trace, print_fused_trace
+from megamoe_rt.cli.timing import DeviceTimer, bracketed, capture_layer_call
+from megamoe_rt.cli.bench_ep import rank_inputs
+from megamoe_rt.ep.launch import context_from_env
 from megamoe_rt.presets import DEFAULT_EP_RANKS, get_preset
-from megamoe_rt.symm import NvshmemRuntime
+from megamoe_rt.ep.symm import NvshmemRuntime
 
 
 def main(preset: str, tokens: int, routing: str = "uniform") -> None:

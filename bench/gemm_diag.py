@@ -4,8 +4,8 @@ import time
 import cupy as cp
 import numpy as np
 
-from megamoe_rt.gemm import grouped_gemm_fp8, plan_grouped_gemm_fp8
-from megamoe_rt.gemm_heuristics import candidate_configs
+from megamoe_rt.kernels.grouped_gemm import grouped_gemm_fp8, plan_grouped_gemm_fp8
+from megamoe_rt.kernels.gemm_heuristics import candidate_configs
 from megamoe_rt.kernels.quantize import quantize_fp8
 
 g, m, n, k = 32, 1536, 4096, 4096

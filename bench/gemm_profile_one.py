@@ -2,7 +2,7 @@
 import cupy as cp
 import numpy as np
 
-from megamoe_rt.gemm import plan_grouped_gemm_fp8
+from megamoe_rt.kernels.grouped_gemm import plan_grouped_gemm_fp8
 from megamoe_rt.kernels.quantize import quantize_fp8
 
 g, m, n, k = 32, 1536, 4096, 4096

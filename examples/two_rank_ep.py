@@ -10,8 +10,8 @@ import cupy as cp
 import numpy as np
 
 import megamoe_rt
-from megamoe_rt.launch import context_from_env
-from megamoe_rt.symm import NvshmemRuntime
+from megamoe_rt.ep.launch import context_from_env
+from megamoe_rt.ep.symm import NvshmemRuntime
 
 ctx = context_from_env()
 cp.cuda.Device(ctx.device).use()

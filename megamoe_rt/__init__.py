@@ -6,18 +6,18 @@ one-line :class:`GpuUnavailableError` (a RuntimeError) where none is usable.
 
 from __future__ import annotations
 
-from ._version import __version__
-from .errors import CudaError, GpuUnavailableError, NvrtcError
+from megamoe_rt._version import __version__
+from megamoe_rt.runtime.errors import CudaError, GpuUnavailableError, NvrtcError
 
 # Heavier pieces load on first use so `import megamoe_rt` stays cheap.
 _LAZY = {
     "quantize_fp8": ("megamoe_rt.kernels.quantize", "quantize_fp8"),
     "quantize_weight_fp8": ("megamoe_rt.kernels.quantize", "quantize_weight_fp8"),
     "MegaMoE": ("megamoe_rt.layer", "MegaMoE"),
-    "grouped_gemm_fp8": ("megamoe_rt.gemm", "grouped_gemm_fp8"),
-    "plan_grouped_gemm_fp8": ("megamoe_rt.gemm", "plan_grouped_gemm_fp8"),
+    "grouped_gemm_fp8": ("megamoe_rt.kernels.grouped_gemm", "grouped_gemm_fp8"),
+    "plan_grouped_gemm_fp8": ("megamoe_rt.kernels.grouped_gemm", "plan_grouped_gemm_fp8"),
     "calc_diff": ("megamoe_rt.reference", "calc_diff"),
-    "symm_buffer_layout": ("megamoe_rt.layout", "symm_buffer_layout"),
+    "symm_buffer_layout": ("megamoe_rt.schedule.layout", "symm_buffer_layout"),
     "get_preset": ("megamoe_rt.presets", "get_preset"),
     "PRESETS": ("megamoe_rt.presets", "PRESETS"),
 }

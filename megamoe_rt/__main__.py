@@ -1,5 +1,5 @@
 import sys
 
-from .cli import main
+from megamoe_rt.cli.main import main
 
 sys.exit(main())

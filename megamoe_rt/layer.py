@@ -18,16 +18,16 @@ from typing import Any
 
 import numpy as np
 
-from . import driver
-from .arrays import as_device_array, check_array, cupy_stream, require_cupy
-from .buffer import DeviceBuffer
-from .gemm import plan_grouped_gemm_fp8, plan_grouped_gemm_swiglu_fp8, prepare_swiglu_weights
-from .deadlines import wait_timeout_ns
-from .fused import PDL_MAX_TOKENS, FusedPlan, buffer_schedule, call_schedule
-from .kernels import fused as fk
-from .kernels import moe as mk
-from .kernels.loader import get_kernel
-from .layout import symm_buffer_layout
+from megamoe_rt.runtime import driver
+from megamoe_rt.runtime.arrays import as_device_array, check_array, cupy_stream, require_cupy
+from megamoe_rt.runtime.buffer import DeviceBuffer
+from megamoe_rt.kernels.grouped_gemm import plan_grouped_gemm_fp8, plan_grouped_gemm_swiglu_fp8, prepare_swiglu_weights
+from megamoe_rt.runtime.deadlines import wait_timeout_ns
+from megamoe_rt.modes.fused import PDL_MAX_TOKENS, FusedPlan, buffer_schedule, call_schedule
+from megamoe_rt.kernels import fused as fk
+from megamoe_rt.kernels import moe as mk
+from megamoe_rt.kernels.loader import get_kernel
+from megamoe_rt.schedule.layout import symm_buffer_layout
 
 POOL_ALIGN = 128  # expert ranges in the pool start on GEMM-tile boundaries (unfused)
 MODES = ("unfused", "fused")
@@ -66,7 +66,7 @@ class MegaMoE:
         ``8 x (lag + group) + 4``; at least the full worst-case pool means the ring never wraps.
     timeout_s: deadline of every wait on another block or rank (default
         ``$MEGAMOE_RT_TIMEOUT_S`` or 60 s); a wait past it traps and the error names it.
-    group: a :class:`megamoe_rt.launch.RankContext` (``megamoe_rt.launch.context_from_env()``
+    group: a :class:`megamoe_rt.ep.launch.RankContext` (``megamoe_rt.ep.launch.context_from_env()``
         in a script started by ``megamoe-rt launch``): run expert-parallel across its ranks,
         ``num_experts`` split evenly (rank r owns experts ``[r*E/R, (r+1)*E/R)``), the buffer on
         the NVSHMEM symmetric heap. Every rank constructs the layer and makes every call.
@@ -140,7 +140,7 @@ class MegaMoE:
         if self.group is None:
             self.buffer = DeviceBuffer(self.layout, device=self.device)
         else:
-            from .symm import NvshmemRuntime, SymmetricBuffer
+            from megamoe_rt.ep.symm import NvshmemRuntime, SymmetricBuffer
 
             runtime = NvshmemRuntime.initialize(self.group, heap_bytes=self.layout.total_bytes)
             self.buffer = SymmetricBuffer(self.layout, runtime)  # zeroed on every rank when it returns
@@ -155,7 +155,7 @@ class MegaMoE:
                                       if track_expert_stats else None)
             cupy.cuda.Device(self.device).synchronize()
         if self.group is not None and not fused:
-            from .ep import EpUnfusedRunner
+            from megamoe_rt.modes.unfused_ep import EpUnfusedRunner
 
             self._ep = EpUnfusedRunner(self.buffer, rank=self.rank, num_ranks=world, device=self.device,
                                        sm_count=self.device_info.sm_count, timeout_s=timeout_s)
@@ -310,7 +310,7 @@ class MegaMoE:
                     driver.memset_d32_async(b.ptr("error_flags"), 0, 4, sh)
                 plan = self._plans
                 if self.group is not None:
-                    from .ep import stage_inputs
+                    from megamoe_rt.modes.unfused_ep import stage_inputs
 
                     stage_inputs(b, xa, sfa, t, sh)
                 plan.launch(idx, plan.params(params, call_schedule(self.layout, plan.schedule, bound),

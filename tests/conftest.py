@@ -10,7 +10,7 @@ import pytest
 
 @functools.lru_cache(maxsize=None)
 def hopper_gpu_count() -> int:
-    from megamoe_rt import driver
+    from megamoe_rt.runtime import driver
 
     try:
         return sum(1 for d in driver.list_devices() if d.is_hopper)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from megamoe_rt.arrays import DeviceArray, as_device_array, check_array, logical_dtype
+from megamoe_rt.runtime.arrays import DeviceArray, as_device_array, check_array, logical_dtype
 
 
 class FakeCai:
@@ -70,7 +70,7 @@ class _DLPackOnly:
 def test_dlpack_struct_reader_on_host_capsule(monkeypatch):
     # The capsule layout is the same for every device; read a host one through
     # the CUDA path by pretending the device type is CUDA.
-    import megamoe_rt.arrays as arrays
+    import megamoe_rt.runtime.arrays as arrays
 
     host = np.arange(24, dtype=np.float32).reshape(4, 6)[:, ::2]
 

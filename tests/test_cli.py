@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from megamoe_rt.layout import symm_buffer_layout
+from megamoe_rt.schedule.layout import symm_buffer_layout
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -88,6 +88,6 @@ def test_invalid_arguments_exit_2_with_one_line(args):
 
 
 def test_bench_module_forwards_to_the_cli_outside_a_launch():
-    out = subprocess.run([sys.executable, "-m", "megamoe_rt.bench", "moe", "--preset", "nosuch"],
+    out = subprocess.run([sys.executable, "-m", "megamoe_rt.cli.bench", "moe", "--preset", "nosuch"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "nosuch" in out.stderr  # the CLI's own argument check

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from megamoe_rt.deadlines import wait_timeout_ns
+from megamoe_rt.runtime.deadlines import wait_timeout_ns
 
 
 def test_timeout_setting(monkeypatch):
@@ -28,10 +28,10 @@ def test_timeout_setting(monkeypatch):
 _WAIT = textwrap.dedent("""
     import ctypes, sys
     import cupy as cp
-    from megamoe_rt import driver
+    from megamoe_rt.runtime import driver
     from megamoe_rt.kernels.loader import get_kernel
     from megamoe_rt.kernels.probe import WAIT_SPEC
-    from megamoe_rt.deadlines import TimeoutRecord
+    from megamoe_rt.runtime.deadlines import TimeoutRecord
     from cuda.bindings import driver as cu
     word = cp.zeros(1, cp.uint64)
     word[0] = int(sys.argv[1])

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from megamoe_rt import CudaError, GpuUnavailableError, driver
-from megamoe_rt.errors import NvrtcError
+from megamoe_rt import CudaError, GpuUnavailableError
+from megamoe_rt.runtime import driver
+from megamoe_rt.runtime.errors import NvrtcError
 
 
 def test_cuda_error_carries_call_and_result():

@@ -13,7 +13,7 @@ import os
 import numpy as np
 import pytest
 
-from megamoe_rt.launch import RankFailed, spawn
+from megamoe_rt.ep.launch import RankFailed, spawn
 
 pytestmark = pytest.mark.multigpu
 
@@ -90,7 +90,7 @@ def _run_rank(ctx, tokens_per_rank, routing, launches, graph, seed, mode):
     stats = cp.asnumpy(layer.expert_recv_stats).tolist()
     ctx.barrier()
     layer.close()
-    from megamoe_rt.symm import NvshmemRuntime
+    from megamoe_rt.ep.symm import NvshmemRuntime
 
     NvshmemRuntime.initialize(ctx).finalize()
     return diffs, stats
@@ -142,7 +142,7 @@ def _withholding_rank(ctx, mode):
         return None
     from cuda.bindings import driver as cu
 
-    from megamoe_rt import driver
+    from megamoe_rt.runtime import driver
 
     layer(cp.asarray(inp["x"].view(np.uint8)), cp.asarray(inp["x_sf"]), cp.asarray(inp["topk_idx"]),
           cp.asarray(inp["topk_weights"]))

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megamoe_rt.ep_protocol import EpModel, ProtocolViolation
+from megamoe_rt.schedule.ep_protocol import EpModel, ProtocolViolation
 
 
 def _random_run(model: EpModel, seed: int) -> None:
@@ -75,7 +75,7 @@ def test_bad_arguments():
 @pytest.mark.parametrize("ranks,experts", [(2, 16), (4, 256), (8, 384)])
 def test_the_kernels_bank_layout_matches_the_buffer_region(ranks, experts):
     from megamoe_rt.kernels.ep import bank_layout
-    from megamoe_rt.layout import symm_buffer_layout
+    from megamoe_rt.schedule.layout import symm_buffer_layout
 
     lay = symm_buffer_layout(512, 256, experts, 4, 256, ranks)
     el = experts // ranks

@@ -137,7 +137,8 @@ def _trap_script(t, h, i, e, k, timeout_s, setup):
         import sys
         import numpy as np
         import cupy as cp
-        from megamoe_rt import MegaMoE, driver, reference as ref
+        from megamoe_rt import MegaMoE, reference as ref
+        from megamoe_rt.runtime import driver
         from cuda.bindings import driver as cu
         rng = np.random.default_rng(0)
         inp = ref.random_moe_inputs(rng, {t}, {h}, {i}, {e}, {k})
@@ -164,7 +165,7 @@ _WITHHELD = _trap_script(256, 512, 256, 8, 2, 0.5, """
 # What a bound below a peer's count does across ranks: a single wave larger than the ring.
 _OVERFLOW = _trap_script(2048, 512, 256, 16, 6, 1.0, """
     from megamoe_rt import layer as layer_mod
-    from megamoe_rt.fused import CallSchedule
+    from megamoe_rt.modes.fused import CallSchedule
     full = layer._plans.schedule.full_pool_blocks
     assert layer.layout.pool_blocks < 192 <= full
     layer_mod.call_schedule = lambda *a: CallSchedule(True, full, 4)

@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megamoe_rt.fused import BLOCK_M, buffer_schedule, call_schedule
+from megamoe_rt.modes.fused import BLOCK_M, buffer_schedule, call_schedule
 from megamoe_rt.kernels import fused as fk
-from megamoe_rt.layout import symm_buffer_layout
-from megamoe_rt.plan import live_blocks_upper_bound, pool_blocks_upper_bound
+from megamoe_rt.schedule.layout import symm_buffer_layout
+from megamoe_rt.schedule.plan import live_blocks_upper_bound, pool_blocks_upper_bound
 from megamoe_rt.presets import get_preset
-from megamoe_rt.schedule import check_stream, lag_ordered_stream
+from megamoe_rt.schedule.task_stream import check_stream, lag_ordered_stream
 
 
 def _layout(h=4096, i=2048, e=32, k=6, cap=8192, ring=None):

@@ -6,12 +6,12 @@ import ctypes
 
 import pytest
 
-from megamoe_rt.gemm_heuristics import candidate_configs, choose_config
-from megamoe_rt.errors import NvrtcError
+from megamoe_rt.kernels.gemm_heuristics import candidate_configs, choose_config
+from megamoe_rt.runtime.errors import NvrtcError
 from megamoe_rt.jit import KernelSpec, compile_kernel
 from megamoe_rt.jit import compiler as jit_compiler
 from megamoe_rt.jit.paths import cuda_src_dir
-from megamoe_rt.deadlines import WaitContext
+from megamoe_rt.runtime.deadlines import WaitContext
 from megamoe_rt.kernels.ep import EpBankLayout, EpParams
 from megamoe_rt.kernels.fused import BankLayout, FusedParams
 from megamoe_rt.kernels.gemm import SMEM_LIMIT, GemmConfig, GemmParams
@@ -123,14 +123,14 @@ def test_quantize_params_mirror_matches_source():
 
 @pytest.mark.parametrize("limit", [-1.0, 0.0, float("nan"), float("inf")])
 def test_swiglu_limit_is_validated_before_anything_else(limit):
-    from megamoe_rt.gemm import grouped_gemm_swiglu_fp8
+    from megamoe_rt.kernels.grouped_gemm import grouped_gemm_swiglu_fp8
 
     with pytest.raises(ValueError, match="swiglu_limit"):
         grouped_gemm_swiglu_fp8(None, None, None, None, None, group_offsets=object(), swiglu_limit=limit)
 
 
 def test_group_counts_only_with_the_contiguous_layout():
-    from megamoe_rt.gemm import grouped_gemm_swiglu_fp8
+    from megamoe_rt.kernels.grouped_gemm import grouped_gemm_swiglu_fp8
 
     with pytest.raises(ValueError, match="group_counts applies to the contiguous layout only"):
         grouped_gemm_swiglu_fp8(None, None, None, None, None, masked_counts=object(), group_counts=object())

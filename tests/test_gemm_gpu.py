@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from megamoe_rt import reference as ref
-from megamoe_rt.gemm import GROUP_ALIGN, grouped_gemm_fp8, grouped_gemm_swiglu_fp8, prepare_swiglu_weights
+from megamoe_rt.kernels.grouped_gemm import GROUP_ALIGN, grouped_gemm_fp8, grouped_gemm_swiglu_fp8, prepare_swiglu_weights
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
@@ -247,7 +247,7 @@ def test_bad_arguments_raise_before_launch():
 def test_misaligned_group_offsets_trap_with_a_message():
     code = textwrap.dedent("""
         import cupy as cp, numpy as np
-        from megamoe_rt.gemm import grouped_gemm_fp8
+        from megamoe_rt.kernels.grouped_gemm import grouped_gemm_fp8
         a = cp.zeros((256, 256), cp.uint8); a_sf = cp.ones((256, 2), cp.float32)
         b = cp.zeros((2, 256, 256), cp.uint8); b_sf = cp.ones((2, 2, 2), cp.float32)
         grouped_gemm_fp8(a, a_sf, b, b_sf, group_offsets=cp.asarray(np.array([0, 100, 256], np.int32)))
@@ -279,7 +279,7 @@ def test_l2_consumes_swiglu_output_in_place():
             assert ref.calc_diff(_bf16_bits_to_f32(gy[s:s + c]), exp) < 1e-5
 
 
-_BF16_CONTIGUOUS = [c for c in __import__("megamoe_rt.gemm_heuristics", fromlist=["x"]).candidate_configs()
+_BF16_CONTIGUOUS = [c for c in __import__("megamoe_rt.kernels.gemm_heuristics", fromlist=["x"]).candidate_configs()
                     if c.layout == "contiguous" and c.epilogue == "bf16"]
 
 
@@ -301,7 +301,7 @@ def test_every_bf16_tile_config(config):
         assert (got[s + c:offsets[g + 1]] == BF16_NAN).all()
 
 
-_SWIGLU_CONTIGUOUS = [c for c in __import__("megamoe_rt.gemm_heuristics", fromlist=["x"]).candidate_configs()
+_SWIGLU_CONTIGUOUS = [c for c in __import__("megamoe_rt.kernels.gemm_heuristics", fromlist=["x"]).candidate_configs()
                       if c.layout == "contiguous" and c.epilogue == "swiglu_fp8"]
 
 

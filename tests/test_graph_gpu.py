@@ -27,7 +27,7 @@ def _args(bufs, spin=SPIN_NS):
 
 
 def _kernel():
-    from megamoe_rt import driver
+    from megamoe_rt.runtime import driver
     from megamoe_rt.kernels.loader import get_kernel
     from megamoe_rt.kernels.probe import SPEC
 
@@ -35,7 +35,7 @@ def _kernel():
 
 
 def test_partition_granularity_is_queried_and_splits_match():
-    from megamoe_rt import driver
+    from megamoe_rt.runtime import driver
     from megamoe_rt.graph.green import GreenPartitions, partition_granularity
 
     g = partition_granularity(0)
@@ -104,7 +104,7 @@ def test_dependency_serialises_and_params_update_between_replays():
 def test_stream_capture_from_a_green_context_stream_keeps_the_partition():
     from cuda.bindings import driver as cu
 
-    from megamoe_rt import driver
+    from megamoe_rt.runtime import driver
     from megamoe_rt.graph.green import GreenPartitions
 
     k = _kernel()

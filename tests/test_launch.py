@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from megamoe_rt.launch import RankFailed, spawn
+from megamoe_rt.ep.launch import RankFailed, spawn
 from tests.helpers import ranks
 
 
@@ -66,7 +66,7 @@ def test_launch_command_runs_a_script_per_rank(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent("""
         import os, sys
-        from megamoe_rt.launch import context_from_env
+        from megamoe_rt.ep.launch import context_from_env
         ctx = context_from_env()
         uid = ctx.broadcast(b"abc" if ctx.rank == 0 else None)
         ctx.barrier()
@@ -84,7 +84,7 @@ def test_launch_command_runs_a_script_per_rank(tmp_path):
 def test_launch_command_runs_a_module_per_rank(tmp_path):
     (tmp_path / "rank_job.py").write_text(textwrap.dedent("""
         import os, sys
-        from megamoe_rt.launch import context_from_env, launched
+        from megamoe_rt.ep.launch import context_from_env, launched
         ctx = context_from_env()
         ctx.barrier()
         os.write(1, f"module rank {ctx.rank} launched={launched()} arg={sys.argv[1]}\\n".encode())
@@ -102,7 +102,7 @@ def test_launch_command_stops_the_others_when_one_fails(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent("""
         import os, sys, time
-        from megamoe_rt.launch import context_from_env
+        from megamoe_rt.ep.launch import context_from_env
         ctx = context_from_env()
         open(os.path.join(sys.argv[1], f"{ctx.rank}.pid"), "w").write(str(os.getpid()))
         if ctx.rank == 0:

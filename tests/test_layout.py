@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megamoe_rt.layout import BufferLayout, symm_buffer_layout
-from megamoe_rt.plan import fused_schedule, pool_blocks_upper_bound
+from megamoe_rt.schedule.layout import BufferLayout, symm_buffer_layout
+from megamoe_rt.schedule.plan import fused_schedule, pool_blocks_upper_bound
 from megamoe_rt.presets import get_preset
 
 # Independent of the module's own table on purpose.

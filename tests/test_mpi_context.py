@@ -11,8 +11,9 @@ import textwrap
 
 import pytest
 
-from megamoe_rt import launch
-from megamoe_rt.mpi_context import MPI_ENV_MARKERS, MpiRankContext, under_mpi
+from megamoe_rt.ep import launch
+from megamoe_rt.ep.env import SAFE_ENV
+from megamoe_rt.ep.mpi_context import MPI_ENV_MARKERS, MpiRankContext, under_mpi
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -45,14 +46,14 @@ class _FakeComm:
 
 
 def test_rank_device_broadcast_and_barrier(monkeypatch):
-    for name in launch.SAFE_ENV:
+    for name in SAFE_ENV:
         monkeypatch.delenv(name, raising=False)
     sent = []
     me = socket.gethostname()
     hosts = ["a", "a", me, "a", me, me, "b", me]  # rank 5 is the third rank on its host
     ctx = MpiRankContext(_FakeComm(rank=5, hosts=hosts, root_values=sent))
     assert (ctx.rank, ctx.world_size, ctx.device) == (5, 8, 2)
-    assert all(os.environ[k] == v for k, v in launch.SAFE_ENV.items())
+    assert all(os.environ[k] == v for k, v in SAFE_ENV.items())
     assert ctx.broadcast(bytearray(b"uid"), root=5) == b"uid" and sent == [b"uid"]
     assert ctx.broadcast(None, root=0) == b"uid"
     with pytest.raises(TypeError, match="rank 5 must pass bytes, got str"):
@@ -77,8 +78,8 @@ def test_ranks_under_mpiexec(tmp_path):
     pytest.importorskip("mpi4py")
     script = tmp_path / "ranks.py"
     script.write_text(textwrap.dedent("""
-        from megamoe_rt.launch import context_from_env
-        from megamoe_rt.mpi_context import MpiRankContext
+        from megamoe_rt.ep.launch import context_from_env
+        from megamoe_rt.ep.mpi_context import MpiRankContext
         ctx = context_from_env()
         assert isinstance(ctx, MpiRankContext) and context_from_env() is ctx
         got = ctx.broadcast(b"from-1" if ctx.rank == 1 else None, root=1)

@@ -6,9 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megamoe_rt.plan import LAG_GROUP_UNITS, UNIT_BLOCKS, fused_schedule, lag_units
-from megamoe_rt.schedule import (RingViolation, check_stream, expert_units, lag_ordered_stream, ring_blocks_for,
-                                 single_wave_stream, tile_stream)
+from megamoe_rt.schedule.plan import LAG_GROUP_UNITS, UNIT_BLOCKS, fused_schedule, lag_units
+from megamoe_rt.schedule.task_stream import RingViolation, check_stream, expert_units, lag_ordered_stream, ring_blocks_for, single_wave_stream, tile_stream
 
 blocks_lists = st.lists(st.integers(min_value=0, max_value=40), min_size=1, max_size=48)
 
@@ -70,7 +69,7 @@ def test_single_wave_needs_the_whole_pool(blocks):
 
 def test_order_violations_are_reported():
     units = expert_units([2, 2])
-    from megamoe_rt.schedule import Task
+    from megamoe_rt.schedule.task_stream import Task
 
     with pytest.raises(RingViolation, match="before its L1"):
         check_stream([Task("l2", units[0]), Task("l1", units[0])], 16)
@@ -93,8 +92,8 @@ def test_host_schedule_is_safe_for_uniform_routing_at_the_bound(preset, tokens, 
 @settings(max_examples=200, deadline=None)
 @given(ranks=st.lists(blocks_lists, min_size=1, max_size=8), ring=st.integers(1, 64))
 def test_prefill_cycles_cover_every_block_once_and_agree_across_ranks(ranks, ring):
-    from megamoe_rt.plan import num_cycles, num_cycles_across_ranks
-    from megamoe_rt.schedule import pull_cycles
+    from megamoe_rt.schedule.plan import num_cycles, num_cycles_across_ranks
+    from megamoe_rt.schedule.task_stream import pull_cycles
 
     per_rank = [num_cycles(sum(b), ring) for b in ranks]
     agreed = num_cycles_across_ranks(per_rank)
@@ -110,7 +109,7 @@ def test_prefill_cycles_cover_every_block_once_and_agree_across_ranks(ranks, rin
 
 
 def test_a_rank_cannot_run_fewer_cycles_than_it_needs():
-    from megamoe_rt.schedule import pull_cycles
+    from megamoe_rt.schedule.task_stream import pull_cycles
 
     with pytest.raises(ValueError, match="needs 3"):
         pull_cycles([10, 10], 8, num_cycles=2)

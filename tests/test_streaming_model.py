@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megamoe_rt.streaming import ProtocolViolation, RingModel, chunk_generation, encode_gen
+from megamoe_rt.schedule.streaming import ProtocolViolation, RingModel, chunk_generation, encode_gen
 
 
 def _run(model: RingModel, choices) -> None:

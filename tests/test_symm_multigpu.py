@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from megamoe_rt.launch import RankFailed, spawn
+from megamoe_rt.ep.launch import RankFailed, spawn
 
 pytestmark = pytest.mark.multigpu
 
 
 def _layout(world):
-    from megamoe_rt.layout import symm_buffer_layout
+    from megamoe_rt.schedule.layout import symm_buffer_layout
 
     return symm_buffer_layout(512, 256, 8 * world, 2, 128, world)
 
@@ -19,7 +19,7 @@ def _layout(world):
 def _exchange_rows(ctx):
     import cupy as cp
 
-    from megamoe_rt.symm import NvshmemRuntime, SymmetricBuffer
+    from megamoe_rt.ep.symm import NvshmemRuntime, SymmetricBuffer
 
     cp.cuda.Device(ctx.device).use()
     rt = NvshmemRuntime.initialize(ctx)
@@ -51,11 +51,11 @@ def _signal(ctx, withhold):
     import cupy as cp
     from cuda.bindings import driver as cu
 
-    from megamoe_rt import driver
-    from megamoe_rt.deadlines import TimeoutRecord
+    from megamoe_rt.runtime import driver
+    from megamoe_rt.runtime.deadlines import TimeoutRecord
     from megamoe_rt.kernels.loader import get_kernel
     from megamoe_rt.kernels.probe import WAIT_SPEC
-    from megamoe_rt.symm import NvshmemRuntime, SymmetricBuffer
+    from megamoe_rt.ep.symm import NvshmemRuntime, SymmetricBuffer
 
     cp.cuda.Device(ctx.device).use()
     rt = NvshmemRuntime.initialize(ctx)

@@ -8,7 +8,7 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .. import driver
+from megamoe_rt.runtime import driver
 
 
 def _cu():

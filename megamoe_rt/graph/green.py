@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .. import driver
-from .partition import Request, plan_partitions
+from megamoe_rt.runtime import driver
+from megamoe_rt.graph.partition import Request, plan_partitions
 
 
 def _cu():

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from .partition import PartitionPlan, plan_partitions
+from megamoe_rt.graph.partition import PartitionPlan, plan_partitions
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -8,7 +8,7 @@ import statistics
 import sys
 from typing import Any
 
-from .spec import PipelineSpec, SpecError
+from megamoe_rt.graph.spec import PipelineSpec, SpecError
 
 _VARY = re.compile(r"^(?P<name>[A-Za-z_][\w-]*)=(?P<start>\d+)\.\.(?P<stop>\d+)(?::(?P<step>\d+))?$")
 
@@ -44,9 +44,9 @@ def run_sweep(spec: PipelineSpec, vary: str, values: list[int], *, device: int =
               progress: bool = True) -> list[dict[str, Any]]:
     import cupy as cp
 
-    from .builder import GraphBuilder
-    from .green import GreenPartitions
-    from .workloads import make_workload
+    from megamoe_rt.graph.builder import GraphBuilder
+    from megamoe_rt.graph.green import GreenPartitions
+    from megamoe_rt.graph.workloads import make_workload
 
     if vary not in {n for n, _ in spec.partitions}:
         raise SpecError(f"--vary names partition {vary!r}; spec {spec.name!r} has "

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .. import driver
-from .spec import NodeSpec, SpecError
+from megamoe_rt.runtime import driver
+from megamoe_rt.graph.spec import NodeSpec, SpecError
 
 KNOWN = ("sm_probe", "stream_copy", "fp8_gemm")
 
@@ -34,8 +34,8 @@ class Workload:
 def make_workload(node: NodeSpec, device: int) -> Workload:
     import cupy as cp
 
-    from ..kernels import probe
-    from ..kernels.loader import get_kernel
+    from megamoe_rt.kernels import probe
+    from megamoe_rt.kernels.loader import get_kernel
 
     if node.kernel == "sm_probe":
         n = node.grid
@@ -59,8 +59,8 @@ def _gemm_workload(node: NodeSpec, device: int) -> Workload:
     import cupy as cp
     import numpy as np
 
-    from ..gemm import plan_grouped_gemm_fp8
-    from ..kernels.quantize import quantize_fp8
+    from megamoe_rt.kernels.grouped_gemm import plan_grouped_gemm_fp8
+    from megamoe_rt.kernels.quantize import quantize_fp8
 
     m, n, k = (int(node.args.get(key, 4096)) for key in ("m", "n", "k"))
     a, _ = quantize_fp8(cp.random.standard_normal((m, k), dtype=cp.float32))

@@ -23,10 +23,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import NvrtcError
-from .cache import CubinCache
-from .paths import cuda_src_dir, header_set_version, include_dirs, missing_header_message
-from .resources import KernelResources, parse_ptxas_report, ptxas_entry_names
+from megamoe_rt.runtime.errors import NvrtcError
+from megamoe_rt.jit.cache import CubinCache
+from megamoe_rt.jit.paths import cuda_src_dir, header_set_version, include_dirs, missing_header_message
+from megamoe_rt.jit.resources import KernelResources, parse_ptxas_report, ptxas_entry_names
 
 ARCH = "sm_90a"
 CXX_STD = "c++17"

@@ -6,10 +6,10 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from ..deadlines import WaitContext
-from ..jit import KernelSpec
-from ..layout import ep_bank_words
-from .moe import MoeParams
+from megamoe_rt.runtime.deadlines import WaitContext
+from megamoe_rt.jit import KernelSpec
+from megamoe_rt.schedule.layout import ep_bank_words
+from megamoe_rt.kernels.moe import MoeParams
 
 SOURCE = "ep/ep_unfused.cu"
 THREADS = 256

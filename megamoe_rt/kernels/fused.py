@@ -10,11 +10,11 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 
-from ..deadlines import WaitContext
-from ..jit import KernelSpec
-from .ep import EpBankLayout
-from .gemm import SMEM_LIMIT, GemmConfig, GemmParams
-from .moe import MoeParams
+from megamoe_rt.runtime.deadlines import WaitContext
+from megamoe_rt.jit import KernelSpec
+from megamoe_rt.kernels.ep import EpBankLayout
+from megamoe_rt.kernels.gemm import SMEM_LIMIT, GemmConfig, GemmParams
+from megamoe_rt.kernels.moe import MoeParams
 
 SOURCE = "fused/sm90_fp8_fused_moe.cu"
 BLOCK_M = 64

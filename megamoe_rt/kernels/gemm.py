@@ -11,9 +11,9 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any
 
-from ..arrays import DeviceArray
-from ..jit import KernelSpec
-from ..tma import TensorMap2D, encode_tensor_map_2d
+from megamoe_rt.runtime.arrays import DeviceArray
+from megamoe_rt.jit import KernelSpec
+from megamoe_rt.runtime.tma import TensorMap2D, encode_tensor_map_2d
 
 SOURCE = "gemm/sm90_fp8_grouped_gemm.cu"
 BLOCK_K = 128
@@ -193,7 +193,7 @@ class PreparedGemm:
 
 
 def prepare_gemm(launch: GemmLaunch, *, device: int, sm_count: int) -> PreparedGemm:
-    from .loader import get_kernel
+    from megamoe_rt.kernels.loader import get_kernel
 
     cfg = launch.config
     if launch.params.n % (cfg.block_n * cfg.cluster_n):
@@ -219,15 +219,8 @@ CHECK_LAYOUT_SPEC = KernelSpec(name="fp8_gemm_check_group_layout", source="gemm/
 
 
 def prepare_layout_check(launch: GemmLaunch, *, device: int) -> PreparedGemm:
-    from .loader import get_kernel
+    from megamoe_rt.kernels.loader import get_kernel
 
     kernel = get_kernel(CHECK_LAYOUT_SPEC, device)
     return PreparedGemm(kernel, 1, 32, (1, 1, 1), [launch.params, ctypes.c_uint32(launch.config.block_m),
                                                    ctypes.c_uint32(LAYOUTS[launch.config.layout])])
-
-
-def kernel_specs() -> list[KernelSpec]:
-    """Every instantiation the heuristics can choose, and the layout check."""
-    from ..gemm_heuristics import candidate_configs
-
-    return [CHECK_LAYOUT_SPEC] + [c.spec() for c in candidate_configs()]

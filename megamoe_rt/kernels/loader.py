@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from .. import driver
-from ..jit import KernelSpec, compile_kernel
+from megamoe_rt.runtime import driver
+from megamoe_rt.jit import KernelSpec, compile_kernel
 
 _loaded: dict[tuple[str, int], driver.LoadedKernel] = {}
 _lock = threading.Lock()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from ..jit import KernelSpec
+from megamoe_rt.jit import KernelSpec
 
 COUNT_THREADS = 256
 SCAN_THREADS = 1024

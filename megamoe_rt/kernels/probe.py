@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 
-from ..jit import KernelSpec
+from megamoe_rt.jit import KernelSpec
 
 SPEC = KernelSpec(name="sm_probe", source="probe/sm_probe.cu", entry="megamoe_rt::probe::sm_probe", block_threads=32)
 

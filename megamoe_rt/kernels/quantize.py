@@ -5,9 +5,9 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from .. import driver
-from ..arrays import as_device_array, check_array, cupy_stream, require_cupy
-from ..jit import KernelSpec
+from megamoe_rt.runtime import driver
+from megamoe_rt.runtime.arrays import as_device_array, check_array, cupy_stream, require_cupy
+from megamoe_rt.jit import KernelSpec
 
 GROUP = 128
 THREADS = 256
@@ -71,7 +71,7 @@ def quantize_fp8(x: Any, *, out: Any = None, out_sf: Any = None, stream: Any = N
     num_groups = rows * (hidden // GROUP)
     if num_groups == 0:
         return q, sf
-    from .loader import get_kernel
+    from megamoe_rt.kernels.loader import get_kernel
 
     kernel = get_kernel(_spec(dtype), info.ordinal)
     params = QuantizeParams(xa.ptr, qa.ptr, sfa.ptr, num_groups, hidden // GROUP, 0)
@@ -130,7 +130,7 @@ def quantize_weight_fp8(w: Any, *, stream: Any = None):
     with cupy.cuda.Device(info.ordinal), cupy_stream(cupy, sh):
         q = cupy.empty(wa.shape, dtype=cupy.uint8)
         sf = cupy.empty(lead + (n // GROUP, k // GROUP), dtype=cupy.float32)
-    from .loader import get_kernel
+    from megamoe_rt.kernels.loader import get_kernel
 
     num_blocks = groups * (n // GROUP) * (k // GROUP)
     params = WeightQuantizeParams(wa.ptr, int(q.data.ptr), int(sf.data.ptr), n, k, num_blocks, 0)

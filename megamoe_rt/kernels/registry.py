@@ -6,15 +6,15 @@ resource-checks exactly what the GPU paths launch.
 
 from __future__ import annotations
 
-from ..jit import KernelSpec
+from megamoe_rt.jit import KernelSpec
 
 
 def all_kernel_specs() -> list[KernelSpec]:
-    from . import ep, fused, gemm, moe, probe, quantize
+    from megamoe_rt.kernels import ep, fused, gemm_heuristics, moe, probe, quantize
 
     specs: list[KernelSpec] = []
     specs += quantize.kernel_specs()
-    specs += gemm.kernel_specs()
+    specs += gemm_heuristics.kernel_specs()
     specs += moe.kernel_specs()
     specs += fused.kernel_specs()
     specs += ep.kernel_specs()

@@ -54,8 +54,9 @@ def _nvshmem_status() -> str:
 
 
 def cmd_info(args) -> int:
-    from . import __version__, driver
-    from .jit import CubinCache, include_dirs
+    from megamoe_rt import __version__
+    from megamoe_rt.runtime import driver
+    from megamoe_rt.jit import CubinCache, include_dirs
 
     rows: list[tuple[str, str]] = [
         ("megamoe_rt", __version__),
@@ -66,7 +67,7 @@ def cmd_info(args) -> int:
         ("cupy", _dist_version("cupy-cuda13x") or _dist_version("cupy-cuda12x") or "missing"),
     ]
     try:
-        from .jit import nvrtc_version
+        from megamoe_rt.jit import nvrtc_version
 
         rows.append(("nvrtc", "%d.%d" % nvrtc_version()))
     except Exception as exc:
@@ -96,9 +97,9 @@ def cmd_info(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from .layout import symm_buffer_layout
-    from .plan import fused_schedule
-    from .presets import get_preset
+    from megamoe_rt.schedule.layout import symm_buffer_layout
+    from megamoe_rt.schedule.plan import fused_schedule
+    from megamoe_rt.presets import get_preset
 
     try:
         preset = get_preset(args.preset)
@@ -144,8 +145,8 @@ def cmd_plan(args) -> int:
 
 
 def cmd_compile(args) -> int:
-    from .jit import compile_kernel
-    from .kernels.registry import all_kernel_specs
+    from megamoe_rt.jit import compile_kernel
+    from megamoe_rt.kernels.registry import all_kernel_specs
 
     specs = all_kernel_specs()
     if args.all:
@@ -203,7 +204,7 @@ def _csv(kind, valid=None):
 
 def _hopper_or_none(command: str):
     """The GPU to run on, or None after printing the one-line reason (exit status 1)."""
-    from . import driver
+    from megamoe_rt.runtime import driver
 
     try:
         return driver.require_hopper()
@@ -213,7 +214,7 @@ def _hopper_or_none(command: str):
 
 
 def _modes(text: str) -> list[str]:
-    from .layer import MODES
+    from megamoe_rt.layer import MODES
 
     modes = [m.strip() for m in text.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
@@ -226,7 +227,7 @@ def cmd_bench(args) -> int:
     info = _hopper_or_none("bench")
     if info is None:
         return 1
-    from .bench import bench_gemm, bench_moe
+    from megamoe_rt.cli.benchmarks import bench_gemm, bench_moe
 
     print(f"device {info.ordinal}: {info.name}, {info.sm_count} SMs")
     if args.what == "gemm":
@@ -242,9 +243,9 @@ def cmd_bench(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from .graph import SpecError, load_spec
-    from .graph.sweep import format_table, parse_vary, plot, run_sweep
-    from .graph.workloads import KNOWN
+    from megamoe_rt.graph import SpecError, load_spec
+    from megamoe_rt.graph.sweep import format_table, parse_vary, plot, run_sweep
+    from megamoe_rt.graph.workloads import KNOWN
 
     try:
         name, values = parse_vary(args.vary)
@@ -273,7 +274,7 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_launch(args) -> int:
-    from .launch import launch_script
+    from megamoe_rt.ep.launch import launch_script
 
     if not args.module and not os.path.isfile(args.script):
         raise UsageError(f"megamoe-rt launch: script {args.script!r} not found")
@@ -287,14 +288,14 @@ def cmd_demo(args) -> int:
     info = _hopper_or_none("demo")
     if info is None:
         return 1
-    from .demo import run_demo
+    from megamoe_rt.cli.demo import run_demo
 
     return run_demo(args.preset, args.tokens, check_tokens=args.check_tokens, device=info, mode=args.mode)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
-    from .presets import PRESETS
+    from megamoe_rt import __version__
+    from megamoe_rt.presets import PRESETS
 
     p = _Parser(prog="megamoe-rt", description="Expert-parallel FP8 MoE runtime for Hopper GPUs.")
     p.add_argument("--version", action="version", version=f"megamoe-rt {__version__}")
@@ -337,8 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-n", "--nprocs", type=_positive_int, required=True, help="number of ranks")
     s.add_argument("--timeout", type=float, default=None, help="stop every rank after this many seconds")
     s.add_argument("-m", dest="module", action="store_true",
-                   help="SCRIPT is a module run as `python -m SCRIPT` (e.g. megamoe_rt.bench)")
-    s.add_argument("script", help="Python script; it calls megamoe_rt.launch.context_from_env()")
+                   help="SCRIPT is a module run as `python -m SCRIPT` (e.g. megamoe_rt.cli.bench)")
+    s.add_argument("script", help="Python script; it calls megamoe_rt.ep.launch.context_from_env()")
     s.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     s.set_defaults(func=cmd_launch)
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import driver
-from .deadlines import TimeoutRecord
-from .kernels import ep as ek
-from .kernels import moe as mk
-from .kernels.loader import get_kernel
+from megamoe_rt.runtime import driver
+from megamoe_rt.runtime.deadlines import TimeoutRecord
+from megamoe_rt.kernels import ep as ek
+from megamoe_rt.kernels import moe as mk
+from megamoe_rt.kernels.loader import get_kernel
 
 
 def write_peer_table(buffer: Any) -> None:

@@ -1,5 +1,5 @@
 """The layer benchmark across launched ranks:
-``megamoe-rt launch -n 2 -m megamoe_rt.bench moe --preset flash --tokens 2048``.
+``megamoe-rt launch -n 2 -m megamoe_rt.cli.bench moe --preset flash --tokens 2048``.
 
 Each rank runs a preset's EP8 per-rank slice (E/8 local experts) so per-GPU numbers compare
 with the one-GPU benchmark at the same slice; routing is uniform over all ranks' experts.
@@ -14,15 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 
-from .bench import DeviceTimer, bracketed, capture_layer_call
-from .presets import DEFAULT_EP_RANKS, get_preset
+from megamoe_rt.cli.timing import DeviceTimer, bracketed, capture_layer_call
+from megamoe_rt.presets import DEFAULT_EP_RANKS, get_preset
 
 NVLINK_BYTES_PER_S = 395e9
 
 
 def rank_inputs(cp, rank: int, tokens: int, hidden: int, intermediate: int, experts: int, local: int, topk: int,
                 seed: int):
-    from .kernels.quantize import quantize_fp8, quantize_weight_fp8
+    from megamoe_rt.kernels.quantize import quantize_fp8, quantize_weight_fp8
 
     rs = cp.random.RandomState(seed * 1000 + rank)
     x, x_sf = quantize_fp8(rs.standard_normal((tokens, hidden), dtype=cp.float32))
@@ -39,7 +39,7 @@ def bench_moe_ep(ctx, presets: list[str], tokens: list[int], *, modes: list[str]
                  json_path: str | None) -> list[dict]:
     import cupy as cp
 
-    from .layer import MegaMoE
+    from megamoe_rt.layer import MegaMoE
 
     cp.cuda.Device(ctx.device).use()
     world = ctx.world_size
@@ -94,10 +94,10 @@ def bench_moe_ep(ctx, presets: list[str], tokens: list[int], *, modes: list[str]
 
 
 def main_ep(argv: list[str]) -> int:
-    from .launch import context_from_env
-    from .symm import NvshmemRuntime
+    from megamoe_rt.ep.launch import context_from_env
+    from megamoe_rt.ep.symm import NvshmemRuntime
 
-    ap = argparse.ArgumentParser(prog="megamoe_rt.bench moe (across ranks)")
+    ap = argparse.ArgumentParser(prog="megamoe_rt.cli.bench moe (across ranks)")
     ap.add_argument("--preset", dest="presets", default="flash", type=lambda s: s.split(","))
     ap.add_argument("--tokens", default="64,256,2048,8192", type=lambda s: [int(v) for v in s.split(",")])
     ap.add_argument("--mode", default="unfused", type=lambda s: s.split(","))

@@ -13,13 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .plan import (
-    _require_choice,
-    _require_int,
-    align_tokens,
-    fused_schedule,
-    pool_blocks_upper_bound,
-)
+from megamoe_rt.schedule.plan import _require_choice, _require_int, align_tokens, fused_schedule, pool_blocks_upper_bound
 
 __all__ = [
     "DTYPE_SIZES",

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Client, Listener
 from typing import Any, Callable, Sequence
 
-SAFE_ENV = {"NVSHMEM_DISABLE_NVLS": "1", "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+from megamoe_rt.ep.env import SAFE_ENV
+
 _ENV_RANK, _ENV_WORLD, _ENV_HUB, _ENV_KEY = ("MEGAMOE_RT_RANK", "MEGAMOE_RT_WORLD_SIZE", "MEGAMOE_RT_HUB",
                                              "MEGAMOE_RT_HUB_KEY")
 _GRACE_S = 5.0
@@ -160,7 +161,7 @@ def launched() -> bool:
 
 def context_from_env():
     """This process's rank context: a :class:`RankContext` in a process started by
-    ``megamoe-rt launch`` (or spawn), else an :class:`~megamoe_rt.mpi_context.MpiRankContext`
+    ``megamoe-rt launch`` (or spawn), else an :class:`~megamoe_rt.ep.mpi_context.MpiRankContext`
     under ``mpirun``/``mpiexec`` (NVSHMEM then bootstraps through MPI). One per process:
     broadcast and barrier counts must agree across ranks."""
     global _env_context
@@ -169,7 +170,7 @@ def context_from_env():
             _env_context = RankContext(int(os.environ[_ENV_RANK]), int(os.environ[_ENV_WORLD]),
                                        os.environ[_ENV_HUB], bytes.fromhex(os.environ[_ENV_KEY]))
         else:
-            from .mpi_context import MpiRankContext, under_mpi
+            from megamoe_rt.ep.mpi_context import MpiRankContext, under_mpi
 
             if not under_mpi():
                 raise RuntimeError(f"not started by `megamoe-rt launch` ({_ENV_RANK} is not set) "

@@ -21,10 +21,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import driver
-from .arrays import DeviceArray, as_device_array, check_array, cupy_stream, require_cupy
-from .gemm_heuristics import choose_config
-from .kernels import gemm as k
+from megamoe_rt.runtime import driver
+from megamoe_rt.runtime.arrays import DeviceArray, as_device_array, check_array, cupy_stream, require_cupy
+from megamoe_rt.kernels.gemm_heuristics import choose_config
+from megamoe_rt.kernels import gemm as k
 
 GROUP_ALIGN = 128  # contiguous-layout group starts; valid for every tile shape
 

@@ -1,8 +1,8 @@
 """NVSHMEM symmetric memory for expert parallelism across ranks (nvshmem4py).
 
 :class:`NvshmemRuntime` bootstraps NVSHMEM in a rank process: rank 0 creates a unique id and
-the launcher's local channel (:class:`megamoe_rt.launch.RankContext`) hands it to the others,
-so no MPI is needed; under ``mpirun`` (:class:`megamoe_rt.mpi_context.MpiRankContext`) NVSHMEM
+the launcher's local channel (:class:`megamoe_rt.ep.launch.RankContext`) hands it to the others,
+so no MPI is needed; under ``mpirun`` (:class:`megamoe_rt.ep.mpi_context.MpiRankContext`) NVSHMEM
 bootstraps through MPI instead. :class:`SymmetricBuffer` puts a :class:`BufferLayout` on the symmetric
 heap: every rank allocates the same layout, and the base address of each peer's copy (the
 nvshmem_ptr of an NVLink peer) lets kernels load from and store into peer regions directly.
@@ -15,9 +15,9 @@ import ctypes
 import os
 from typing import Any
 
-from .arrays import require_cupy
-from .buffer import LaidOutBuffer, typed_view
-from .layout import BufferLayout
+from megamoe_rt.runtime.arrays import require_cupy
+from megamoe_rt.runtime.buffer import LaidOutBuffer, typed_view
+from megamoe_rt.schedule.layout import BufferLayout
 
 
 def _nvshmem():

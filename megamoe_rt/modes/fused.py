@@ -11,15 +11,15 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any
 
-from . import driver
-from .deadlines import TimeoutRecord
-from .kernels import fused as fk
-from .kernels.gemm import BLOCK_K, FLAG_CLAMP, FLAG_POW2_SCALE, GemmParams
-from .kernels.loader import get_kernel
-from .kernels.moe import MoeParams
-from .layout import BufferLayout
-from .plan import FusedSchedule, fused_schedule, live_blocks_upper_bound, single_wave_fits
-from .tma import encode_tensor_map_2d
+from megamoe_rt.runtime import driver
+from megamoe_rt.runtime.deadlines import TimeoutRecord
+from megamoe_rt.kernels import fused as fk
+from megamoe_rt.kernels.gemm import BLOCK_K, FLAG_CLAMP, FLAG_POW2_SCALE, GemmParams
+from megamoe_rt.kernels.loader import get_kernel
+from megamoe_rt.kernels.moe import MoeParams
+from megamoe_rt.schedule.layout import BufferLayout
+from megamoe_rt.schedule.plan import FusedSchedule, fused_schedule, live_blocks_upper_bound, single_wave_fits
+from megamoe_rt.runtime.tma import encode_tensor_map_2d
 
 BLOCK_M = fk.BLOCK_M
 GROUP_UNITS = 4
@@ -119,8 +119,8 @@ class FusedPlan:
         self._weights = (w1p, w1p_sf, w2, w2_sf)  # the tensor maps point into them
         self._ep_fields = {}
         if self.expert_parallel:
-            from .ep import write_peer_table
-            from .kernels.ep import bank_layout as ep_bank_layout
+            from megamoe_rt.modes.unfused_ep import write_peer_table
+            from megamoe_rt.kernels.ep import bank_layout as ep_bank_layout
 
             write_peer_table(buffer)
             ws = layout.region("workspace").offset

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from .plan import LAG_GROUP_UNITS, RING_MARGIN_BLOCKS, UNIT_BLOCKS
+from megamoe_rt.schedule.plan import LAG_GROUP_UNITS, RING_MARGIN_BLOCKS, UNIT_BLOCKS
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .kernels.gemm import GemmConfig, max_stages
+from megamoe_rt.jit import KernelSpec
+from megamoe_rt.kernels.gemm import CHECK_LAYOUT_SPEC, GemmConfig, max_stages
 
 # Tiles built from the one wgmma shape (m64n128k32): rows split across warpgroups
 # (128x128), columns split (64x256), or a single warpgroup (64x128).
@@ -61,3 +62,8 @@ def choose_config(*, layout: str, epilogue: str, num_rows: int, n: int, k: int, 
     if tiles_128 < sm_count // 2:
         return _config(64, 128, **kw)
     return _config(128, 128, **kw)
+
+
+def kernel_specs() -> list[KernelSpec]:
+    """Every instantiation the heuristics can choose, and the layout check."""
+    return [CHECK_LAYOUT_SPEC] + [c.spec() for c in candidate_configs()]

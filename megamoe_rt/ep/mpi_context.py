@@ -11,6 +11,8 @@ import os
 import socket
 from typing import Any
 
+from megamoe_rt.ep.env import SAFE_ENV
+
 # Set in every rank by the common MPI launchers (Open MPI, MPICH/Hydra and Intel MPI, PMIx).
 MPI_ENV_MARKERS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
 
@@ -25,8 +27,6 @@ class MpiRankContext:
     on the same node, so a multi-node job maps ranks onto each node's GPUs in order."""
 
     def __init__(self, comm: Any = None):
-        from .launch import SAFE_ENV
-
         for name, value in SAFE_ENV.items():  # before NVSHMEM or NCCL read them
             os.environ[name] = value
         if comm is None:

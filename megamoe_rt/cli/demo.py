@@ -7,14 +7,14 @@ import time
 
 import numpy as np
 
-from . import reference as ref
-from .presets import DEFAULT_EP_RANKS, get_preset
+from megamoe_rt import reference as ref
+from megamoe_rt.presets import DEFAULT_EP_RANKS, get_preset
 
 
 def random_layer_inputs(cupy, tokens: int, hidden: int, intermediate: int, experts: int, topk: int, seed: int):
     """GPU-generated inputs: bf16-range activations quantized 1x128, a softmax/top-k router,
     weights ~ N(0, 1/fan_in) quantized 128x128."""
-    from .kernels.quantize import quantize_fp8, quantize_weight_fp8
+    from megamoe_rt.kernels.quantize import quantize_fp8, quantize_weight_fp8
 
     rs = cupy.random.RandomState(seed)
     x, x_sf = quantize_fp8(rs.standard_normal((tokens, hidden), dtype=cupy.float32))
@@ -34,7 +34,7 @@ def run_demo(preset_name: str, tokens: int, *, check_tokens: int = 64, device=No
              mode: str | None = None) -> int:
     import cupy
 
-    from .layer import MegaMoE
+    from megamoe_rt.layer import MegaMoE
 
     p = get_preset(preset_name)
     experts = p.num_experts // DEFAULT_EP_RANKS

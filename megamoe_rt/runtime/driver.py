@@ -13,9 +13,9 @@ import ctypes
 import functools
 import threading
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
-from .errors import CudaError, GpuUnavailableError
+from megamoe_rt.runtime.errors import CudaError, GpuUnavailableError
 
 HOPPER_CC = (9, 0)
 _REQUIREMENT = "a Hopper GPU (sm_90: H100/H200) and a CUDA 12.4+ driver"
@@ -53,12 +53,25 @@ def _result_name(cu, err) -> str:
 _KERNEL_FAULTS = range(700, 720)
 
 
+# Where a kernel fault can be explained (runtime/deadlines.py registers the timeout record
+# a trapped wait leaves behind); kept as a hook so this module depends on nothing above it.
+_fault_explainers: list[Callable[[], str | None]] = []
+
+
+def register_fault_explainer(explain: Callable[[], str | None]) -> None:
+    """``explain()`` is asked for a detail when a driver call reports a kernel fault."""
+    if explain not in _fault_explainers:
+        _fault_explainers.append(explain)
+
+
 def _trap_detail(code: int) -> str:
     if code not in _KERNEL_FAULTS:
         return ""
-    from .deadlines import TimeoutRecord
-
-    return TimeoutRecord.pending_message() or ""
+    for explain in _fault_explainers:
+        detail = explain()
+        if detail:
+            return detail
+    return ""
 
 
 def call(fn, *args):

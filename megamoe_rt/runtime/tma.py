@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 
-from . import driver
+from megamoe_rt.runtime import driver
 
 _ELEM_BYTES = {"e4m3": 1, "uint8": 1, "bf16": 2, "float32": 4}
 

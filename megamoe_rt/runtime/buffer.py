@@ -1,7 +1,7 @@
 """The per-rank MoE buffer: one allocation carved into the regions of layout.py.
 
 One rank uses plain device memory (:class:`DeviceBuffer`, CuPy's allocator); across ranks the
-same regions live on the NVSHMEM symmetric heap (:class:`megamoe_rt.symm.SymmetricBuffer`).
+same regions live on the NVSHMEM symmetric heap (:class:`megamoe_rt.ep.symm.SymmetricBuffer`).
 Both share this interface: region addresses, typed CuPy views, and (symmetric only) the
 address of a region in a peer rank's buffer.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .arrays import require_cupy
-from .layout import BufferLayout
+from megamoe_rt.runtime.arrays import require_cupy
+from megamoe_rt.schedule.layout import BufferLayout
 
 _CUPY_DTYPES = {"e4m3": "uint8", "uint8": "uint8", "bf16": "uint16", "float32": "float32", "int32": "int32",
                 "uint32": "uint32", "uint64": "uint64"}

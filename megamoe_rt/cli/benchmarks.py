@@ -1,90 +1,13 @@
-"""Benchmarks (DESIGN §8): CUDA-event device time, L2 flushed and a short sleep before
-each call, 20 calls per observation, several observations, arms bracketed in rounds
-(A B, B A, A B); the result is the median of round medians with the min-max band."""
+"""Benchmarks of the grouped GEMM and of the layer on one GPU (timing: cli/timing.py)."""
 
 from __future__ import annotations
 
 import json
-import statistics
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
-from .presets import DEFAULT_EP_RANKS, get_preset
-
-FP8_CEILING_TFLOPS = 1400.0
-HBM_BYTES_PER_S = 4.3e12  # measured device-to-device copy on the lent H200
-L2_FLUSH_BYTES = 256 * 2**20  # > 4x the H200's 60 MB L2
-
-
-@dataclass
-class ArmResult:
-    name: str
-    median_us: float
-    band_us: tuple[float, float]
-    rounds_us: list[float] = field(default_factory=list)
-    error: str | None = None
-
-
-class DeviceTimer:
-    def __init__(self, *, calls: int = 20, observations: int = 3, sleep_s: float = 0.0005):
-        import cupy as cp
-
-        self.cp = cp
-        self.calls = calls
-        self.observations = observations
-        self.sleep_s = sleep_s
-        self.scratch = cp.empty(L2_FLUSH_BYTES, dtype=cp.uint8)
-
-    def observe(self, fn: Callable[[], None]) -> float:
-        """Median device time (µs) over `calls` calls, each after a short sleep and an L2 flush.
-
-        The flush is queued after the sleep and not waited for: while the GPU runs it,
-        the host queues the start event and the call, so launch overhead stays out of
-        the measured interval.
-        """
-        cp = self.cp
-        times = []
-        for _ in range(self.calls):
-            cp.cuda.get_current_stream().synchronize()
-            time.sleep(self.sleep_s)
-            self.scratch.fill(0x5A)
-            start, end = cp.cuda.Event(), cp.cuda.Event()
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(cp.cuda.get_elapsed_time(start, end) * 1e3)
-        return statistics.median(times)
-
-    def arm_round(self, fn: Callable[[], None]) -> float:
-        return statistics.median(self.observe(fn) for _ in range(self.observations))
-
-
-def bracketed(timer: DeviceTimer, arms: dict[str, Callable[[], None]], rounds: int = 3) -> dict[str, ArmResult]:
-    """Run arms in rounds, alternating their order, so drift hits every arm alike."""
-    names = list(arms)
-    per: dict[str, list[float]] = {n: [] for n in names}
-    errors: dict[str, str] = {}
-    for fn_name in names:  # warm-up: JIT, module load, allocator
-        try:
-            arms[fn_name]()
-        except Exception as exc:  # a peer arm that cannot run is reported, not fatal
-            errors[fn_name] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
-    timer.cp.cuda.get_current_stream().synchronize()
-    live = [n for n in names if n not in errors]
-    for r in range(rounds):
-        order = live if r % 2 == 0 else list(reversed(live))
-        for n in order:
-            per[n].append(timer.arm_round(arms[n]))
-    out = {}
-    for n in names:
-        if n in errors:
-            out[n] = ArmResult(n, float("nan"), (float("nan"), float("nan")), [], errors[n])
-        else:
-            out[n] = ArmResult(n, statistics.median(per[n]), (min(per[n]), max(per[n])), per[n])
-    return out
-
+from megamoe_rt.cli.timing import DeviceTimer, bracketed, capture_layer_call
+from megamoe_rt.presets import DEFAULT_EP_RANKS, get_preset
 
 # --- grouped GEMM -------------------------------------------------------------------------
 
@@ -119,10 +42,10 @@ def _gemm_arms(shape: GemmShape, with_torch: bool) -> tuple[dict[str, Callable[[
     import cupy as cp
     import numpy as np
 
-    from .gemm import GROUP_ALIGN, plan_grouped_gemm_fp8
-    from .gemm_heuristics import choose_config
-    from .kernels.quantize import quantize_fp8
-    from . import driver
+    from megamoe_rt.kernels.grouped_gemm import GROUP_ALIGN, plan_grouped_gemm_fp8
+    from megamoe_rt.kernels.gemm_heuristics import choose_config
+    from megamoe_rt.kernels.quantize import quantize_fp8
+    from megamoe_rt.runtime import driver
 
     g, m, n, k = shape.groups, shape.rows_per_group, shape.n, shape.k
     if shape.stage == "decode":
@@ -178,10 +101,10 @@ def _decode_arms(shape: GemmShape) -> tuple[dict[str, Callable[[], None]], str]:
     """Masked layout, every group full: the decode-sized L1 call, bound by reading the weights."""
     import cupy as cp
 
-    from . import driver
-    from .gemm import plan_grouped_gemm_fp8
-    from .gemm_heuristics import choose_config
-    from .kernels.quantize import quantize_fp8
+    from megamoe_rt.runtime import driver
+    from megamoe_rt.kernels.grouped_gemm import plan_grouped_gemm_fp8
+    from megamoe_rt.kernels.gemm_heuristics import choose_config
+    from megamoe_rt.kernels.quantize import quantize_fp8
 
     g, m, n, k = shape.groups, shape.rows_per_group, shape.n, shape.k
     a, a_sf = quantize_fp8(cp.random.standard_normal((g * m, k), dtype=cp.float32))
@@ -250,23 +173,13 @@ def _print_gemm_row(row: dict) -> None:
 
 # --- whole layer --------------------------------------------------------------------------
 
-def capture_layer_call(layer, args, out, stream, **kwargs):
-    """One eager call (kernels load, plans build), then the same call captured in a CUDA graph."""
-    with stream:
-        layer(*args, out=out, stream=stream, **kwargs)
-        stream.synchronize()
-        stream.begin_capture()
-        layer(*args, out=out, stream=stream, **kwargs)
-        return stream.end_capture()
-
-
 def fused_trace(layer, args, stream, **kwargs) -> dict[str, tuple[float, float, float]]:
     """One traced fused call: per event of ``kernels.fused.TRACE_EVENTS``, the (min, median,
     max) over blocks of its time in µs from the first block's start."""
     import cupy as cp
     import numpy as np
 
-    from .kernels.fused import TRACE_EVENTS
+    from megamoe_rt.kernels.fused import TRACE_EVENTS
 
     trace = cp.zeros((layer.device_info.sm_count, len(TRACE_EVENTS)), cp.uint64)
     layer._trace_ptr = int(trace.data.ptr)
@@ -299,8 +212,8 @@ def bench_moe(presets: list[str], tokens: list[int], *, mode: str | list[str] = 
     """
     import cupy as cp
 
-    from .demo import random_layer_inputs
-    from .layer import MODES, MegaMoE
+    from megamoe_rt.cli.demo import random_layer_inputs
+    from megamoe_rt.layer import MODES, MegaMoE
 
     modes = [mode] if isinstance(mode, str) else list(mode)
     for m in modes:
@@ -351,24 +264,3 @@ def bench_moe(presets: list[str], tokens: list[int], *, mode: str | list[str] = 
         with open(json_path, "w") as f:
             json.dump(rows, f, indent=2)
     return rows
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m megamoe_rt.bench gemm|moe ...``; started by ``megamoe-rt launch -n N -m
-    megamoe_rt.bench moe ...`` the layer benchmark runs across the launched ranks."""
-    import sys
-
-    from .launch import launched
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if launched() and argv[:1] == ["moe"]:
-        from .bench_ep import main_ep
-
-        return main_ep(argv[1:])
-    from .cli import main as cli_main
-
-    return cli_main(["bench", *argv])
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

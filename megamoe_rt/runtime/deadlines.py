@@ -6,6 +6,8 @@ import ctypes
 import math
 import os
 
+from megamoe_rt.runtime import driver
+
 DEFAULT_TIMEOUT_S = 60.0
 ENV = "MEGAMOE_RT_TIMEOUT_S"
 
@@ -64,8 +66,6 @@ class TimeoutRecord:
     _instance: "TimeoutRecord | None" = None
 
     def __init__(self) -> None:
-        from . import driver
-
         cu = driver._cu()
         driver.ensure_context()
         size = ctypes.sizeof(_RecordFields)
@@ -79,6 +79,7 @@ class TimeoutRecord:
     def get(cls) -> "TimeoutRecord":
         if cls._instance is None:
             cls._instance = TimeoutRecord()
+            driver.register_fault_explainer(cls.pending_message)
         return cls._instance
 
     @classmethod

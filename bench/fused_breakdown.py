@@ -20,6 +20,7 @@ from megamoe_rt.cli.timing import DeviceTimer, bracketed, capture_layer_call
 from megamoe_rt.cli.demo import random_layer_inputs
 from megamoe_rt.kernels.gemm_heuristics import _config
 from megamoe_rt.presets import get_preset
+from megamoe_rt.testing import fused_schedule_of
 
 
 def main(preset: str, tokens: int) -> None:
@@ -51,7 +52,7 @@ def main(preset: str, tokens: int) -> None:
     add("unfused_l2_64x256", mode="unfused")
     gemm.choose_config = heuristic
     add("fused", mode="fused")
-    add("fused_full_pool", mode="fused", ring_blocks=layers["fused"]._plans.schedule.full_pool_blocks)
+    add("fused_full_pool", mode="fused", ring_blocks=fused_schedule_of(layers["fused"]).full_pool_blocks)
     with stream:
         results = bracketed(DeviceTimer(), arms, rounds=1)
     pairs = tokens * p.num_topk
@@ -60,7 +61,7 @@ def main(preset: str, tokens: int) -> None:
               f"{layers[name].flops(pairs) / r.median_us / 1e6:7.1f} TFLOP/s")
 
     layer = layers["fused"]
-    print_fused_trace(f"fused trace ({layer._plans.schedule})", fused_trace(layer, args, stream))
+    print_fused_trace(f"fused trace ({fused_schedule_of(layer)})", fused_trace(layer, args, stream))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from megamoe_rt.cli.bench_ep import rank_inputs
 from megamoe_rt.ep.launch import context_from_env
 from megamoe_rt.presets import DEFAULT_EP_RANKS, get_preset
 from megamoe_rt.ep.symm import NvshmemRuntime
+from megamoe_rt.testing import fused_schedule_of
 
 
 def main(preset: str, tokens: int, routing: str = "uniform") -> None:
@@ -58,7 +59,7 @@ def main(preset: str, tokens: int, routing: str = "uniform") -> None:
     for r in range(ctx.world_size):
         if r == ctx.rank:
             print("\n".join(lines), flush=True)
-            print_fused_trace(f"rank {r} fused trace ({layers['fused']._plans.schedule})", events)
+            print_fused_trace(f"rank {r} fused trace ({fused_schedule_of(layers['fused'])})", events)
             sys.stdout.flush()
         ctx.barrier()
     for layer in layers.values():

@@ -7,13 +7,16 @@ GEMM scattering bf16 rows to their combine slots -> combine (slot-order sum). Th
 whole call can therefore be captured in a CUDA graph and replayed with new inputs
 written into the same arrays.
 
-``mode="unfused"`` runs these as separate kernels; ``mode="fused"`` runs them in one
-persistent launch with both GEMMs on a lag-ordered task stream and ring-sized pools
-(megamoe_rt/fused.py, seed 002).
+How the steps are launched is the job of the layer's execution mode (megamoe_rt/modes/):
+``mode="unfused"`` runs them as separate kernels; ``mode="fused"`` runs them in one
+persistent launch with both GEMMs on a lag-ordered task stream and ring-sized pools. The
+layer itself checks arguments, owns the weights and the buffer, validates each call's inputs
+and hands the call to its mode object (:attr:`MegaMoE.runner`).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -21,16 +24,14 @@ import numpy as np
 from megamoe_rt.runtime import driver
 from megamoe_rt.runtime.arrays import as_device_array, check_array, cupy_stream, require_cupy
 from megamoe_rt.runtime.buffer import DeviceBuffer
-from megamoe_rt.kernels.grouped_gemm import plan_grouped_gemm_fp8, plan_grouped_gemm_swiglu_fp8, prepare_swiglu_weights
+from megamoe_rt.kernels.grouped_gemm import prepare_swiglu_weights
 from megamoe_rt.runtime.deadlines import wait_timeout_ns
-from megamoe_rt.modes.fused import PDL_MAX_TOKENS, FusedPlan, buffer_schedule, call_schedule
-from megamoe_rt.kernels import fused as fk
 from megamoe_rt.kernels import moe as mk
-from megamoe_rt.kernels.loader import get_kernel
-from megamoe_rt.schedule.layout import symm_buffer_layout
+from megamoe_rt.modes.base import Call, LayerSpec, Weights, buffer_layout
+from megamoe_rt.modes.registry import mode_names, select_mode
 
-POOL_ALIGN = 128  # expert ranges in the pool start on GEMM-tile boundaries (unfused)
-MODES = ("unfused", "fused")
+# The names of the execution modes (megamoe_rt.modes.registry.MODES maps them to their classes).
+MODES = mode_names()
 
 
 def _positive(name: str, value: Any) -> int:
@@ -71,6 +72,9 @@ class MegaMoE:
         ``num_experts`` split evenly (rank r owns experts ``[r*E/R, (r+1)*E/R)``), the buffer on
         the NVSHMEM symmetric heap. Every rank constructs the layer and makes every call.
         The fused mode runs across at most 32 ranks; past that the default is unfused.
+
+    ``mode`` is the mode's name; ``runner`` the mode object (megamoe_rt/modes/) that launches
+    the calls, which the test and profiling hooks of :mod:`megamoe_rt.testing` act on.
     """
 
     def __init__(self, hidden: int, intermediate: int, num_experts: int, num_topk: int,
@@ -96,46 +100,40 @@ class MegaMoE:
         world = 1 if group is None else int(group.world_size)
         if world > 1 and self.num_experts % world:
             raise ValueError(f"num_experts={num_experts}: expected a multiple of the {world} ranks")
-        if world > 32 and mode == "fused":
-            raise ValueError(f"group: {world} ranks; mode='fused' runs on at most 32")
-        if mode is None:
-            mode = "fused" if self.hidden % fk.BLOCK_N == 0 and world <= 32 else "unfused"
-        if mode not in MODES:
-            raise ValueError(f"mode: expected one of {MODES} or None, got {mode!r}")
-        if mode == "fused" and self.hidden % fk.BLOCK_N:
-            raise ValueError(f"hidden={hidden}: mode='fused' needs a multiple of {fk.BLOCK_N} (its L2 tile width)")
-        if ring_blocks is not None and mode != "fused":
-            raise ValueError(f"ring_blocks={ring_blocks!r}: only mode='fused' has ring pools")
-        self.mode = mode
+        rank = 0 if group is None else int(group.rank)
+        spec = LayerSpec(self.hidden, self.intermediate, self.num_experts, self.num_topk,
+                         self.num_max_tokens_per_rank, num_ranks=world, rank=rank, act_sf_gran=act_sf_gran,
+                         swiglu_limit=None if swiglu_limit is None else float(swiglu_limit),
+                         pow2_scale=bool(pow2_scale), debug=bool(debug), timeout_s=timeout_s)
+        mode_cls = select_mode(mode, spec, ring_blocks=ring_blocks)
+        self.mode = mode_cls.name
         self.timeout_s = timeout_s
         if timeout_s is not None:
             wait_timeout_ns(timeout_s)  # validates
-        self.swiglu_limit = None if swiglu_limit is None else float(swiglu_limit)
+        self.swiglu_limit = spec.swiglu_limit
         self.act_sf_gran = act_sf_gran
-        self.pow2_scale = bool(pow2_scale)
+        self.pow2_scale = spec.pow2_scale
         self.validate_ids = bool(validate_ids)
-        self.debug = bool(debug)
+        self.debug = spec.debug
         self.group = group if world > 1 else None
         self.num_ranks = world
-        self.rank = 0 if group is None else int(group.rank)
-        self.num_local_experts = self.num_experts // world
-        self.first_local_expert = self.rank * self.num_local_experts
+        self.rank = rank
+        self.num_local_experts = spec.num_local_experts
+        self.first_local_expert = spec.first_local_expert
 
         if device is None and group is not None:
             device = group.device
         self.device_info = driver.require_hopper(device)
         self.device = self.device_info.ordinal
         driver.ensure_context(self.device)
-        fused = mode == "fused"
-        self.pool_align = fk.BLOCK_M if fused else POOL_ALIGN
-        self.layout = symm_buffer_layout(self.hidden, self.intermediate, self.num_experts, self.num_topk,
-                                         self.num_max_tokens_per_rank, world, block_m=self.pool_align,
-                                         act_sf_gran=act_sf_gran, pool="ring" if fused else "full",
-                                         ring_blocks=ring_blocks)
-        if fused:
-            buffer_schedule(self.layout)  # a ring below the live window is refused here
+        spec = replace(spec, device=self.device, sm_count=self.device_info.sm_count)
+        self.layout = buffer_layout(spec, mode_cls.layout_needs(spec, ring_blocks))
+        self.pool_align = self.layout.block_m
         self.token_capacity = self.layout.num_max_tokens_per_rank
-        self._ep = None
+        # Host-only checks of the layout (fused: a ring below the live window is refused here),
+        # before any memory is allocated.
+        self.runner = mode_cls(spec, self.layout)
+        self._weights: Weights | None = None
         self._closed = False
         if self.group is None:
             self.buffer = DeviceBuffer(self.layout, device=self.device)
@@ -154,20 +152,20 @@ class MegaMoE:
             self.expert_recv_stats = (cupy.zeros(self.num_local_experts, dtype=cupy.int32)
                                       if track_expert_stats else None)
             cupy.cuda.Device(self.device).synchronize()
-        if self.group is not None and not fused:
-            from megamoe_rt.modes.unfused_ep import EpUnfusedRunner
-
-            self._ep = EpUnfusedRunner(self.buffer, rank=self.rank, num_ranks=world, device=self.device,
-                                       sm_count=self.device_info.sm_count, timeout_s=timeout_s)
-        self._plans = None
-        self._kernels: dict[tuple[str, str], dict[str, Any]] = {}
+        stats = self.expert_recv_stats
+        self.runner.bind(self.buffer, expert_recv_stats=0 if stats is None else int(stats.data.ptr))
 
     # --- weights -------------------------------------------------------------------------
 
     def load_weights(self, w1: Any, w1_sf: Any, w2: Any, w2_sf: Any) -> None:
-        """Take the plain layout of DESIGN §3 (NumPy or CuPy; e4m3 as ml_dtypes or uint8 bytes):
-        ``w1`` ``[E, 2I, H]`` (gate rows then up rows), ``w1_sf`` ``[E, 2I/128, H/128]``,
-        ``w2`` ``[E, H, I]``, ``w2_sf`` ``[E, H/128, I/128]``. Re-laid once here."""
+        """Take the weights of this rank's experts in their plain layout (NumPy or CuPy; e4m3 as
+        ml_dtypes or uint8 bytes): ``w1`` ``[E, 2I, H]`` (gate rows then up rows), ``w1_sf``
+        ``[E, 2I/128, H/128]``, ``w2`` ``[E, H, I]``, ``w2_sf`` ``[E, H/128, I/128]``. Re-laid once
+        here; the mode builds its plans from them (across ranks it also compiles and loads its
+        kernels now, not at the first call, where a rank still compiling would eat into its
+        peers' deadlines)."""
+        if self._closed:
+            raise RuntimeError("MegaMoE: the layer was closed")
         cupy = require_cupy()
         e, h, i = self.num_local_experts, self.hidden, self.intermediate
         expect = {"w1": (e, 2 * i, h), "w1_sf": (e, 2 * i // 128, h // 128),
@@ -178,17 +176,9 @@ class MegaMoE:
                 is_sf = name.endswith("_sf")
                 arrays[name] = self._weight_to_device(cupy, name, arr, expect[name], is_sf, self.device)
             w1p, w1p_sf = prepare_swiglu_weights(arrays["w1"], arrays["w1_sf"])
-        self._w1p, self._w1p_sf = w1p, w1p_sf
-        self._w2, self._w2_sf = arrays["w2"], arrays["w2_sf"]
-        self._plans = self._build_plans()
-        if self.group is not None:
-            # Compile and load now, not at the first call: a rank still compiling there would
-            # eat into its peers' deadlines. (int32 ids; int64 loads at its first call.)
-            if self.mode == "fused":
-                self._plans.kernel("int32")
-            else:
-                self._ep.kernels("int32")
-            self._kernels_for("int32")
+        weights = Weights(w1p, w1p_sf, arrays["w2"], arrays["w2_sf"])
+        self.runner.load(weights)
+        self._weights = weights
 
     @staticmethod
     def _weight_to_device(cupy, name: str, arr: Any, shape: tuple, is_sf: bool, device: int):
@@ -209,36 +199,7 @@ class MegaMoE:
                                 memptr=cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(d.ptr, d.nbytes, d.owner), 0))
         return cupy.ascontiguousarray(cupy.asarray(arr))
 
-    def _build_plans(self):
-        b = self.buffer
-        if self.mode == "fused":
-            return FusedPlan(b, self.layout, w1p=self._w1p, w1p_sf=self._w1p_sf, w2=self._w2, w2_sf=self._w2_sf,
-                             act_sf_gran=self.act_sf_gran, swiglu_limit=self.swiglu_limit,
-                             pow2_scale=self.pow2_scale, sm_count=self.device_info.sm_count, device=self.device)
-        # One rank: the received counts are this rank's own row of expert_recv_counts.
-        counts = b.view("ep_expert_totals") if self._ep is not None else b.view("expert_recv_counts").reshape(-1)
-        common = dict(group_offsets=b.view("expert_pool_offsets"), group_counts=counts,
-                      check_layout=False, a_sf_kmajor=True, stream=0)
-        l1 = plan_grouped_gemm_swiglu_fp8(
-            b.view("l1_pool"), b.view("l1_pool_sf"), self._w1p, self._w1p_sf, b.view("l1_pool_weight"),
-            act_sf_gran=self.act_sf_gran, swiglu_limit=self.swiglu_limit, pow2_scale=self.pow2_scale,
-            out=b.view("l2_pool"), out_sf=b.view("l2_pool_sf"), **common)
-        l2 = plan_grouped_gemm_fp8(b.view("l2_pool"), b.view("l2_pool_sf"), self._w2, self._w2_sf,
-                                   row_dst=b.view("l1_pool_dst"), **common)
-        return l1, l2
-
     # --- call ----------------------------------------------------------------------------
-
-    def _kernels_for(self, idx: str) -> dict[str, Any]:
-        key = (idx, str(self.device))
-        if key not in self._kernels:
-            self._kernels[key] = {
-                "count": get_kernel(mk.count_spec(idx), self.device),
-                "offsets": get_kernel(mk.offsets_spec(), self.device),
-                "dispatch": get_kernel(mk.dispatch_spec(idx), self.device),
-                "combine": get_kernel(mk.combine_spec(idx), self.device),
-            }
-        return self._kernels[key]
 
     def __call__(self, x: Any, x_sf: Any, topk_idx: Any, topk_weights: Any, *, out: Any = None,
                  stream: Any = None, num_tokens_bound: int | None = None):
@@ -256,7 +217,7 @@ class MegaMoE:
         """
         if self._closed:
             raise RuntimeError("MegaMoE: the layer was closed")
-        if self._plans is None:
+        if self._weights is None:
             raise RuntimeError("MegaMoE: call load_weights(w1, w1_sf, w2, w2_sf) before running the layer")
         sh = driver.stream_handle(stream)
         h, k = self.hidden, self.num_topk
@@ -297,44 +258,14 @@ class MegaMoE:
                     raise ValueError(f"topk_idx: {counts[1]} repeated expert id(s) within a token's top-k")
             if self.group is not None and self.debug:
                 self._check_bound_on_every_rank(bound)
-            params = self._params(xa, sfa, ia, wa, ya, t)
-            kernels = self._kernels_for(idx)
-            grid = mk.grids(t, k, self.device_info.sm_count)
-            b = self.buffer
-            if self._ep is not None:
-                self._ep.run(idx, params, xa, sfa, t, self._plans, kernels, sh)
-            elif self.mode == "fused":
-                # Flags are only read in debug mode; without the memset a decode-sized call's
-                # kernel directly follows the previous kernel and can use PDL.
-                if self.debug:
-                    driver.memset_d32_async(b.ptr("error_flags"), 0, 4, sh)
-                plan = self._plans
-                if self.group is not None:
-                    from megamoe_rt.modes.unfused_ep import stage_inputs
-
-                    stage_inputs(b, xa, sfa, t, sh)
-                plan.launch(idx, plan.params(params, call_schedule(self.layout, plan.schedule, bound),
-                                             timeout_s=self.timeout_s, withhold_block=self._withhold_block,
-                                             trace_ptr=self._trace_ptr), sh,
-                            programmatic=bound <= PDL_MAX_TOKENS)
-            else:
-                driver.memset_d32_async(b.ptr("error_flags"), 0, 4, sh)
-                driver.memset_d32_async(b.ptr("expert_recv_counts"), 0, self.num_local_experts, sh)
-                mk.launch_route_dispatch(kernels, params, grid, sh)
-                l1, l2 = self._plans
-                l1.run(sh)
-                l2.run(sh)
-                mk.launch_combine(kernels, params, grid, sh)
+            self.runner.run(Call(xa.ptr, sfa.ptr, ia.ptr, wa.ptr, ya.ptr, t, idx, bound), sh)
             if self.debug and not capturing:  # a read-back would break the capture
-                flags = int(b.view("error_flags")[0].get(stream=cupy_stream(cupy, sh)))
+                flags = int(self.buffer.view("error_flags")[0].get(stream=cupy_stream(cupy, sh)))
                 if flags & mk.ERROR_EXPERT_ID_OUT_OF_RANGE:
                     raise ValueError(f"topk_idx: expert ids outside [-1, {self.num_experts}) (found on the device)")
                 if flags & mk.ERROR_POOL_OVERFLOW:
                     raise ValueError("topk_idx: routing overflowed the expert pool (repeated experts in a token?)")
         return y
-
-    _withhold_block: int | None = None  # tests: a fused launch that never publishes this block's rows
-    _trace_ptr: int = 0  # profiling: device array of fused.TRACE_EVENTS stamps per block (0: off)
 
     def _check_bound_on_every_rank(self, bound: int) -> None:
         """Debug mode across ranks: every rank publishes its bound and all compare, so all raise
@@ -355,43 +286,14 @@ class MegaMoE:
                              f"the capacity num_max_tokens_per_rank={self.num_max_tokens_per_rank}")
         return max(bound, 1)
 
-    def _params(self, xa, sfa, ia, wa, ya, t: int) -> mk.MoeParams:
-        b = self.buffer
-        stats = self.expert_recv_stats
-        return mk.MoeParams(
-            topk_idx=ia.ptr, topk_weights=wa.ptr, x=xa.ptr, x_sf=sfa.ptr,
-            num_tokens=t, num_topk=self.num_topk, hidden=self.hidden, num_experts=self.num_experts,
-            num_local_experts=self.num_local_experts, first_local_expert=self.first_local_expert,
-            pool_rows=self.layout.pool_rows,
-            pool_align=self.pool_align, token_capacity=self.token_capacity,
-            expert_counts=b.ptr("ep_expert_totals" if self._ep is not None else "expert_recv_counts"),
-            expert_offsets=b.ptr("expert_pool_offsets"),
-            expert_cursors=b.ptr("expert_cursors"),
-            expert_recv_stats=0 if stats is None else int(stats.data.ptr),
-            error_flags=b.ptr("error_flags"), pool=b.ptr("l1_pool"), pool_sf=b.ptr("l1_pool_sf"),
-            pool_src=b.ptr("l1_pool_src"), pool_weight=b.ptr("l1_pool_weight"), pool_dst=b.ptr("l1_pool_dst"),
-            combine=b.ptr("combine"), y=ya.ptr,
-        )
-
     # --- reports -------------------------------------------------------------------------
 
     def memory_report(self) -> str:
-        """Per-region MiB of this layer's buffer (fused: with the ring against the full pool)."""
+        """Per-region MiB of this layer's buffer, then the mode's notes (fused: the ring against
+        the full pool, and the schedule at capacity)."""
         text = self.layout.format_report()
-        if self.mode == "fused":
-            full = symm_buffer_layout(self.hidden, self.intermediate, self.num_experts, self.num_topk,
-                                      self.num_max_tokens_per_rank, self.num_ranks, block_m=self.pool_align,
-                                      act_sf_gran=self.act_sf_gran, pool="full")
-            s = self._plans.schedule if self._plans is not None else None
-            pools = ("l1_pool", "l1_pool_sf", "l2_pool", "l2_pool_sf")
-            ring_b = sum(self.layout.region(n).nbytes for n in pools)
-            full_b = sum(full.region(n).nbytes for n in pools)
-            text += (f"\nfused pools: ring of {self.layout.pool_blocks} blocks x {self.pool_align} rows = "
-                     f"{ring_b / 2**20:.2f} MiB vs full pool of {full.pool_blocks} blocks = {full_b / 2**20:.2f} MiB; "
-                     f"buffer {self.layout.total_bytes / 2**20:.2f} MiB vs {full.total_bytes / 2**20:.2f} MiB")
-            if s is not None:
-                text += f"\nschedule at capacity: lag {s.lag_units} units, group {s.group_units}"
-        return text
+        notes = self.runner.memory_notes()
+        return f"{text}\n{notes}" if notes else text
 
     def close(self) -> None:
         """Release the buffer; the layer cannot be called afterwards. Across ranks this frees
@@ -399,8 +301,8 @@ class MegaMoE:
         if self._closed:
             return
         self._closed = True
-        self._plans = None
-        self._ep = None
+        self._weights = None
+        self.runner.close()
         close = getattr(self.buffer, "close", None)
         if close is not None:
             close()

@@ -59,12 +59,13 @@ RING_SHAPES = [
 @pytest.mark.parametrize("h,i,e,k,cap,ts", RING_SHAPES, ids=lambda v: str(v))
 def test_ring_matches_full_pool_bitwise_over_back_to_back_launches(h, i, e, k, cap, ts):
     from megamoe_rt import MegaMoE
+    from megamoe_rt.testing import fused_schedule_of
 
     rng = np.random.default_rng()
     ring = MegaMoE(h, i, e, k, cap, mode="fused")
     w = ref.random_moe_inputs(rng, 1, h, i, e, k)
     ring.load_weights(w["w1"], w["w1_sf"], w["w2"], w["w2_sf"])
-    full_blocks = ring._plans.schedule.full_pool_blocks
+    full_blocks = fused_schedule_of(ring).full_pool_blocks
     full = MegaMoE(h, i, e, k, cap, mode="fused", ring_blocks=full_blocks)
     full.load_weights(w["w1"], w["w1_sf"], w["w2"], w["w2_sf"])
     assert ring.layout.pool_blocks < full.layout.pool_blocks or ring.layout.pool_blocks == full_blocks
@@ -130,14 +131,16 @@ def test_bound_and_ring_arguments_are_checked():
     assert "fused pools: ring of" in report and "lag" in report
 
 
-def _trap_script(t, h, i, e, k, timeout_s, setup):
-    """A fused call in a fresh process, with `setup` run between load_weights and the call;
-    exits 3 printing the CudaError when the kernel traps."""
+def _trap_script(t, h, i, e, k, timeout_s, setup, hook):
+    """A fused call in a fresh process, with `setup` run between load_weights and the call and
+    the call made inside `with <hook>:` (a megamoe_rt.testing context manager); exits 3
+    printing the CudaError when the kernel traps."""
     head = textwrap.dedent(f"""
         import sys
         import numpy as np
         import cupy as cp
         from megamoe_rt import MegaMoE, reference as ref
+        from megamoe_rt import testing
         from megamoe_rt.runtime import driver
         from cuda.bindings import driver as cu
         rng = np.random.default_rng(0)
@@ -145,9 +148,10 @@ def _trap_script(t, h, i, e, k, timeout_s, setup):
         layer = MegaMoE({h}, {i}, {e}, {k}, {t}, mode="fused", timeout_s={timeout_s})
         layer.load_weights(inp["w1"], inp["w1_sf"], inp["w2"], inp["w2_sf"])
     """)
-    tail = textwrap.dedent("""
+    tail = textwrap.dedent(f"""
         args = [cp.asarray(inp[n].view(np.uint8) if n == "x" else inp[n]) for n in ("x", "x_sf", "topk_idx", "topk_weights")]
-        layer(*args)
+        with {hook}:
+            layer(*args)
         try:
             driver.call(cu.cuCtxSynchronize)
         except driver.CudaError as err:
@@ -158,18 +162,15 @@ def _trap_script(t, h, i, e, k, timeout_s, setup):
     return head + textwrap.dedent(setup) + tail
 
 
-_WITHHELD = _trap_script(256, 512, 256, 8, 2, 0.5, """
-    layer._withhold_block = int(sys.argv[1])
-""")
+_WITHHELD = _trap_script(256, 512, 256, 8, 2, 0.5, "", "testing.withhold_block(layer, int(sys.argv[1]))")
 
 # What a bound below a peer's count does across ranks: a single wave larger than the ring.
 _OVERFLOW = _trap_script(2048, 512, 256, 16, 6, 1.0, """
-    from megamoe_rt import layer as layer_mod
     from megamoe_rt.modes.fused import CallSchedule
-    full = layer._plans.schedule.full_pool_blocks
+    full = testing.fused_schedule_of(layer).full_pool_blocks
     assert layer.layout.pool_blocks < 192 <= full
-    layer_mod.call_schedule = lambda *a: CallSchedule(True, full, 4)
-""")
+    single_wave = CallSchedule(True, full, 4)
+""", "testing.force_call_schedule(layer, single_wave)")
 
 
 def test_a_single_wave_larger_than_the_ring_traps_with_a_message():

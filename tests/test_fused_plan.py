@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megamoe_rt.modes.fused import BLOCK_M, buffer_schedule, call_schedule
+from megamoe_rt.modes.fused import BLOCK_M, FusedSchedules, buffer_schedule, call_schedule
 from megamoe_rt.kernels import fused as fk
 from megamoe_rt.schedule.layout import symm_buffer_layout
 from megamoe_rt.schedule.plan import live_blocks_upper_bound, pool_blocks_upper_bound
@@ -45,9 +45,12 @@ def test_small_bounds_run_single_wave_and_mid_bounds_a_shorter_lag():
 def test_every_call_schedule_fits_the_buffer_ring(cap, frac, e, k):
     k = min(k, e)
     lay = symm_buffer_layout(512, 256, e, k, cap, 1, block_m=BLOCK_M, pool="ring")
-    s = buffer_schedule(lay)
+    schedules = FusedSchedules(lay)  # what a fused layer derives: the buffer's once, a call's per bound
+    s = schedules.buffer
+    assert s == buffer_schedule(lay)
     bound = max(1, int(frac * lay.num_max_tokens_per_rank))
-    c = call_schedule(lay, s, bound)
+    c = schedules.for_bound(bound)
+    assert c == call_schedule(lay, s, bound) and schedules.for_bound(bound) is c
     if c.single_wave:
         assert pool_blocks_upper_bound(bound, 1, k, e, BLOCK_M) <= s.ring_blocks
     else:

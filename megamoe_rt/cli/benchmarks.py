@@ -180,15 +180,11 @@ def fused_trace(layer, args, stream, **kwargs) -> dict[str, tuple[float, float, 
     import numpy as np
 
     from megamoe_rt.kernels.fused import TRACE_EVENTS
+    from megamoe_rt.testing import trace_buffer
 
-    trace = cp.zeros((layer.device_info.sm_count, len(TRACE_EVENTS)), cp.uint64)
-    layer._trace_ptr = int(trace.data.ptr)
-    try:
-        with stream:
-            layer(*args, stream=stream, **kwargs)
-            stream.synchronize()
-    finally:
-        layer._trace_ptr = 0
+    with trace_buffer(layer) as trace, stream:
+        layer(*args, stream=stream, **kwargs)
+        stream.synchronize()
     stamps = cp.asnumpy(trace).astype(np.int64)
     rel = (stamps - stamps[:, 0].min()) / 1e3
     return {e: (float(rel[:, j].min()), float(np.median(rel[:, j])), float(rel[:, j].max()))

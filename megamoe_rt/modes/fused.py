@@ -1,22 +1,29 @@
 """The fused mode of :class:`~megamoe_rt.layer.MegaMoE`: one cooperative launch per call.
 
-:class:`FusedPlan` resolves everything a launch needs once per buffer and weights (tensor
-maps, the parameter struct, shared-memory size, the schedule the ring was sized for); a call
-only fills in its inputs and its schedule (lag or single wave, from ``num_tokens_bound``).
+:class:`FusedMode` runs routing, dispatch, both GEMMs on a lag-ordered task stream over ring
+pools, and the combine in one persistent kernel, on one rank or across ranks.
+:class:`FusedSchedules` derives the buffer's schedule once and each call bound's schedule at
+its first use; :class:`FusedPlan` resolves everything a launch needs once per buffer and
+weights (tensor maps, the fixed part of the parameter struct, shared-memory size). A call
+only fills in its inputs and looks up its schedule (lag or single wave, from ``num_tokens_bound``).
 """
 
 from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from megamoe_rt.runtime import driver
 from megamoe_rt.runtime.deadlines import TimeoutRecord
 from megamoe_rt.kernels import fused as fk
+from megamoe_rt.kernels.ep import bank_layout as ep_bank_layout
 from megamoe_rt.kernels.gemm import BLOCK_K, FLAG_CLAMP, FLAG_POW2_SCALE, GemmParams
 from megamoe_rt.kernels.loader import get_kernel
 from megamoe_rt.kernels.moe import MoeParams
+from megamoe_rt.modes.base import Call, LayerSpec, LayoutNeeds, Mode, Weights, buffer_layout
+from megamoe_rt.modes.peers import stage_inputs
 from megamoe_rt.schedule.layout import BufferLayout
 from megamoe_rt.schedule.plan import FusedSchedule, fused_schedule, live_blocks_upper_bound, single_wave_fits
 from megamoe_rt.runtime.tma import encode_tensor_map_2d
@@ -65,15 +72,39 @@ def call_schedule(layout: BufferLayout, buffer: FusedSchedule, num_tokens_bound:
     return CallSchedule(False, lag, GROUP_UNITS)
 
 
+class FusedSchedules:
+    """The schedules of one fused buffer.
+
+    The buffer's schedule (the lag its ring was sized for) is derived once, when the mode is
+    created; a call's order depends only on its bound, so each bound's is derived at its first
+    call and looked up afterwards (a layer sees few distinct bounds, at most its capacity).
+    """
+
+    def __init__(self, layout: BufferLayout):
+        self.layout = layout
+        self.buffer = buffer_schedule(layout)  # a ring below the live window is refused here
+        self._calls: dict[int, CallSchedule] = {}
+
+    def for_bound(self, num_tokens_bound: int) -> CallSchedule:
+        s = self._calls.get(num_tokens_bound)
+        if s is None:
+            s = self._calls[num_tokens_bound] = call_schedule(self.layout, self.buffer, num_tokens_bound)
+        return s
+
+    def __len__(self) -> int:
+        """Bounds seen so far."""
+        return len(self._calls)
+
+
 class FusedPlan:
     """One buffer's fused launch: parameters, tensor maps and kernel, resolved once."""
 
-    def __init__(self, buffer: Any, layout: BufferLayout, *, w1p: Any, w1p_sf: Any, w2: Any, w2_sf: Any,
-                 act_sf_gran: int, swiglu_limit: float | None, pow2_scale: bool, sm_count: int, device: int,
-                 idx: str = "int32"):
+    def __init__(self, buffer: Any, layout: BufferLayout, schedule: FusedSchedule, weights: Weights, *,
+                 act_sf_gran: int, swiglu_limit: float | None, pow2_scale: bool, sm_count: int, device: int):
+        w1p, w1p_sf, w2, w2_sf = weights
         self.layout = layout
-        self.schedule = buffer_schedule(layout)
-        self.max_blocks = self.schedule.full_pool_blocks
+        self.schedule = schedule
+        self.max_blocks = schedule.full_pool_blocks
         if self.max_blocks > fk.MAX_BLOCKS:
             raise ValueError(f"num_max_tokens_per_rank: the worst-case pool of {self.max_blocks} blocks exceeds "
                              f"the fused kernel's {fk.MAX_BLOCKS}")
@@ -86,7 +117,6 @@ class FusedPlan:
         self.device = device
         self.act_sf_gran = act_sf_gran
         self._kernels: dict[str, Any] = {}
-        self._idx = idx
         ring_rows = layout.pool_rows
         b = buffer
         flags = (FLAG_CLAMP if swiglu_limit is not None else 0) | (FLAG_POW2_SCALE if pow2_scale else 0)
@@ -115,22 +145,26 @@ class FusedPlan:
                                  row_stride_bytes=ring_rows * 4, box_inner=BLOCK_M, box_outer=BLOCK_K // act_sf_gran,
                                  swizzle_128b=False),
         ]
+        self._maps_raw = [t.raw for t in self.tensor_maps]
         self._buffer = buffer
-        self._weights = (w1p, w1p_sf, w2, w2_sf)  # the tensor maps point into them
-        self._ep_fields = {}
+        self._weights = weights  # the tensor maps point into them
+        self.rank = 0
+        ep_fields = {}
         if self.expert_parallel:
-            from megamoe_rt.modes.unfused_ep import write_peer_table
-            from megamoe_rt.kernels.ep import bank_layout as ep_bank_layout
-
-            write_peer_table(buffer)
+            self.rank = buffer.rank
             ws = layout.region("workspace").offset
-            self._ep_fields = dict(
+            ep_fields = dict(
                 peer_bases=b.ptr("peer_bases"), off_x=layout.region("x").offset,
                 off_x_sf=layout.region("x_sf").offset, off_send_list=layout.region("send_list").offset,
                 off_combine=layout.region("combine").offset,
                 off_ep_banks=ws + layout.workspace_region("ep_banks").offset, send_list=b.ptr("send_list"),
                 ep_banks=b.ptr("ep_banks"), ep_bank=ep_bank_layout(layout.num_ranks, el),
                 rank=buffer.rank, num_ranks=layout.num_ranks)
+        # Every field of FusedParams but the call's inputs, wait context and order.
+        self._fixed = dict(
+            l1=self.l1, l2=self.l2, banks=self.banks, bank=self.bank, launch_epoch=b.ptr("launch_epoch"),
+            grid_barrier=b.ptr("grid_sync"), ring_blocks=layout.pool_blocks, max_blocks=self.max_blocks,
+            table_smem_offset=fk.tile_smem_bytes(self.stages), withhold_block=fk.NO_BLOCK, trace=0, **ep_fields)
 
     def kernel(self, idx: str):
         if idx not in self._kernels:
@@ -141,21 +175,96 @@ class FusedPlan:
             self._kernels[idx] = k
         return self._kernels[idx]
 
-    def params(self, moe: MoeParams, schedule: CallSchedule, *, timeout_s: float | None = None,
-               withhold_block: int | None = None, trace_ptr: int = 0) -> fk.FusedParams:
-        b = self._buffer
-        rank = self._ep_fields.get("rank", 0)
-        return fk.FusedParams(
-            moe=moe, l1=self.l1, l2=self.l2, wait=TimeoutRecord.get().context(timeout_s, rank=rank),
-            banks=self.banks, bank=self.bank, launch_epoch=b.ptr("launch_epoch"), grid_barrier=b.ptr("grid_sync"),
-            ring_blocks=self.layout.pool_blocks, max_blocks=self.max_blocks, lag_units=schedule.lag_units,
-            group_units=schedule.group_units, table_smem_offset=fk.tile_smem_bytes(self.stages),
-            withhold_block=fk.NO_BLOCK if withhold_block is None else int(withhold_block), trace=trace_ptr,
-            **self._ep_fields)
+    def params(self, moe: MoeParams, schedule: CallSchedule, *, timeout_s: float | None = None) -> fk.FusedParams:
+        """The launch's parameter struct: the call's inputs in the fixed part, in ``schedule``'s order."""
+        return fk.FusedParams(moe=moe, wait=TimeoutRecord.get().context(timeout_s, rank=self.rank),
+                              lag_units=schedule.lag_units, group_units=schedule.group_units, **self._fixed)
 
     def launch(self, idx: str, params: fk.FusedParams, stream: int, *, programmatic: bool = False) -> None:
-        args = [params] + [t.raw for t in self.tensor_maps]
+        args = [params, *self._maps_raw]
         self.kernel(idx).launch((self.sm_count,), (fk.NUM_THREADS,), args, stream=stream,
                                 smem_bytes=self.smem_bytes, cooperative=True, programmatic=programmatic)
         # The arguments are copied at launch (and into a graph node when captured).
         self._last_args = args
+
+
+ParamsTransform = Callable[[fk.FusedParams], None]
+
+
+class FusedMode(Mode):
+    """One persistent cooperative launch per call, pools sized as rings around the schedule."""
+
+    name = "fused"
+    ring_pools = True
+    MAX_RANKS = 32  # the signal relay waits on peers with one lane of a warp per rank
+
+    @classmethod
+    def refusal(cls, spec: LayerSpec) -> str | None:
+        if spec.num_ranks > cls.MAX_RANKS:
+            return f"group: {spec.num_ranks} ranks; mode='fused' runs on at most {cls.MAX_RANKS}"
+        if spec.hidden % fk.BLOCK_N:
+            return f"hidden={spec.hidden}: mode='fused' needs a multiple of {fk.BLOCK_N} (its L2 tile width)"
+        return None
+
+    @classmethod
+    def layout_needs(cls, spec: LayerSpec, ring_blocks: int | None = None) -> LayoutNeeds:
+        return LayoutNeeds(pool="ring", block_m=BLOCK_M, ring_blocks=ring_blocks)
+
+    def __init__(self, spec: LayerSpec, layout: BufferLayout):
+        super().__init__(spec, layout)
+        self.schedules = FusedSchedules(layout)
+        self.plan: FusedPlan | None = None
+        # Applied in order to every launch's parameter struct before it is enqueued. Empty in
+        # production; megamoe_rt.testing sets it (withheld blocks, traces, forced orders).
+        self.params_transforms: tuple[ParamsTransform, ...] = ()
+        self._error_flags = 0
+
+    def bind(self, buffer: Any, *, expert_recv_stats: int = 0) -> None:
+        super().bind(buffer, expert_recv_stats=expert_recv_stats)
+        self._error_flags = buffer.ptr("error_flags")
+
+    def load(self, weights: Weights) -> None:
+        s = self.spec
+        self.plan = FusedPlan(self.buffer, self.layout, self.schedules.buffer, weights, act_sf_gran=s.act_sf_gran,
+                              swiglu_limit=s.swiglu_limit, pow2_scale=s.pow2_scale, sm_count=s.sm_count,
+                              device=s.device)
+        if s.expert_parallel:
+            self.plan.kernel("int32")  # int64 ids load at their first call
+
+    def launch_params(self, call: Call) -> fk.FusedParams:
+        """The parameter struct of one call's launch."""
+        params = self.plan.params(self.moe_params(call), self.schedules.for_bound(call.bound),
+                                  timeout_s=self.spec.timeout_s)
+        for transform in self.params_transforms:
+            transform(params)
+        return params
+
+    def run(self, call: Call, stream: int) -> None:
+        # Flags are only read in debug mode; without the memset a decode-sized call's kernel
+        # directly follows the previous kernel and can use PDL.
+        if self.spec.debug:
+            driver.memset_d32_async(self._error_flags, 0, 4, stream)
+        if self.spec.expert_parallel:
+            stage_inputs(self.buffer, call.x, call.x_sf, call.num_tokens, stream)
+        self.plan.launch(call.idx, self.launch_params(call), stream, programmatic=call.bound <= PDL_MAX_TOKENS)
+
+    def memory_notes(self) -> str:
+        lay, spec = self.layout, self.spec
+        full = buffer_layout_full(spec, lay)
+        pools = ("l1_pool", "l1_pool_sf", "l2_pool", "l2_pool_sf")
+        ring_b = sum(lay.region(n).nbytes for n in pools)
+        full_b = sum(full.region(n).nbytes for n in pools)
+        s = self.schedules.buffer
+        return (f"fused pools: ring of {lay.pool_blocks} blocks x {lay.block_m} rows = "
+                f"{ring_b / 2**20:.2f} MiB vs full pool of {full.pool_blocks} blocks = {full_b / 2**20:.2f} MiB; "
+                f"buffer {lay.total_bytes / 2**20:.2f} MiB vs {full.total_bytes / 2**20:.2f} MiB"
+                f"\nschedule at capacity: lag {s.lag_units} units, group {s.group_units}")
+
+    def close(self) -> None:
+        self.plan = None
+        super().close()
+
+
+def buffer_layout_full(spec: LayerSpec, layout: BufferLayout) -> BufferLayout:
+    """The same buffer with a full worst-case pool instead of the ring (for the memory report)."""
+    return buffer_layout(spec, LayoutNeeds(pool="full", block_m=layout.block_m))

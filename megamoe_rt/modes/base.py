@@ -1,0 +1,172 @@
+"""What an execution mode of :class:`~megamoe_rt.layer.MegaMoE` is.
+
+The layer checks its arguments, owns the weights and the buffer, validates each call's inputs
+and hands everything else to one mode object. A mode says which buffer layout it needs, checks
+that layout when it is created (before any memory is allocated), is bound to the allocated
+buffer once, builds its plans and kernels from the weights, and enqueues calls. Adding a mode
+is a subclass of :class:`Mode` plus one entry in :data:`megamoe_rt.modes.registry.MODES`.
+
+Life of a mode object, driven by the layer:
+
+1. ``cls.refusal(spec)`` (may this shape run here at all?) and ``cls.layout_needs(spec, ring_blocks)``;
+   the layer computes the :class:`BufferLayout` once from those needs;
+2. ``mode = cls(spec, layout)``: host-only checks of the layout (no device work);
+3. ``mode.bind(buffer, expert_recv_stats=ptr)`` once the buffer exists;
+4. ``mode.load(weights)``: plans, tensor maps, kernels;
+5. ``mode.run(call, stream)`` per call; ``mode.memory_notes()`` for the memory report;
+6. ``mode.close()``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar, NamedTuple
+
+from megamoe_rt.kernels import moe as mk
+from megamoe_rt.modes.peers import write_peer_table
+from megamoe_rt.schedule.layout import BufferLayout, symm_buffer_layout
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """Everything about a layer a mode may depend on, fixed at construction.
+
+    ``device`` and ``sm_count`` are those of the GPU the layer runs on (0 where a mode is
+    only being checked, without a GPU)."""
+
+    hidden: int
+    intermediate: int
+    num_experts: int
+    num_topk: int
+    num_max_tokens_per_rank: int
+    num_ranks: int = 1
+    rank: int = 0
+    act_sf_gran: int = 128
+    swiglu_limit: float | None = None
+    pow2_scale: bool = False
+    debug: bool = False
+    timeout_s: float | None = None
+    device: int = 0
+    sm_count: int = 0
+
+    @property
+    def num_local_experts(self) -> int:
+        return self.num_experts // self.num_ranks
+
+    @property
+    def first_local_expert(self) -> int:
+        return self.rank * self.num_local_experts
+
+    @property
+    def expert_parallel(self) -> bool:
+        return self.num_ranks > 1
+
+
+@dataclass(frozen=True)
+class LayoutNeeds:
+    """The buffer a mode runs on: pool kind (``"full"`` or ``"ring"``), the row granularity
+    of expert ranges in the pool, and the ring size (None: the layout's default)."""
+
+    pool: str
+    block_m: int
+    ring_blocks: int | None = None
+
+
+def buffer_layout(spec: LayerSpec, needs: LayoutNeeds) -> BufferLayout:
+    """The layer's buffer layout for a mode's needs (computed once per layer)."""
+    return symm_buffer_layout(spec.hidden, spec.intermediate, spec.num_experts, spec.num_topk,
+                              spec.num_max_tokens_per_rank, spec.num_ranks, block_m=needs.block_m,
+                              act_sf_gran=spec.act_sf_gran, pool=needs.pool, ring_blocks=needs.ring_blocks)
+
+
+class Weights(NamedTuple):
+    """The layer's weights on the device, re-laid for the kernels: ``w1p`` / ``w1p_sf`` with gate
+    and up rows interleaved for the SwiGLU epilogue, ``w2`` / ``w2_sf`` as given."""
+
+    w1p: Any
+    w1p_sf: Any
+    w2: Any
+    w2_sf: Any
+
+
+class Call(NamedTuple):
+    """One validated call: device addresses of its arrays, its token count, the dtype of its
+    expert ids (``"int32"`` or ``"int64"``) and its ``num_tokens_bound``."""
+
+    x: int
+    x_sf: int
+    topk_idx: int
+    topk_weights: int
+    y: int
+    num_tokens: int
+    idx: str
+    bound: int
+
+
+class Mode(ABC):
+    """One execution mode of the layer (see the module docstring for its life cycle)."""
+
+    name: ClassVar[str]
+    ring_pools: ClassVar[bool] = False  # takes ``ring_blocks``
+
+    @classmethod
+    def refusal(cls, spec: LayerSpec) -> str | None:
+        """Why this mode cannot run ``spec`` (the error message), or None. A mode asked for by
+        name raises it; the default picks the first mode without one."""
+        return None
+
+    @classmethod
+    @abstractmethod
+    def layout_needs(cls, spec: LayerSpec, ring_blocks: int | None = None) -> LayoutNeeds:
+        """The buffer this mode runs ``spec`` on."""
+
+    def __init__(self, spec: LayerSpec, layout: BufferLayout):
+        self.spec = spec
+        self.layout = layout
+        self.buffer: Any = None
+        self._moe_fixed: dict[str, int] = {}
+
+    # The workspace region the MoE kernels read per-expert received counts from.
+    counts_region: str = "expert_recv_counts"
+
+    def bind(self, buffer: Any, *, expert_recv_stats: int = 0) -> None:
+        """Attach the layer's buffer (laid out by ``self.layout``): resolve every address a call
+        uses, and across ranks write the peer table. ``expert_recv_stats``: device address of the
+        layer's statistics array (0: none)."""
+        self.buffer = b = buffer
+        s, lay = self.spec, self.layout
+        # Everything of MoeParams that does not change between calls, resolved once.
+        self._moe_fixed = dict(
+            num_topk=s.num_topk, hidden=s.hidden, num_experts=s.num_experts,
+            num_local_experts=s.num_local_experts, first_local_expert=s.first_local_expert,
+            pool_rows=lay.pool_rows, pool_align=lay.block_m, token_capacity=lay.num_max_tokens_per_rank,
+            expert_counts=b.ptr(self.counts_region), expert_offsets=b.ptr("expert_pool_offsets"),
+            expert_cursors=b.ptr("expert_cursors"), expert_recv_stats=int(expert_recv_stats),
+            error_flags=b.ptr("error_flags"), pool=b.ptr("l1_pool"), pool_sf=b.ptr("l1_pool_sf"),
+            pool_src=b.ptr("l1_pool_src"), pool_weight=b.ptr("l1_pool_weight"), pool_dst=b.ptr("l1_pool_dst"),
+            combine=b.ptr("combine"))
+        if s.expert_parallel:
+            write_peer_table(buffer)
+
+    def moe_params(self, call: Call) -> mk.MoeParams:
+        """The routing / dispatch / combine parameters of one call."""
+        return mk.MoeParams(topk_idx=call.topk_idx, topk_weights=call.topk_weights, x=call.x, x_sf=call.x_sf,
+                            num_tokens=call.num_tokens, y=call.y, **self._moe_fixed)
+
+    @abstractmethod
+    def load(self, weights: Weights) -> None:
+        """Build everything a call needs from the weights (plans, tensor maps); across ranks also
+        compile and load the kernels, so no rank compiles into its peers' deadlines."""
+
+    @abstractmethod
+    def run(self, call: Call, stream: int) -> None:
+        """Enqueue one call on ``stream`` (no host synchronisation)."""
+
+    def memory_notes(self) -> str:
+        """Lines the layer's memory report adds after the region table ("" for none)."""
+        return ""
+
+    def close(self) -> None:
+        """Drop plans and kernels; the buffer is the layer's to free."""
+        self.buffer = None

@@ -1,0 +1,40 @@
+"""Execution modes by name, and how a layer picks one.
+
+A new mode is a :class:`~megamoe_rt.modes.base.Mode` subclass plus one entry in :data:`MODES`
+(and in :data:`DEFAULT_ORDER` if it should ever be picked without being asked for).
+"""
+
+from __future__ import annotations
+
+from megamoe_rt.modes.base import LayerSpec, Mode
+from megamoe_rt.modes.fused import FusedMode
+from megamoe_rt.modes.unfused import UnfusedMode
+
+MODES: dict[str, type[Mode]] = {"unfused": UnfusedMode, "fused": FusedMode}
+
+# mode=None: the first of these that can run the shape. Fused is faster on every benchmarked
+# shape, on one GPU and across two (bench/results/moe_fused_vs_unfused_h200_2026-11-30.md,
+# bench/results/ep2_h200_2026-11-30.md); unfused runs every shape.
+DEFAULT_ORDER: tuple[str, ...] = ("fused", "unfused")
+
+
+def mode_names() -> tuple[str, ...]:
+    return tuple(MODES)
+
+
+def select_mode(mode: str | None, spec: LayerSpec, *, ring_blocks: int | None = None) -> type[Mode]:
+    """The mode class a layer of ``spec`` runs, checking the mode arguments the way the layer's
+    constructor reports them (ValueError)."""
+    if mode is None:
+        cls = next(MODES[name] for name in DEFAULT_ORDER if MODES[name].refusal(spec) is None)
+    else:
+        cls = MODES.get(mode) if isinstance(mode, str) else None
+        if cls is None:
+            raise ValueError(f"mode: expected one of {mode_names()} or None, got {mode!r}")
+        reason = cls.refusal(spec)
+        if reason is not None:
+            raise ValueError(reason)
+    if ring_blocks is not None and not cls.ring_pools:
+        ring = " or ".join(f"mode={name!r}" for name, c in MODES.items() if c.ring_pools)
+        raise ValueError(f"ring_blocks={ring_blocks!r}: only {ring} has ring pools")
+    return cls

@@ -1,0 +1,212 @@
+"""Execution modes as objects: the registry, mode selection, the layout each mode needs, the
+per-bound schedule cache and the testing hooks, all without a GPU (CPU).
+
+The modes are bound to a buffer that only resolves addresses (no device memory), and the fused
+mode's launch plan is replaced by a recorder, so a call's host side runs end to end.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from megamoe_rt import testing
+from megamoe_rt.kernels import fused as fk
+from megamoe_rt.kernels import moe as mk
+from megamoe_rt.modes import base, fused
+from megamoe_rt.modes.base import Call, LayerSpec, LayoutNeeds, Mode, buffer_layout
+from megamoe_rt.modes.fused import CallSchedule, FusedMode, buffer_schedule, call_schedule
+from megamoe_rt.modes.registry import DEFAULT_ORDER, MODES, select_mode
+from megamoe_rt.modes.unfused import UnfusedMode
+from megamoe_rt.runtime.buffer import LaidOutBuffer
+
+BASE_PTR = 1 << 40
+
+
+class AddressOnlyBuffer(LaidOutBuffer):
+    """Region addresses of a layout at a made-up base; no memory behind them."""
+
+    def __init__(self, layout, rank=0):
+        self.layout, self.device, self.base_ptr, self.rank = layout, 0, BASE_PTR, rank
+
+
+class RecordingPlan:
+    """Stands in for FusedPlan: builds the parameter struct from the schedule, records launches."""
+
+    def __init__(self):
+        self.launches = []
+
+    def params(self, moe, schedule, *, timeout_s=None):
+        return fk.FusedParams(moe=moe, lag_units=schedule.lag_units, group_units=schedule.group_units,
+                              withhold_block=fk.NO_BLOCK)
+
+    def launch(self, idx, params, stream, *, programmatic=False):
+        self.launches.append((idx, params, stream, programmatic))
+
+
+def _spec(h=512, i=256, e=16, k=6, cap=2048, **kw):
+    return LayerSpec(h, i, e, k, cap, **kw)
+
+
+def _mode(cls, spec, ring_blocks=None):
+    layout = buffer_layout(spec, cls.layout_needs(spec, ring_blocks))
+    mode = cls(spec, layout)
+    mode.bind(AddressOnlyBuffer(layout, spec.rank))
+    return mode
+
+
+def _call(t=100, bound=2048, idx="int32"):
+    return Call(x=0x1000, x_sf=0x2000, topk_idx=0x3000, topk_weights=0x4000, y=0x5000, num_tokens=t, idx=idx,
+                bound=bound)
+
+
+# --- registry and selection ----------------------------------------------------------------
+
+
+def test_registry_names_the_mode_classes_and_the_layer_lists_them():
+    from megamoe_rt.layer import MODES as LAYER_MODES
+
+    assert LAYER_MODES == tuple(MODES) == ("unfused", "fused")
+    for name, cls in MODES.items():
+        assert issubclass(cls, Mode) and cls.name == name
+    assert set(DEFAULT_ORDER) <= set(MODES)
+    # Every default candidate but the last may refuse a shape; the last runs every shape.
+    assert MODES[DEFAULT_ORDER[-1]].refusal(_spec(h=384, num_ranks=64, e=64)) is None
+
+
+@pytest.mark.parametrize("spec,expected", [
+    (_spec(), "fused"),
+    (_spec(h=384), "unfused"),                      # the fused L2 tile is 256 wide
+    (_spec(e=64, num_ranks=32), "fused"),
+    (_spec(e=66, num_ranks=33), "unfused"),         # the fused kernel runs on at most 32 ranks
+])
+def test_the_default_is_the_first_mode_that_runs_the_shape(spec, expected):
+    assert select_mode(None, spec) is MODES[expected]
+
+
+def test_mode_arguments_are_checked_with_the_layer_messages():
+    with pytest.raises(ValueError, match=r"mode: expected one of \('unfused', 'fused'\) or None, got 'split-ish'"):
+        select_mode("split-ish", _spec())
+    with pytest.raises(ValueError, match="mode: expected one of"):
+        select_mode(["fused"], _spec())  # not a name (and not hashable)
+    with pytest.raises(ValueError, match="hidden=384: mode='fused' needs a multiple of 256"):
+        select_mode("fused", _spec(h=384))
+    with pytest.raises(ValueError, match="group: 33 ranks; mode='fused' runs on at most 32"):
+        select_mode("fused", _spec(h=384, e=66, num_ranks=33))  # the rank count is reported first
+    with pytest.raises(ValueError, match="ring_blocks=50: only mode='fused' has ring pools"):
+        select_mode("unfused", _spec(), ring_blocks=50)
+    with pytest.raises(ValueError, match="ring_blocks=50: only mode='fused' has ring pools"):
+        select_mode(None, _spec(h=384), ring_blocks=50)  # the default fell back to unfused
+    assert select_mode("fused", _spec(), ring_blocks=500) is FusedMode
+
+
+def test_the_layer_checks_the_mode_before_looking_for_a_gpu():
+    from megamoe_rt.layer import MegaMoE
+
+    with pytest.raises(ValueError, match="mode"):
+        MegaMoE(512, 256, 8, 2, 64, mode="split-ish")
+    with pytest.raises(ValueError, match="hidden=384: mode='fused' needs a multiple of 256"):
+        MegaMoE(384, 256, 8, 2, 64, mode="fused")
+    with pytest.raises(ValueError, match="only mode='fused' has ring pools"):
+        MegaMoE(512, 256, 8, 2, 64, mode="unfused", ring_blocks=10)
+
+
+def test_each_mode_says_which_buffer_it_needs():
+    spec = _spec()
+    assert UnfusedMode.layout_needs(spec) == LayoutNeeds(pool="full", block_m=128)
+    assert FusedMode.layout_needs(spec) == LayoutNeeds(pool="ring", block_m=fk.BLOCK_M)
+    assert FusedMode.layout_needs(spec, 300).ring_blocks == 300
+    unfused = buffer_layout(spec, UnfusedMode.layout_needs(spec))
+    ring = buffer_layout(spec, FusedMode.layout_needs(spec))
+    assert (unfused.pool, unfused.block_m, ring.pool, ring.block_m) == ("full", 128, "ring", 64)
+    assert ring.pool_blocks == buffer_schedule(ring).ring_blocks < buffer_schedule(ring).full_pool_blocks
+
+
+def test_a_ring_below_the_live_window_is_refused_when_the_mode_is_created():
+    spec = _spec(h=512, i=256, e=16, k=6, cap=8192)
+    layout = buffer_layout(spec, FusedMode.layout_needs(spec, 50))
+    with pytest.raises(ValueError, match="live"):
+        FusedMode(spec, layout)
+
+
+# --- binding: the fixed part of a call's parameters ------------------------------------------
+
+
+@pytest.mark.parametrize("cls,ranks,counts", [(UnfusedMode, 1, "expert_recv_counts"),
+                                              (UnfusedMode, 2, "ep_expert_totals"),
+                                              (FusedMode, 1, "expert_recv_counts"),
+                                              (FusedMode, 2, "expert_recv_counts")])
+def test_moe_params_of_a_call(monkeypatch, cls, ranks, counts):
+    tables = []
+    monkeypatch.setattr(base, "write_peer_table", tables.append)
+    spec = _spec(num_ranks=ranks, rank=ranks - 1)
+    mode = _mode(cls, spec)
+    assert len(tables) == (ranks > 1)  # the peer table is written once, at bind
+    b = mode.buffer
+    p = mode.moe_params(_call(t=100))
+    assert isinstance(p, mk.MoeParams)
+    assert (p.x, p.x_sf, p.topk_idx, p.topk_weights, p.y, p.num_tokens) == (0x1000, 0x2000, 0x3000, 0x4000,
+                                                                           0x5000, 100)
+    assert p.pool_align == mode.layout.block_m and p.pool_rows == mode.layout.pool_rows
+    assert p.token_capacity == mode.layout.num_max_tokens_per_rank
+    assert p.num_local_experts == 16 // ranks and p.first_local_expert == (ranks - 1) * 16 // ranks
+    assert p.expert_counts == b.ptr(counts) and p.combine == b.ptr("combine") and p.pool == b.ptr("l1_pool")
+    assert p.expert_recv_stats == 0
+
+
+# --- the fused mode's schedules --------------------------------------------------------------
+
+
+def test_each_bound_schedule_is_derived_once_and_the_buffer_schedule_at_creation(monkeypatch):
+    derived = []
+
+    def counting(layout, buffer, bound):
+        derived.append(bound)
+        return call_schedule(layout, buffer, bound)
+
+    monkeypatch.setattr(fused, "call_schedule", counting)
+    spec = _spec(cap=2048)
+    mode = _mode(FusedMode, spec)
+    assert mode.schedules.buffer == buffer_schedule(mode.layout)
+    assert len(mode.schedules) == 0
+    mode.plan = RecordingPlan()
+    for bound in (2048, 64, 2048, 2048, 64, 1200):
+        mode.run(_call(t=min(bound, 100), bound=bound), stream=7)
+    assert derived == [2048, 64, 1200]
+    assert mode.schedules.for_bound(2048) is mode.schedules.for_bound(2048)
+    launches = mode.plan.launches
+    for (idx, params, stream, programmatic), bound in zip(launches, (2048, 64, 2048, 2048, 64, 1200)):
+        expected = call_schedule(mode.layout, mode.schedules.buffer, bound)
+        assert (params.lag_units, params.group_units) == (expected.lag_units, expected.group_units)
+        assert (idx, stream, programmatic) == ("int32", 7, bound <= fused.PDL_MAX_TOKENS)
+        assert params.withhold_block == fk.NO_BLOCK and params.trace == 0
+
+
+def test_testing_hooks_change_the_launch_parameters_only_inside_their_block():
+    mode = _mode(FusedMode, _spec())
+    mode.plan = RecordingPlan()
+    forced = CallSchedule(True, 1234, 4)
+    with testing.withhold_block(mode, 5), testing.trace_into(mode, 0xABC0):
+        with testing.force_call_schedule(mode, forced):
+            mode.run(_call(), 0)
+        mode.run(_call(), 0)
+    mode.run(_call(), 0)
+    (_, inner, _, _), (_, middle, _, _), (_, outer, _, _) = mode.plan.launches
+    assert (inner.withhold_block, inner.trace, inner.lag_units) == (5, 0xABC0, 1234)
+    assert (middle.withhold_block, middle.trace) == (5, 0xABC0) and middle.lag_units != 1234
+    assert (outer.withhold_block, outer.trace) == (fk.NO_BLOCK, 0) and mode.params_transforms == ()
+    assert testing.fused_schedule_of(mode) is mode.schedules.buffer
+
+
+def test_testing_hooks_refuse_other_modes():
+    with pytest.raises(TypeError, match="mode 'unfused'"):
+        testing.withhold_block(_mode(UnfusedMode, _spec()), 0).__enter__()
+
+
+def test_memory_notes():
+    assert _mode(UnfusedMode, _spec()).memory_notes() == ""
+    mode = _mode(FusedMode, _spec())
+    notes = mode.memory_notes()
+    s = mode.schedules.buffer
+    assert notes.startswith(f"fused pools: ring of {mode.layout.pool_blocks} blocks x 64 rows")
+    assert f"vs full pool of {s.full_pool_blocks} blocks" in notes
+    assert notes.endswith(f"schedule at capacity: lag {s.lag_units} units, group {s.group_units}")

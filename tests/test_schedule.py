@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from megamoe_rt.schedule.plan import LAG_GROUP_UNITS, UNIT_BLOCKS, fused_schedule, lag_units
-from megamoe_rt.schedule.task_stream import RingViolation, check_stream, expert_units, lag_ordered_stream, ring_blocks_for, single_wave_stream, tile_stream
+from megamoe_rt.schedule.task_stream import (RingViolation, Task, check_stream, expert_units, lag_ordered_stream,
+                                             ring_blocks_for, single_wave_stream, task_tiles)
 
 blocks_lists = st.lists(st.integers(min_value=0, max_value=40), min_size=1, max_size=48)
 
@@ -69,8 +70,6 @@ def test_single_wave_needs_the_whole_pool(blocks):
 
 def test_order_violations_are_reported():
     units = expert_units([2, 2])
-    from megamoe_rt.schedule.task_stream import Task
-
     with pytest.raises(RingViolation, match="before its L1"):
         check_stream([Task("l2", units[0]), Task("l1", units[0])], 16)
     with pytest.raises(RingViolation, match="without an L2"):
@@ -115,43 +114,40 @@ def test_a_rank_cannot_run_fewer_cycles_than_it_needs():
         pull_cycles([10, 10], 8, num_cycles=2)
 
 
-# --- the device walk ---------------------------------------------------------------------------
+# --- the stream expanded to tiles (the device order: tests/test_task_stream_gpu.py) ---------------
+
+def _tiles(stream, n1, n2):
+    return [t for task in stream for t in task_tiles(task, n1, n2)]
+
+
+def test_a_task_expands_n_block_major_over_its_unit():
+    unit = expert_units([0, 3])[0]
+    assert [(t.kind, t.block, t.expert, t.n_block) for t in task_tiles(Task("l1", unit), 2, 5)] == [
+        ("l1", 0, 1, 0), ("l1", 1, 1, 0), ("l1", 2, 1, 0), ("l1", 0, 1, 1), ("l1", 1, 1, 1), ("l1", 2, 1, 1)]
+    assert [(t.block, t.n_block) for t in task_tiles(Task("l2", unit), 2, 1)] == [(0, 0), (1, 0), (2, 0)]
+
 
 @settings(max_examples=300, deadline=None)
 @given(blocks=blocks_lists, lag=st.integers(0, 70), group=st.integers(1, 8), n1=st.integers(1, 5),
        n2=st.integers(1, 5))
-def test_device_walk_expands_the_model_stream(blocks, lag, group, n1, n2):
-    tiles = tile_stream(blocks, lag, group, n1, n2)
-    # Collapse consecutive tiles of one task back into (kind, unit) and compare with the model.
-    units = {u.first_block: u for u in expert_units(blocks)}
-    tasks = []
-    for i, t in enumerate(tiles):
-        n = n2 if t.l2 else n1
-        unit = next(u for u in units.values() if t.block in u.blocks)
-        if i == 0 or (tiles[i - 1].l2, tasks[-1][1]) != (t.l2, unit.index) or tasks[-1][2] == unit.num_blocks * n:
-            tasks.append(["l2" if t.l2 else "l1", unit.index, 0])
-        tasks[-1][2] += 1
-        assert t.expert == unit.expert
-    model = [(task.kind, task.unit.index) for task in lag_ordered_stream(blocks, lag, group)]
-    assert [(k, u) for k, u, _ in tasks] == model
-    # Every tile once; every L2 tile of a block after every L1 tile of that block.
-    assert len({(t.l2, t.block, t.n_block) for t in tiles}) == len(tiles) == sum(blocks) * (n1 + n2)
-    last_l1 = {t.block: i for i, t in enumerate(tiles) if not t.l2}
+def test_every_tile_comes_once_and_l2_tiles_after_their_blocks_l1_tiles(blocks, lag, group, n1, n2):
+    tiles = _tiles(lag_ordered_stream(blocks, lag, group), n1, n2)
+    assert len({(t.kind, t.block, t.n_block) for t in tiles}) == len(tiles) == sum(blocks) * (n1 + n2)
+    last_l1 = {t.block: i for i, t in enumerate(tiles) if t.kind == "l1"}
     first_l2 = {}
     for i, t in enumerate(tiles):
-        if t.l2:
+        if t.kind == "l2":
             first_l2.setdefault(t.block, i)
     assert all(last_l1[b] < first_l2[b] for b in first_l2)
 
 
 @settings(max_examples=200, deadline=None)
 @given(blocks=blocks_lists, lag=st.integers(8, 64), group=st.integers(1, 8))
-def test_device_walk_never_overwrites_a_ring_slot_still_being_read(blocks, lag, group):
+def test_no_l1_tile_overwrites_a_ring_slot_still_being_read(blocks, lag, group):
     ring = ring_blocks_for(lag, group)
-    tiles = tile_stream(blocks, lag, group, 2, 3)
     seen_l2 = {}
-    for i, t in enumerate(tiles):
-        if t.l2:
+    for i, t in enumerate(_tiles(lag_ordered_stream(blocks, lag, group), 2, 3)):
+        if t.kind == "l2":
             seen_l2[t.block] = seen_l2.get(t.block, 0) + 1
         elif t.block >= ring:
             # The kernel waits here for all L2 tiles of block - ring: they must all be earlier.
@@ -159,11 +155,8 @@ def test_device_walk_never_overwrites_a_ring_slot_still_being_read(blocks, lag, 
 
 
 @settings(max_examples=100, deadline=None)
-@given(blocks=blocks_lists)
-def test_a_lag_past_the_unit_count_is_the_single_wave_order(blocks):
-    units = expert_units(blocks)
-    tiles = tile_stream(blocks, max(len(units), 1), 4, 1, 1)
-    kinds = [t.l2 for t in tiles]
-    assert kinds == sorted(kinds)  # every L1 tile, then every L2 tile
-    assert [(t.l2, t.block) for t in tiles] == [(task.kind == "l2", b) for task in single_wave_stream(blocks)
-                                                for b in task.unit.blocks]
+@given(blocks=blocks_lists, extra=st.integers(0, 100), group=st.integers(1, 8))
+def test_a_lag_past_the_unit_count_is_the_single_wave_order(blocks, extra, group):
+    # The host asks for the single-wave order with a lag of its worst-case block count.
+    lag = max(len(expert_units(blocks)), 1) + extra
+    assert lag_ordered_stream(blocks, lag, group) == single_wave_stream(blocks)

@@ -26,6 +26,7 @@
 #include "fused/signal_relay.cuh"
 #include "fused/task_stream.cuh"
 #include "fused/tile_queue.cuh"
+#include "fused/unit_table.cuh"
 #include "gemm/config.cuh"
 #include "gemm/epilogue_bf16.cuh"
 #include "gemm/epilogue_swiglu_fp8.cuh"
@@ -92,51 +93,14 @@ struct RoutingTables {
     }
 };
 
-__device__ __forceinline__ u32 ceil_div(u32 a, u32 b) { return (a + b - 1) / b; }
-
 __device__ __forceinline__ void trace(const FusedParams& p, TraceEvent event) {
     if (p.trace != nullptr) p.trace[ptx::ctaid_x() * kTraceEvents + event] = ptx::globaltimer_ns();
 }
 
-// Warp 0: block-aligned exclusive scan of the counts into rows, units per expert into the
-// unit table. Counts and units are packed (blocks | units << 16) into one scan: the host
-// keeps the worst-case block count below 2^16.
+// Warp 0: the pool layout and unit table (fused/unit_table.cuh) into this block's tables.
 __device__ __forceinline__ void build_tables(const FusedParams& p, const u32* counts, const RoutingTables& tab) {
-    const u32 lane = threadIdx.x % 32;
-    const u32 el = p.moe.num_local_experts;
-    const u32 per = ceil_div(el, 32);
-    const u32 e0 = min(lane * per, el), e1 = min(e0 + per, el);
-    u32 local = 0;
-    for (u32 e = e0; e < e1; ++e) {
-        const u32 blocks = ceil_div(counts[e], kBlockM);
-        local += blocks | (ceil_div(blocks, kUnitBlocks) << 16);
-    }
-    u32 incl = local;
-#pragma unroll
-    for (u32 d = 1; d < 32; d *= 2) {
-        const u32 v = __shfl_up_sync(0xFFFFFFFFu, incl, d);
-        if (lane >= d) incl += v;
-    }
-    u32 running = incl - local;
-    for (u32 e = e0; e < e1; ++e) {
-        const u32 block0 = running & 0xFFFFu, unit0 = running >> 16;
-        const u32 blocks = ceil_div(counts[e], kBlockM);
-        tab.row_begin[e] = static_cast<i32>(block0 * kBlockM);
-        tab.row_end[e] = static_cast<i32>(block0 * kBlockM + counts[e]);
-        // The bound check only matters for a routing past the worst-case pool (flagged below).
-        for (u32 u = 0; u * kUnitBlocks < blocks && unit0 + u < p.max_blocks; ++u) {
-            tab.unit_first[unit0 + u] = static_cast<u16>(block0 + u * kUnitBlocks);
-            tab.unit_info[unit0 + u] = static_cast<u16>((e << 3) | (min(kUnitBlocks, blocks - u * kUnitBlocks) - 1));
-        }
-        running += blocks | (ceil_div(blocks, kUnitBlocks) << 16);
-    }
-    if (lane == 31) {
-        const u32 total_blocks = incl & 0xFFFFu;
-        tab.row_begin[el] = static_cast<i32>(total_blocks * kBlockM);
-        tab.scalars[0] = incl >> 16;
-        tab.scalars[1] = total_blocks;
-        tab.scalars[2] = total_blocks > p.max_blocks;
-    }
+    build_unit_table<kBlockM>(counts, p.moe.num_local_experts, p.max_blocks, tab.row_begin, tab.row_end,
+                              tab.unit_first, tab.unit_info, tab.scalars);
 }
 
 // Across ranks: pool row `row` of `expert` comes from the source rank whose range holds it

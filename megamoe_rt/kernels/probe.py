@@ -17,6 +17,12 @@ WAIT_SPEC = KernelSpec(name="wait_for_signal", source="probe/wait_timeout.cu",
                        entry="megamoe_rt::probe::wait_for_signal", block_threads=32, uses_printf=True)
 
 
+# The fused kernel's task stream dumped tile by tile, for tests/test_task_stream_gpu.py (arguments
+# and shared memory: the header comment of probe/task_stream_order.cu).
+TASK_STREAM_SPEC = KernelSpec(name="task_stream_order", source="probe/task_stream_order.cu",
+                              entry="megamoe_rt::probe::task_stream_order", block_threads=32)
+
+
 class StreamCopyParams(ctypes.Structure):
     _fields_ = [("src", ctypes.c_uint64), ("dst", ctypes.c_uint64), ("n16", ctypes.c_uint64)]
 
@@ -27,4 +33,4 @@ class SmProbeParams(ctypes.Structure):
 
 
 def kernel_specs() -> list[KernelSpec]:
-    return [SPEC, COPY_SPEC, WAIT_SPEC]
+    return [SPEC, COPY_SPEC, WAIT_SPEC, TASK_STREAM_SPEC]

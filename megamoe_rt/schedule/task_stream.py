@@ -1,4 +1,4 @@
-"""Model of the fused kernel's task stream (seed 002) and its ring-pool safety.
+"""Model of the fused kernel's task stream and its ring-pool safety.
 
 The fused kernel walks one stream of tasks. A *unit* is up to ``UNIT_BLOCKS``
 consecutive m-blocks of one expert; units are numbered in expert order. The L1
@@ -13,6 +13,11 @@ come yet (the device waits on ``l2_empty`` there, which can only be satisfied by
 an earlier task), and that every L1 task precedes its L2 task. The host uses the
 same functions to assert its ring size; CPU property tests drive them with random
 routings.
+
+Each task is a run of GEMM tiles on the device; :func:`task_tiles` is the contract for which
+tiles and in what order. A GPU test (tests/test_task_stream_gpu.py) dumps the order the
+device walk (cuda_src/fused/task_stream.cuh) hands tiles out and checks it against
+:func:`lag_ordered_stream` / :func:`single_wave_stream` expanded by :func:`task_tiles`.
 """
 
 from __future__ import annotations
@@ -39,6 +44,29 @@ class Unit:
 class Task:
     kind: str           # "l1" or "l2"
     unit: Unit
+
+
+@dataclass(frozen=True)
+class Tile:
+    kind: str           # "l1" (gate|up GEMM + SwiGLU) or "l2" (down projection)
+    block: int          # pool block: its BLOCK_M rows
+    expert: int
+    n_block: int        # which BLOCK_N columns of the GEMM's N
+
+
+def task_tiles(task: Task, l1_n_blocks: int, l2_n_blocks: int) -> list[Tile]:
+    """The tiles of one task, in the order the device hands them out.
+
+    A task over a unit of ``b`` blocks is ``b * n`` tiles, ``n`` being its GEMM's N in
+    tiles (``l1_n_blocks`` for L1, ``l2_n_blocks`` for L2), n-block-major: n-block 0 of each
+    of the unit's blocks in pool order, then n-block 1, and so on. Consecutive stream
+    positions go to concurrently running blocks, so this order has them share each weight
+    tile among the unit's row blocks. The fused kernel's walk must produce exactly this
+    (tests/test_task_stream_gpu.py).
+    """
+    n = l2_n_blocks if task.kind == "l2" else l1_n_blocks
+    u = task.unit
+    return [Tile(task.kind, b, u.expert, j) for j in range(n) for b in u.blocks]
 
 
 def expert_units(blocks_per_expert: Sequence[int]) -> list[Unit]:
@@ -136,7 +164,7 @@ def check_stream(stream: Sequence[Task], ring_blocks: int) -> int:
     return max_live
 
 
-# --- prefill: the dispatch pull in cycles (seed 001) --------------------------------------------
+# --- prefill: the dispatch pull in cycles --------------------------------------------------
 
 def pull_cycles(blocks_per_expert: Sequence[int], ring_blocks: int, num_cycles: int | None = None) -> list[list[tuple[int, int]]]:
     """Split the pool's blocks (in expert order) into pull cycles of at most ``ring_blocks``.
@@ -154,44 +182,3 @@ def pull_cycles(blocks_per_expert: Sequence[int], ring_blocks: int, num_cycles: 
             raise ValueError(f"num_cycles={num_cycles}: this rank needs {len(cycles)}")
         cycles += [[] for _ in range(num_cycles - len(cycles))]
     return cycles
-
-
-# --- the device walk (cuda_src/fused/task_stream.cuh) ---------------------------------------
-
-@dataclass(frozen=True)
-class StreamTile:
-    l2: bool
-    block: int
-    expert: int
-    n_block: int
-
-
-def tile_stream(blocks_per_expert: Sequence[int], lag: int, group: int, l1_n_blocks: int,
-                l2_n_blocks: int) -> list[StreamTile]:
-    """The tiles in the order the fused kernel hands them out (``LagOrderedStream``).
-
-    Mirrors the device walk step for step: L2 groups are released through a pending count
-    after each L1 task, and each task expands n-block-major over its unit's blocks. Tests
-    check it against :func:`lag_ordered_stream` so the device formulation and the model agree.
-    """
-    units = expert_units(blocks_per_expert)
-    tiles: list[StreamTile] = []
-    next_l1 = next_l2 = pending = 0
-    while True:
-        if pending > 0:
-            is_l2, unit = True, units[next_l2]
-            next_l2 += 1
-            pending -= 1
-        elif next_l1 < len(units):
-            is_l2, unit = False, units[next_l1]
-            next_l1 += 1
-            while next_l1 - lag - (next_l2 + pending) >= group:
-                pending += group
-        elif next_l2 < len(units):
-            is_l2, unit = True, units[next_l2]
-            next_l2 += 1
-        else:
-            return tiles
-        n = l2_n_blocks if is_l2 else l1_n_blocks
-        for i in range(unit.num_blocks * n):
-            tiles.append(StreamTile(is_l2, unit.first_block + i % unit.num_blocks, unit.expert, i // unit.num_blocks))

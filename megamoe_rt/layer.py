@@ -9,7 +9,7 @@ written into the same arrays.
 
 ``mode="unfused"`` runs these as separate kernels; ``mode="fused"`` runs them in one
 persistent launch with both GEMMs on a lag-ordered task stream and ring-sized pools
-(megamoe_rt/fused.py, seed 002).
+(megamoe_rt/modes/fused.py; docs/ARCHITECTURE.md, "The fused mode").
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ class MegaMoE:
     # --- weights -------------------------------------------------------------------------
 
     def load_weights(self, w1: Any, w1_sf: Any, w2: Any, w2_sf: Any) -> None:
-        """Take the plain layout of DESIGN §3 (NumPy or CuPy; e4m3 as ml_dtypes or uint8 bytes):
+        """Take the plain weight layout (docs/NUMERICS.md; NumPy or CuPy; e4m3 as ml_dtypes or uint8 bytes):
         ``w1`` ``[E, 2I, H]`` (gate rows then up rows), ``w1_sf`` ``[E, 2I/128, H/128]``,
         ``w2`` ``[E, H, I]``, ``w2_sf`` ``[E, H/128, I/128]``. Re-laid once here."""
         cupy = require_cupy()

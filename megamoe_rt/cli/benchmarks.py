@@ -207,7 +207,7 @@ def bench_moe(presets: list[str], tokens: list[int], *, mode: str | list[str] = 
     """The layer (a preset's EP8 per-rank slice on one GPU) captured in a CUDA graph and
     replayed: device time, useful TFLOP/s, HBM GB/s of the compulsory traffic, buffer MiB.
 
-    ``mode``: one mode or several, bracketed in rounds against each other (DESIGN §8).
+    ``mode``: one mode or several, bracketed in rounds against each other (megamoe_rt/cli/timing.py).
     ``capacity``: the buffers' token capacity (default: each row's token count); the fused
     arm passes ``num_tokens_bound`` = the row's tokens, as a caller with uniform ranks would.
     """

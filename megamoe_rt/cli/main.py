@@ -351,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--plot", default=None, help="write a PNG plot (needs matplotlib)")
     s.set_defaults(func=cmd_sweep)
 
-    s = sub.add_parser("bench", help="benchmarks on a Hopper GPU (method of DESIGN section 8)")
+    s = sub.add_parser("bench", help="benchmarks on a Hopper GPU (CUDA-event device time, arms bracketed in rounds)")
     s.add_argument("what", choices=("gemm", "moe"), help="what to measure")
     s.add_argument("--mode", type=_modes, default=["unfused"],
                    help="moe: execution mode(s), comma-separated and bracketed in rounds (unfused, fused)")

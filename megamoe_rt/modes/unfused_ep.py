@@ -3,7 +3,7 @@
 :class:`EpUnfusedRunner` holds what every call of one layer shares (region offsets, the
 bank layout, the peer table on the device) and launches a call's cross-rank steps around
 the layer's two GEMM plans (cuda_src/ep/ep_unfused.cu; the protocol is modelled in
-megamoe_rt/ep_protocol.py). Inputs are copied into the symmetric ``x`` / ``x_sf`` regions,
+megamoe_rt/schedule/ep_protocol.py). Inputs are copied into the symmetric ``x`` / ``x_sf`` regions,
 where the ranks owning this rank's experts pull them from.
 """
 

@@ -23,7 +23,7 @@ ELEMENT_SIZE = {
     "float64": 8, "int64": 8, "uint64": 8,
 }
 
-# What a raw-bits container may stand for: the contract of DESIGN §3.
+# What a raw-bits container may stand for (docs/NUMERICS.md, "How the formats travel").
 RAW_BITS_ALIASES = {"uint8": "e4m3", "uint16": "bf16"}
 
 _TYPESTR = {

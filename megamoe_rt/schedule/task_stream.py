@@ -1,4 +1,4 @@
-"""Model of the fused kernel's task stream (seed 002) and its ring-pool safety.
+"""Model of the fused kernel's task stream and its ring-pool safety.
 
 The fused kernel walks one stream of tasks. A *unit* is up to ``UNIT_BLOCKS``
 consecutive m-blocks of one expert; units are numbered in expert order. The L1
@@ -136,7 +136,7 @@ def check_stream(stream: Sequence[Task], ring_blocks: int) -> int:
     return max_live
 
 
-# --- prefill: the dispatch pull in cycles (seed 001) --------------------------------------------
+# --- prefill: the dispatch pull in cycles (planned; docs/ARCHITECTURE.md, "Schedules") --------------------------------------------
 
 def pull_cycles(blocks_per_expert: Sequence[int], ring_blocks: int, num_cycles: int | None = None) -> list[list[tuple[int, int]]]:
     """Split the pool's blocks (in expert order) into pull cycles of at most ``ring_blocks``.

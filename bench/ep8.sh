@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The EP4/EP8 run on one node: the multi-GPU test suite at N ranks, then the layer benchmark
-# across N ranks for the seed 002 shapes (flash, pro) and the v3 shape. Works for any N >= 2.
+# across N ranks for the flash, pro and v3 presets. Works for any N >= 2.
 #
 #   bench/ep8.sh [N] [OUT_DIR]      N defaults to the number of visible GPUs
 #

@@ -11,7 +11,7 @@ How the steps are launched is the job of the layer's execution mode (megamoe_rt/
 ``mode="unfused"`` runs them as separate kernels; ``mode="fused"`` runs them in one
 persistent launch with both GEMMs on a lag-ordered task stream and ring-sized pools. The
 layer itself checks arguments, owns the weights and the buffer, validates each call's inputs
-and hands the call to its mode object (:attr:`MegaMoE.runner`).
+and hands the call to its mode object (:attr:`MegaMoE.runner`; docs/ARCHITECTURE.md).
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ class MegaMoE:
     # --- weights -------------------------------------------------------------------------
 
     def load_weights(self, w1: Any, w1_sf: Any, w2: Any, w2_sf: Any) -> None:
-        """Take the weights of this rank's experts in their plain layout (NumPy or CuPy; e4m3 as
+        """Take the weights of this rank's experts in their plain layout (docs/NUMERICS.md; NumPy or CuPy; e4m3 as
         ml_dtypes or uint8 bytes): ``w1`` ``[E, 2I, H]`` (gate rows then up rows), ``w1_sf``
         ``[E, 2I/128, H/128]``, ``w2`` ``[E, H, I]``, ``w2_sf`` ``[E, H/128, I/128]``. Re-laid once
         here; the mode builds its plans from them (across ranks it also compiles and loads its

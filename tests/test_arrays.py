@@ -98,3 +98,38 @@ def test_device_from_cupy_and_torch_style_objects():
     b = FakeCai((4, 4), "<f4")
     b.device = Dev(index=2, type="cuda")
     assert as_device_array(b, "b").device == 2
+
+
+def test_cai_that_cannot_name_its_dtype_falls_back_to_dlpack():
+    # torch's __cuda_array_interface__ raises KeyError for float8 tensors (and is '<V2' for bf16),
+    # which hasattr() does not absorb; the DLPack path must still be taken.
+    import megamoe_rt.runtime.arrays as arrays
+
+    host = np.arange(12, dtype=np.uint8).reshape(3, 4)
+
+    class Float8Like(_DLPackOnly):
+        @property
+        def __cuda_array_interface__(self):
+            raise KeyError("torch.float8_e4m3fn")
+
+        def __dlpack_device__(self):
+            return (2, 0)
+
+    arr = arrays.as_device_array(Float8Like(host), "x")
+    assert (arr.shape, arr.dtype, arr.ptr) == ((3, 4), "uint8", host.ctypes.data)
+
+    class Opaque(_DLPackOnly):
+        __cuda_array_interface__ = {"shape": (3, 4), "typestr": "<V2", "data": (0x10000, False), "version": 3}
+
+        def __dlpack_device__(self):
+            return (2, 0)
+
+    assert arrays.as_device_array(Opaque(host), "x").ptr == host.ctypes.data
+
+    class NoDLPack:
+        @property
+        def __cuda_array_interface__(self):
+            raise KeyError("torch.float8_e4m3fn")
+
+    with pytest.raises(TypeError, match="w: its __cuda_array_interface__ failed"):
+        arrays.as_device_array(NoDLPack(), "w")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -91,3 +93,44 @@ def test_bench_module_forwards_to_the_cli_outside_a_launch():
     out = subprocess.run([sys.executable, "-m", "megamoe_rt.cli.bench", "moe", "--preset", "nosuch"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "nosuch" in out.stderr  # the CLI's own argument check
+
+
+GRAPHS = Path(__file__).resolve().parent.parent / "graphs"
+
+
+def test_sweep_without_vary_runs_the_spec_once(monkeypatch, capsys):
+    import megamoe_rt.cli.main as cli
+    import megamoe_rt.graph.sweep as sweep
+    from megamoe_rt.graph import load_spec
+    from megamoe_rt.graph.workloads import KNOWN
+
+    calls = []
+
+    def fake_run_sweep(spec, vary, values, *, device, reps):
+        calls.append((spec.name, vary, values, device, reps))
+        return [{"value": None, "partitions": {"gemm": 64, "copy": 64}, "nodes_us": {"gemm": 10.0, "copy": 20.0},
+                 "total_us": 25.0}]
+
+    monkeypatch.setattr(sweep, "run_sweep", fake_run_sweep)
+    monkeypatch.setattr(cli, "_hopper_or_none", lambda command: SimpleNamespace(ordinal=0, name="H200", sm_count=132))
+    spec_path = str(GRAPHS / "membound_vs_gemm.toml")
+    assert cli.main(["sweep", "--spec", spec_path, "--reps", "3"]) == 0
+    assert calls == [("membound_vs_gemm", None, None, 0, 3)]
+    out = capsys.readouterr().out
+    assert "partitions as specified" in out and "spec" in out.splitlines()[-1]
+    # The single point is the spec's own partitions.
+    spec = load_spec(spec_path, known_kernels=KNOWN)
+    assert sweep.sweep_points(spec, None, None) == [(None, list(spec.partitions))]
+    assert [v for v, _ in sweep.sweep_points(spec, "gemm", [16, 32])] == [16, 32]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--plot", "sweep.png"), "--plot needs --vary"),
+    (("--vary", "nope=8..16"), "--vary names partition 'nope'"),
+    (("--vary", "gemm=16"), "expected NAME=START..STOP"),
+])
+def test_sweep_argument_errors_exit_2_before_any_gpu_work(extra, message):
+    out = run_cli("sweep", "--spec", str(GRAPHS / "membound_vs_gemm.toml"), *extra)
+    assert out.returncode == 2, out.stderr
+    lines = [l for l in out.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and message in lines[0], out.stderr

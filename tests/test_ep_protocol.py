@@ -1,4 +1,4 @@
-"""Property tests of the cross-rank protocol model (megamoe_rt/ep_protocol.py), CPU only."""
+"""Property tests of the cross-rank protocol model (megamoe_rt/schedule/ep_protocol.py), CPU only."""
 
 from __future__ import annotations
 

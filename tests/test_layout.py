@@ -16,9 +16,10 @@ from megamoe_rt.presets import get_preset
 DTYPE_BYTES = {"e4m3": 1, "uint8": 1, "bf16": 2, "int32": 4, "uint32": 4,
                "float32": 4, "uint64": 8}
 
-TOP_LEVEL = ["x", "x_sf", "topk_idx", "topk_weights", "l1_pool", "l1_pool_sf",
-             "l1_pool_src", "l1_pool_weight", "l1_pool_dst", "l2_pool", "l2_pool_sf", "combine",
-             "workspace"]
+# x and x_sf (inputs staged for peers) and send_list exist across ranks only.
+TOP_LEVEL = ["x", "x_sf", "l1_pool", "l1_pool_sf", "l1_pool_src", "l1_pool_weight", "l1_pool_dst", "l2_pool",
+             "l2_pool_sf", "combine", "workspace"]
+EP_ONLY = ("x", "x_sf", "send_list")
 
 MiB = 2**20
 
@@ -33,7 +34,8 @@ EP_WORKSPACE = ["ep_send_counts", "ep_send_offsets", "ep_send_cursors", "ep_src_
 
 def check_invariants(lay: BufferLayout) -> None:
     multi = lay.num_ranks > 1
-    assert [r.name for r in lay.regions] == TOP_LEVEL[:-1] + (["send_list"] if multi else []) + ["workspace"]
+    expected = TOP_LEVEL[:-1] + ["send_list", "workspace"]
+    assert [r.name for r in lay.regions] == [n for n in expected if multi or n not in EP_ONLY]
     prev_end = 0
     for r in lay.regions:
         assert r.offset % 1024 == 0, r
@@ -57,8 +59,6 @@ def check_invariants(lay: BufferLayout) -> None:
     assert prev_end <= ws.nbytes
     assert lay.workspace_offsets() == {w.name: w.offset for w in lay.workspace}
     names = [w.name for w in lay.workspace]
-    assert ("ring_empty_counts" in names) == (lay.pool == "ring")
-    assert ("stream_ring_gens" in names) == (lay.stream_slots > 0)
     assert all((n in names) == multi for n in EP_WORKSPACE)
     if multi:
         assert lay.region("send_list").shape == (lay.num_max_tokens_per_rank * lay.num_topk,)
@@ -91,14 +91,11 @@ def check_invariants(lay: BufferLayout) -> None:
     pool=st.sampled_from(["full", "ring"]),
     gran=st.sampled_from([64, 128]),
     bm=st.sampled_from([64, 128]),
-    slots=st.integers(0, 4),
 )
-def test_layout_invariants(h, i, r, el, k, t, pool, gran, bm, slots):
+def test_layout_invariants(h, i, r, el, k, t, pool, gran, bm):
     e = r * el
     k = min(k, e)
-    lay = symm_buffer_layout(h, i, e, k, t, r, block_m=bm, act_sf_gran=gran,
-                             pool=pool, stream_slots=slots,
-                             stream_chunk_tokens=128 * slots)
+    lay = symm_buffer_layout(h, i, e, k, t, r, block_m=bm, act_sf_gran=gran, pool=pool)
     check_invariants(lay)
     assert lay.num_max_tokens_per_rank == -(-t // 128) * 128
     if pool == "ring":
@@ -122,8 +119,6 @@ def test_flash_full_pool_sizes():
     expected = {
         "x": 8192 * 4096,
         "x_sf": 8192 * (4096 // 128) * 4,
-        "topk_idx": 8192 * 6 * 4,
-        "topk_weights": 8192 * 6 * 4,
         "l1_pool": 3103 * 128 * 4096,
         "l1_pool_sf": (4096 // 128) * rows * 4,
         "l1_pool_src": rows * 4,
@@ -138,9 +133,6 @@ def test_flash_full_pool_sizes():
         R * EL * 4,        # expert_recv_counts      1024
         (EL + 1) * 4,      # expert_pool_offsets      132
         EL * 4,            # expert_cursors           128
-        blocks * 4,        # l1_arrival_counts      12412
-        blocks * 8,        # l2_arrival_masks       24824
-        2 * R * 8,         # barrier_signals          128
         32 * 4,            # grid_sync                128
         2 * (2 * 256 + 3 * blocks + 1) * 4,  # fused_banks 78576 (counts and cursors per global expert)
         32 * 4,            # launch_epoch             128
@@ -157,7 +149,7 @@ def test_flash_full_pool_sizes():
     for part in ws_parts:
         ws_end = up(ws_end, 128) + part
     expected["workspace"] = up(ws_end, 1024)
-    assert expected["workspace"] == up(1024 + 256 + 128 + 12416 + 24832 + 128 + 128 + 78592 + 128 + 128
+    assert expected["workspace"] == up(1024 + 256 + 128 + 128 + 78592 + 128 + 128
                                        + 1024 + 1152 + 1024 + 1152 + 128 + 4224 + 64, 1024)
     expected["send_list"] = 8192 * 6 * 8
 
@@ -170,8 +162,6 @@ def test_flash_full_pool_sizes():
     total = (
         up(8192 * 4096)                     # x
         + up(8192 * 32 * 4)                 # x_sf
-        + up(8192 * 6 * 4)                  # topk_idx
-        + up(8192 * 6 * 4)                  # topk_weights
         + up(3103 * 128 * 4096)             # l1_pool
         + up(32 * 3103 * 128 * 4)           # l1_pool_sf
         + up(3103 * 128 * 4)                # l1_pool_src
@@ -183,8 +173,8 @@ def test_flash_full_pool_sizes():
         + up(8192 * 6 * 8)                  # send_list
         + expected["workspace"]             # workspace
     )
-    assert lay.total_bytes == total == 2_960_603_136 + 74_752 + 393_216 + 9_216 + 3_072
-    assert lay.region("l1_pool").offset == sum(up(expected[n]) for n in TOP_LEVEL[:4])
+    assert lay.total_bytes == total == 2_960_653_312
+    assert lay.region("l1_pool").offset == sum(up(expected[n]) for n in TOP_LEVEL[:2])
 
 
 def test_flash_ring_pool_sizes():
@@ -195,12 +185,11 @@ def test_flash_ring_pool_sizes():
     assert lay.region("l1_pool").nbytes == 268 * 128 * 4096
     assert lay.region("l2_pool").nbytes == 268 * 128 * 2048
     assert lay.region("l1_pool_sf").nbytes == 32 * 268 * 128 * 4
-    assert lay.workspace_region("ring_empty_counts").nbytes == 268 * 4
     # Per-row metadata is indexed by the global pool row: full size even with a ring.
     assert lay.region("l1_pool_dst").nbytes == 3103 * 128 * 8
     # Token-indexed regions do not depend on the pool choice.
     full = _ep8_slice("flash")
-    for name in ("x", "x_sf", "topk_idx", "topk_weights", "combine"):
+    for name in ("x", "x_sf", "combine"):
         assert lay.region(name).nbytes == full.region(name).nbytes
 
 
@@ -245,12 +234,15 @@ def test_ring_options():
     assert lay.pool_blocks == 8 * (14 + 4) + 4
 
 
-def test_streaming_adds_generation_words():
-    lay = symm_buffer_layout(4096, 2048, 256, 6, 8192, 8, stream_slots=3,
-                             stream_chunk_tokens=1024)
-    gens = lay.workspace_region("stream_ring_gens")
-    assert gens.shape == (8, 3, 3) and gens.nbytes == 8 * 3 * 3 * 8
+def test_one_rank_has_no_staging_regions():
+    lay = symm_buffer_layout(4096, 2048, 32, 6, 8192, 1)
     check_invariants(lay)
+    names = {r.name for r in lay.regions} | {w.name for w in lay.workspace}
+    assert not names & {"x", "x_sf", "send_list", "ep_banks", "peer_bases"}
+    eight = symm_buffer_layout(4096, 2048, 256, 6, 8192, 8)
+    # The same per-rank slice across 8 ranks stages its inputs: x and x_sf come first.
+    assert eight.region("l1_pool").offset == up(8192 * 4096) + up(8192 * 32 * 4)
+    assert lay.region("l1_pool").offset == 0
 
 
 @pytest.mark.parametrize(
@@ -267,8 +259,6 @@ def test_streaming_adds_generation_words():
         (dict(block_m=256), "block_m=256"),
         (dict(act_sf_gran=32), "act_sf_gran=32"),
         (dict(pool="half"), "pool='half'"),
-        (dict(stream_slots=2), "stream_slots=2"),
-        (dict(stream_chunk_tokens=512), "stream_chunk_tokens=512"),
         (dict(pool="ring", ring_blocks=0), "ring_blocks=0"),
         (dict(ring_blocks=100), "ring_blocks=100"),
         (dict(pool="ring", num_tokens_bound=9000), "num_tokens_bound=9000"),

@@ -1,4 +1,4 @@
-"""Property tests of the streaming input ring protocol (seed 000), CPU model."""
+"""Property tests of the streaming input ring protocol (megamoe_rt/schedule/streaming.py), CPU model."""
 
 from __future__ import annotations
 

@@ -63,7 +63,8 @@ def _signal(ctx, withhold):
     if ctx.rank == 0:
         seen = cp.zeros(1, cp.uint64)
         kernel = get_kernel(WAIT_SPEC, ctx.device)
-        args = [ctypes.c_uint64(buf.ptr("barrier_signals")), ctypes.c_uint64(7), ctypes.c_uint64(500_000_000),
+        # Any zeroed u64 word of the symmetric buffer serves as the signal: the first send-list entry.
+        args = [ctypes.c_uint64(buf.ptr("send_list")), ctypes.c_uint64(7), ctypes.c_uint64(500_000_000),
                 ctypes.c_uint32(0), ctypes.c_uint32(1), ctypes.c_uint64(int(seen.data.ptr)),
                 ctypes.c_uint64(TimeoutRecord.get().device_ptr)]
         kernel.launch((1,), (32,), args)  # waits for rank 1's store while the host moves on
@@ -73,7 +74,7 @@ def _signal(ctx, withhold):
     else:
         ctx.barrier()
         if not withhold:
-            buf.peer_view(0, "barrier_signals").reshape(-1)[0] = 7
+            buf.peer_view(0, "send_list")[0] = 7
             cp.cuda.Device().synchronize()
         result = None
     ctx.barrier()

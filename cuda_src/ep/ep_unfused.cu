@@ -16,7 +16,8 @@
 //   (combine over this rank's tokens)
 //
 // The protocol and why the parity banks make it safe across back-to-back launches:
-// megamoe_rt/ep_protocol.py. Every wait on a peer has a deadline and names the peer.
+// megamoe_rt/schedule/ep_protocol.py (a CPU model) and docs/ARCHITECTURE.md, "Cross-rank
+// protocol". Every wait on a peer has a deadline and names the peer.
 
 #include "common/types.cuh"
 #include "ep/params.cuh"

@@ -1,7 +1,7 @@
 // The fused kernel across expert-parallel ranks: what replaces the one-rank routing, the
 // source of a dispatched row, and the cross-rank hand-off before the combine.
 //
-// Per launch (bank b = launch parity; megamoe_rt/ep_protocol.py models the protocol):
+// Per launch (bank b = launch parity; megamoe_rt/schedule/ep_protocol.py models the protocol):
 //   count this rank's pairs per global expert -> grid barrier -> send-list layout (every
 //   block scans) -> claims into the send list -> grid barrier -> block d publishes counts
 //   and send-list offsets into rank d's bank and releases its count_ready word -> every

@@ -1,4 +1,4 @@
-// The fused kernel's lag-ordered task stream (seed 002), as the device walks it.
+// The fused kernel's lag-ordered task stream, as the device walks it.
 //
 // A unit is up to kUnitBlocks consecutive BLOCK_M-row blocks of one expert, units in pool
 // (expert) order. The stream holds the L1 task of every unit in order, and after the L1 task
@@ -7,7 +7,7 @@
 // order (every L1, then every L2). Each task expands into tiles n-block-major: n-block 0 of
 // the unit's blocks, then n-block 1, ... so a wave of CTAs shares each weight tile among
 // up to 8 row blocks and a unit streams its expert's weights once (m-block-major would
-// stream them once per wave). The CPU model is megamoe_rt/schedule.py:lag_ordered_stream.
+// stream them once per wave). The CPU model is megamoe_rt/schedule/task_stream.py:lag_ordered_stream.
 //
 // Blocks take stream positions in order from a launch-wide ticket (fused/tile_queue.cuh).
 // Each dependency of a tile (its rows, its L1 output, a free ring slot) is produced by a tile

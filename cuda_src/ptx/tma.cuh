@@ -1,5 +1,5 @@
 // Bulk tensor copies (TMA). Descriptors are encoded on the host
-// (megamoe_rt/tma.py, cuTensorMapEncodeTiled) and passed as __grid_constant__
+// (megamoe_rt/runtime/tma.py, cuTensorMapEncodeTiled) and passed as __grid_constant__
 // kernel parameters.
 #pragma once
 

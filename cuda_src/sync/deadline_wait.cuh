@@ -47,7 +47,7 @@ __device__ __forceinline__ const char* wait_site_name(WaitSite site) {
     }
 }
 
-// Host mirror: megamoe_rt.deadlines.WaitContext.
+// Host mirror: megamoe_rt.runtime.deadlines.WaitContext.
 struct WaitContext {
     u64 timeout_ns;           // from the host (MEGAMOE_RT_TIMEOUT_S, default 60 s)
     TimeoutRecord* record;    // mapped host memory, may be null

@@ -1,6 +1,6 @@
 // The record a timed-out wait leaves for the host before it traps.
 //
-// It lives in mapped pinned host memory (megamoe_rt.deadlines.TimeoutRecord), so the host
+// It lives in mapped pinned host memory (megamoe_rt.runtime.deadlines.TimeoutRecord), so the host
 // can still read it after the trap has made the context unusable, and turn it into an
 // exception that names the wait. Kernels that run wgmma cannot printf (any call
 // serialises their wgmma pipeline); this is how they report.

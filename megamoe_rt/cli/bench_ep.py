@@ -3,7 +3,7 @@
 
 Each rank runs a preset's EP8 per-rank slice (E/8 local experts) so per-GPU numbers compare
 with the one-GPU benchmark at the same slice; routing is uniform over all ranks' experts.
-Device time per rank (DESIGN §8 method, graph replay), reported as the slowest rank; useful
+Device time per rank (the method of megamoe_rt/cli/timing.py, graph replay), reported as the slowest rank; useful
 TFLOP/s per GPU; NVLink GB/s per rank from the bytes that cross ranks (the pulled x rows,
 scales and send-list entries, and the bf16 partials returned) against the ~395 GB/s copy
 ceiling measured on these GPUs.

@@ -8,6 +8,7 @@ from typing import Callable
 
 from megamoe_rt.cli.timing import DeviceTimer, bracketed, capture_layer_call
 from megamoe_rt.presets import DEFAULT_EP_RANKS, get_preset
+from megamoe_rt.schedule.arith import align_up
 
 # --- grouped GEMM -------------------------------------------------------------------------
 
@@ -50,12 +51,12 @@ def _gemm_arms(shape: GemmShape, with_torch: bool) -> tuple[dict[str, Callable[[
     g, m, n, k = shape.groups, shape.rows_per_group, shape.n, shape.k
     if shape.stage == "decode":
         return _decode_arms(shape)
-    padded = -(-m // GROUP_ALIGN) * GROUP_ALIGN
+    padded = align_up(m, GROUP_ALIGN)
     rows = g * padded
     a, _ = quantize_fp8(cp.random.standard_normal((rows, k), dtype=cp.float32))
     b, _ = quantize_fp8(cp.random.standard_normal((g * n, k), dtype=cp.float32))
     b = b.reshape(g, n, k)
-    rows_pad = -(-rows // 4) * 4
+    rows_pad = align_up(rows, 4)
     a_sf_t = cp.random.uniform(0.5, 1.5, size=(k // 128, rows_pad)).astype(cp.float32)
     b_sf = (cp.random.uniform(0.5, 1.5, size=(g, n // 128, k // 128)) / np.sqrt(k)).astype(cp.float32)
     offsets = cp.asarray(np.arange(g + 1, dtype=np.int32) * padded)
@@ -202,7 +203,7 @@ def bench_moe(presets: list[str], tokens: list[int], *, mode: str | list[str] = 
     """The layer (a preset's EP8 per-rank slice on one GPU) captured in a CUDA graph and
     replayed: device time, useful TFLOP/s, HBM GB/s of the compulsory traffic, buffer MiB.
 
-    ``mode``: one mode or several, bracketed in rounds against each other (DESIGN §8).
+    ``mode``: one mode or several, bracketed in rounds against each other (megamoe_rt/cli/timing.py).
     ``capacity``: the buffers' token capacity (default: each row's token count); the fused
     arm passes ``num_tokens_bound`` = the row's tokens, as a caller with uniform ranks would.
     """

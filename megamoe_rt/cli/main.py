@@ -244,12 +244,16 @@ def cmd_bench(args) -> int:
 
 def cmd_sweep(args) -> int:
     from megamoe_rt.graph import SpecError, load_spec
-    from megamoe_rt.graph.sweep import format_table, parse_vary, plot, run_sweep
+    from megamoe_rt.graph.sweep import format_table, parse_vary, plot, run_sweep, sweep_points
     from megamoe_rt.graph.workloads import KNOWN
 
+    # Without --vary the spec runs once with its own partition sizes.
+    if args.vary is None and args.plot:
+        raise UsageError("megamoe-rt sweep: --plot needs --vary (a single run has no curve to plot)")
     try:
-        name, values = parse_vary(args.vary)
+        name, values = parse_vary(args.vary) if args.vary is not None else (None, None)
         spec = load_spec(args.spec, known_kernels=KNOWN)
+        sweep_points(spec, name, values)  # the varied partition must exist: checked before any GPU work
     except (ValueError, OSError) as exc:
         raise UsageError(f"megamoe-rt sweep: {exc}") from None
     info = _hopper_or_none("sweep")
@@ -259,7 +263,8 @@ def cmd_sweep(args) -> int:
         rows = run_sweep(spec, name, values, device=info.ordinal, reps=args.reps)
     except SpecError as exc:
         raise UsageError(f"megamoe-rt sweep: {exc}") from None
-    print(f"spec {spec.name} on {info.name} ({info.sm_count} SMs), varying {name}")
+    what = "partitions as specified" if name is None else f"varying {name}"
+    print(f"spec {spec.name} on {info.name} ({info.sm_count} SMs), {what}")
     print(format_table(rows, name))
     if args.json:
         with open(args.json, "w") as f:
@@ -343,15 +348,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     s.set_defaults(func=cmd_launch)
 
-    s = sub.add_parser("sweep", help="run a pipeline spec's graph across SM splits of one partition")
+    s = sub.add_parser("sweep", help="run a pipeline spec's graph, once or across SM splits of one partition")
     s.add_argument("--spec", required=True, help="graphs/<file>.toml")
-    s.add_argument("--vary", required=True, help="PARTITION=START..STOP[:STEP], e.g. left=8..120:8")
+    s.add_argument("--vary", default=None,
+                   help="PARTITION=START..STOP[:STEP], e.g. left=8..120:8 (default: run the spec once as written)")
     s.add_argument("--reps", type=_positive_int, default=10, help="timed replays per point (median)")
     s.add_argument("--json", default=None, help="write the rows to this JSON file")
-    s.add_argument("--plot", default=None, help="write a PNG plot (needs matplotlib)")
+    s.add_argument("--plot", default=None, help="write a PNG plot (needs matplotlib and --vary)")
     s.set_defaults(func=cmd_sweep)
 
-    s = sub.add_parser("bench", help="benchmarks on a Hopper GPU (method of DESIGN section 8)")
+    s = sub.add_parser("bench", help="benchmarks on a Hopper GPU (CUDA-event device time, arms bracketed in rounds)")
     s.add_argument("what", choices=("gemm", "moe"), help="what to measure")
     s.add_argument("--mode", type=_modes, default=["unfused"],
                    help="moe: execution mode(s), comma-separated and bracketed in rounds (unfused, fused)")

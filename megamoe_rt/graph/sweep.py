@@ -1,5 +1,6 @@
 """Partition sweeps: run a pipeline spec's graph at each SM split of one partition and
-time every node alone (in its partition) and the whole graph."""
+time every node alone (in its partition) and the whole graph. Without a partition to vary,
+the spec runs once with the partition sizes it names."""
 
 from __future__ import annotations
 
@@ -40,25 +41,35 @@ def _time_graph(graph, stream, reps: int) -> float:
     return statistics.median(times)
 
 
-def run_sweep(spec: PipelineSpec, vary: str, values: list[int], *, device: int = 0, reps: int = 10,
+def sweep_points(spec: PipelineSpec, vary: str | None, values: list[int] | None) -> list[tuple[Any, list]]:
+    """``(value, partition requests)`` of every point: one per value of the varied partition,
+    or, with ``vary`` None, the spec's own sizes once (value None)."""
+    if vary is None:
+        return [(None, list(spec.partitions))]
+    if vary not in {n for n, _ in spec.partitions}:
+        raise SpecError(f"--vary names partition {vary!r}; spec {spec.name!r} has "
+                        f"{', '.join(n for n, _ in spec.partitions)}")
+    return [(v, [(n, v if n == vary else r) for n, r in spec.partitions]) for v in values or []]
+
+
+def run_sweep(spec: PipelineSpec, vary: str | None, values: list[int] | None, *, device: int = 0, reps: int = 10,
               progress: bool = True) -> list[dict[str, Any]]:
+    """One row per point of :func:`sweep_points` (``vary`` None: the spec once, as written)."""
     import cupy as cp
 
     from megamoe_rt.graph.builder import GraphBuilder
     from megamoe_rt.graph.green import GreenPartitions
     from megamoe_rt.graph.workloads import make_workload
 
-    if vary not in {n for n, _ in spec.partitions}:
-        raise SpecError(f"--vary names partition {vary!r}; spec {spec.name!r} has "
-                        f"{', '.join(n for n, _ in spec.partitions)}")
+    points = sweep_points(spec, vary, values)
     order = spec.topological_order()
     workloads = {n.name: make_workload(n, device) for n in order}
     stream = cp.cuda.Stream(non_blocking=True)
     rows = []
-    for i, v in enumerate(values):
-        requests = [(n, v if n == vary else r) for n, r in spec.partitions]
+    for i, (v, requests) in enumerate(points):
         if progress:
-            print(f"\r[{i + 1}/{len(values)}] {vary}={v} ...", end="", file=sys.stderr, flush=True)
+            what = "partitions as specified" if vary is None else f"{vary}={v}"
+            print(f"\r[{i + 1}/{len(points)}] {what} ...", end="", file=sys.stderr, flush=True)
         try:
             parts = GreenPartitions(requests, device=device)
         except ValueError as exc:
@@ -94,17 +105,18 @@ def run_sweep(spec: PipelineSpec, vary: str, values: list[int], *, device: int =
     return rows
 
 
-def format_table(rows: list[dict], vary: str) -> str:
+def format_table(rows: list[dict], vary: str | None) -> str:
     ok = [r for r in rows if "error" not in r]
     nodes = list(ok[0]["nodes_us"]) if ok else []
-    head = f"{vary:>6} " + " ".join(f"{'SMs ' + n:>12}" for n in (ok[0]["partitions"] if ok else [])) + \
+    head = f"{vary or 'run':>6} " + " ".join(f"{'SMs ' + n:>12}" for n in (ok[0]["partitions"] if ok else [])) + \
         " " + " ".join(f"{n + ' us':>14}" for n in nodes) + f" {'total us':>10}"
     lines = [head, "-" * len(head)]
     for r in rows:
+        label = "spec" if r["value"] is None else str(r["value"])
         if "error" in r:
-            lines.append(f"{r['value']:>6} skipped: {r['error']}")
+            lines.append(f"{label:>6} skipped: {r['error']}")
             continue
-        lines.append(f"{r['value']:>6} " + " ".join(f"{s:>12}" for s in r["partitions"].values()) + " " +
+        lines.append(f"{label:>6} " + " ".join(f"{s:>12}" for s in r["partitions"].values()) + " " +
                      " ".join(f"{r['nodes_us'][n]:>14.1f}" for n in nodes) + f" {r['total_us']:>10.1f}")
     return "\n".join(lines)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from megamoe_rt.runtime import driver
 from megamoe_rt.graph.spec import NodeSpec, SpecError
+from megamoe_rt.schedule.arith import align_up
 
 KNOWN = ("sm_probe", "stream_copy", "fp8_gemm")
 
@@ -65,7 +66,7 @@ def _gemm_workload(node: NodeSpec, device: int) -> Workload:
     m, n, k = (int(node.args.get(key, 4096)) for key in ("m", "n", "k"))
     a, _ = quantize_fp8(cp.random.standard_normal((m, k), dtype=cp.float32))
     b, _ = quantize_fp8(cp.random.standard_normal((n, k), dtype=cp.float32))
-    a_sf = cp.ones((k // 128, -(-m // 4) * 4), dtype=cp.float32)
+    a_sf = cp.ones((k // 128, align_up(m, 4)), dtype=cp.float32)
     b_sf = cp.full((1, n // 128, k // 128), 1 / 64, dtype=cp.float32)
     offsets = cp.asarray(np.array([0, m], dtype=np.int32))
     out = cp.empty((m, n), dtype=cp.uint16)

@@ -8,6 +8,7 @@ from typing import Any
 
 from megamoe_rt.runtime.deadlines import WaitContext
 from megamoe_rt.jit import KernelSpec
+from megamoe_rt.schedule.arith import ceil_div
 from megamoe_rt.schedule.layout import ep_bank_words
 from megamoe_rt.kernels.moe import MoeParams
 
@@ -88,14 +89,14 @@ def launch_before_gemms(kernels: dict[str, Any], params: EpParams, *, pairs: int
                         stream: int) -> None:
     """Everything up to the pool being filled: parity, send list, publish, receive, pull."""
     one = [params]
-    grid_pairs = max(1, min(-(-pairs // THREADS), sm_count * 4))
+    grid_pairs = max(1, min(ceil_div(pairs, THREADS), sm_count * 4))
     kernels["begin"].launch((1,), (THREADS,), one, stream=stream)
     kernels["count"].launch((grid_pairs,), (THREADS,), one, stream=stream)
     kernels["send_scan"].launch((1,), (SCAN_THREADS,), one, stream=stream)
     kernels["claim"].launch((grid_pairs,), (THREADS,), one, stream=stream)
     kernels["publish"].launch((1,), (THREADS,), one, stream=stream)
     kernels["recv_layout"].launch((1,), (SCAN_THREADS,), one, stream=stream)
-    grid_rows = max(1, min(-(-pool_rows // (THREADS // 32)), sm_count * 16))
+    grid_rows = max(1, min(ceil_div(pool_rows, THREADS // 32), sm_count * 16))
     kernels["dispatch"].launch((grid_rows,), (THREADS,), one, stream=stream)
 
 

@@ -4,21 +4,19 @@ from __future__ import annotations
 
 from megamoe_rt.jit import KernelSpec
 from megamoe_rt.kernels.gemm import CHECK_LAYOUT_SPEC, GemmConfig, max_stages
+from megamoe_rt.schedule.arith import ceil_div
 
 # Tiles built from the one wgmma shape (m64n128k32): rows split across warpgroups
 # (128x128), columns split (64x256), or a single warpgroup (64x128).
 TILES = ((128, 128), (64, 256), (64, 128))
 
 
-def _config(bm: int, bn: int, *, a_sf_gran: int, b_sf_n: int, out_sf_gran: int, layout: str, epilogue: str,
-            cluster_n: int = 1) -> GemmConfig:
+def _config(bm: int, bn: int, *, a_sf_gran: int, b_sf_n: int, out_sf_gran: int, layout: str,
+            epilogue: str) -> GemmConfig:
+    # One CTA per tile: CTA pairs sharing the A tile are not built (GemmConfig refuses
+    # cluster_n != 1 until their cross-CTA waits carry a deadline).
     return GemmConfig(bm, bn, max_stages(bm, bn, a_sf_gran), a_sf_gran=a_sf_gran, b_sf_n=b_sf_n,
-                      out_sf_gran=out_sf_gran, cluster_n=cluster_n, layout=layout, epilogue=epilogue)
-
-
-def _clusters(bm: int, bn: int) -> tuple[int, ...]:
-    # CTA pairs sharing the A tile are not built (their cross-CTA waits have no deadline yet).
-    return (1,)
+                      out_sf_gran=out_sf_gran, layout=layout, epilogue=epilogue)
 
 
 def candidate_configs() -> list[GemmConfig]:
@@ -26,18 +24,17 @@ def candidate_configs() -> list[GemmConfig]:
     out: list[GemmConfig] = []
     for layout in ("contiguous", "masked"):
         for bm, bn in TILES:
-            for cl in _clusters(bm, bn):
-                for a_gran in (128, 64):
+            for a_gran in (128, 64):
+                out.append(_config(bm, bn, a_sf_gran=a_gran, b_sf_n=128, out_sf_gran=128, layout=layout,
+                                   epilogue="bf16"))
+                if layout == "contiguous":
                     out.append(_config(bm, bn, a_sf_gran=a_gran, b_sf_n=128, out_sf_gran=128, layout=layout,
-                                       epilogue="bf16", cluster_n=cl))
-                    if layout == "contiguous":
-                        out.append(_config(bm, bn, a_sf_gran=a_gran, b_sf_n=128, out_sf_gran=128, layout=layout,
-                                           epilogue="scatter_bf16", cluster_n=cl))
-                for out_gran in (64, 128):
-                    if out_gran == 128 and (bm, bn) != (64, 256):
-                        continue
-                    out.append(_config(bm, bn, a_sf_gran=128, b_sf_n=64, out_sf_gran=out_gran, layout=layout,
-                                       epilogue="swiglu_fp8", cluster_n=cl))
+                                       epilogue="scatter_bf16"))
+            for out_gran in (64, 128):
+                if out_gran == 128 and (bm, bn) != (64, 256):
+                    continue
+                out.append(_config(bm, bn, a_sf_gran=128, b_sf_n=64, out_sf_gran=out_gran, layout=layout,
+                                   epilogue="swiglu_fp8"))
     return out
 
 
@@ -58,7 +55,7 @@ def choose_config(*, layout: str, epilogue: str, num_rows: int, n: int, k: int, 
     if rows_per_group <= 64:
         return _config(64, 256, **kw) if n % 256 == 0 else _config(64, 128, **kw)
     total_rows = num_groups * masked_rows if layout == "masked" else num_rows
-    tiles_128 = -(-total_rows // 128) * (n // 128)
+    tiles_128 = ceil_div(total_rows, 128) * (n // 128)
     if tiles_128 < sm_count // 2:
         return _config(64, 128, **kw)
     return _config(128, 128, **kw)

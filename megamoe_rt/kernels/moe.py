@@ -6,6 +6,7 @@ import ctypes
 from typing import Any
 
 from megamoe_rt.jit import KernelSpec
+from megamoe_rt.schedule.arith import ceil_div
 
 COUNT_THREADS = 256
 SCAN_THREADS = 1024
@@ -85,8 +86,8 @@ def kernel_specs() -> list[KernelSpec]:
 def grids(num_tokens: int, num_topk: int, sm_count: int) -> dict[str, int]:
     pairs = num_tokens * num_topk
     return {
-        "count": max(1, min(-(-pairs // COUNT_THREADS), sm_count * 4)),
-        "dispatch": max(1, min(-(-pairs // (DISPATCH_THREADS // 32)), sm_count * 16)),
+        "count": max(1, min(ceil_div(pairs, COUNT_THREADS), sm_count * 4)),
+        "dispatch": max(1, min(ceil_div(pairs, DISPATCH_THREADS // 32), sm_count * 16)),
         "combine": max(1, min(num_tokens, sm_count * 16)),
     }
 

@@ -8,6 +8,7 @@ from typing import Any
 from megamoe_rt.runtime import driver
 from megamoe_rt.runtime.arrays import as_device_array, check_array, cupy_stream, require_cupy
 from megamoe_rt.jit import KernelSpec
+from megamoe_rt.schedule.arith import ceil_div
 
 GROUP = 128
 THREADS = 256
@@ -77,7 +78,7 @@ def quantize_fp8(x: Any, *, out: Any = None, out_sf: Any = None, stream: Any = N
     params = QuantizeParams(xa.ptr, qa.ptr, sfa.ptr, num_groups, hidden // GROUP, 0)
     groups_per_block = THREADS // _THREADS_PER_GROUP
     # Enough blocks for ~16 resident per SM; the kernel strides over the rest.
-    blocks = min(-(-num_groups // groups_per_block), info.sm_count * 16)
+    blocks = min(ceil_div(num_groups, groups_per_block), info.sm_count * 16)
     kernel.launch((blocks,), (THREADS,), [params], stream=sh)
     return q, sf
 

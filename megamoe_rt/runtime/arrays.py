@@ -23,7 +23,7 @@ ELEMENT_SIZE = {
     "float64": 8, "int64": 8, "uint64": 8,
 }
 
-# What a raw-bits container may stand for: the contract of DESIGN §3.
+# What a raw-bits container may stand for (docs/NUMERICS.md, "How the formats travel").
 RAW_BITS_ALIASES = {"uint8": "e4m3", "uint16": "bf16"}
 
 _TYPESTR = {
@@ -170,14 +170,23 @@ def as_device_array(obj: Any, name: str, *, stream: int | None = None) -> Device
         return obj
     if isinstance(obj, np.ndarray):
         raise TypeError(f"{name}: expected a device array (CuPy or DLPack CUDA tensor), got a host numpy.ndarray")
-    if hasattr(obj, "__cuda_array_interface__"):
+    dlpack = hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__")
+    try:
+        has_cai = hasattr(obj, "__cuda_array_interface__")
+    except Exception as exc:
+        # hasattr only absorbs AttributeError: torch's property raises KeyError for dtypes the
+        # interface has no type string for (float8_e4m3fn). DLPack carries those natively.
+        if not dlpack:
+            raise TypeError(f"{name}: its __cuda_array_interface__ failed ({type(exc).__name__}: {exc})") from None
+        has_cai = False
+    if has_cai:
         try:
             return _from_cai(obj, name)
         except (AttributeError, TypeError, ValueError) as exc:
-            # torch raises on CAI for bf16/fp8; DLPack carries those dtypes natively.
-            if not hasattr(obj, "__dlpack__"):
+            # torch describes bf16 as an opaque '<V2'; DLPack carries bf16 and fp8 natively.
+            if not dlpack:
                 raise TypeError(f"{name}: {exc}") from None
-    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+    if dlpack:
         return _from_dlpack(obj, name, stream)
     raise TypeError(
         f"{name}: expected a CUDA array (CuPy, __cuda_array_interface__ or DLPack), got {type(obj).__name__}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from megamoe_rt.schedule.arith import align_up
 from megamoe_rt.schedule.plan import _require_choice, _require_int, align_tokens, fused_schedule, pool_blocks_upper_bound
 
 __all__ = [
@@ -46,18 +47,13 @@ _BLOCK_M_CHOICES = (64, 128)
 _ACT_SF_GRAN_CHOICES = (64, 128)
 _POOL_CHOICES = ("full", "ring")
 _GRID_SYNC_WORDS = 32
-_BARRIER_BANKS = 2
-_STREAM_GEN_WORDS = 3
+_PARITY_BANKS = 2  # counters and signal words peers write: one bank per launch parity
 _ERROR_FLAG_WORDS = 4
 
 
 def ep_bank_words(num_ranks: int, num_local_experts: int) -> int:
     """u32 words of one bank of ``ep_banks`` (ep/params.cuh EpBankLayout)."""
     return 2 * num_ranks * num_local_experts + 2 * num_ranks
-
-
-def _align_up(n: int, a: int) -> int:
-    return -(-n // a) * a
 
 
 @dataclass(frozen=True)
@@ -98,8 +94,6 @@ class BufferLayout:
     pool: str
     pool_blocks: int
     pool_rows: int
-    stream_slots: int
-    stream_chunk_tokens: int
     regions: tuple[Region, ...]
     workspace: tuple[Region, ...]
     total_bytes: int
@@ -178,7 +172,7 @@ class _Packer:
         self.regions: list[Region] = []
 
     def add(self, name: str, dtype: str, shape: tuple[int, ...], doc: str) -> None:
-        offset = _align_up(self.cursor, self.align)
+        offset = align_up(self.cursor, self.align)
         nbytes = math.prod(shape) * DTYPE_SIZES[dtype]
         self.regions.append(Region(name, offset, nbytes, self.align, dtype, shape, doc))
         self.cursor = offset + nbytes
@@ -197,8 +191,6 @@ def symm_buffer_layout(
     pool: str = "full",
     ring_blocks: int | None = None,
     num_tokens_bound: int | None = None,
-    stream_slots: int = 0,
-    stream_chunk_tokens: int = 0,
 ) -> BufferLayout:
     """Compute the symmetric buffer layout for one MoE shape.
 
@@ -228,13 +220,6 @@ def symm_buffer_layout(
     _require_choice("block_m", block_m, _BLOCK_M_CHOICES)
     _require_choice("act_sf_gran", act_sf_gran, _ACT_SF_GRAN_CHOICES)
     _require_choice("pool", pool, _POOL_CHOICES)
-    slots = _require_int("stream_slots", stream_slots, minimum=0)
-    chunk = _require_int("stream_chunk_tokens", stream_chunk_tokens, minimum=0)
-    if (slots == 0) != (chunk == 0):
-        raise ValueError(
-            f"stream_slots={slots}, stream_chunk_tokens={chunk}: expected both 0 "
-            "(streaming off) or both positive"
-        )
     el = e // r
 
     bound = t
@@ -272,45 +257,34 @@ def symm_buffer_layout(
            "first pool row of each local expert (block-aligned prefix sum, last = total rows)")
     ws.add("expert_cursors", "int32", (el,),
            "rows placed so far per local expert while dispatching")
-    ws.add("l1_arrival_counts", "int32", (pool_blocks,),
-           "rows landed in each pool block, gates its L1 GEMM")
-    ws.add("l2_arrival_masks", "uint64", (pool_blocks,),
-           "L1 n-tiles finished per pool block, gates its L2 GEMM")
-    if pool == "ring":
-        ws.add("ring_empty_counts", "int32", (pool_blocks,),
-               "consumers done with each ring slot, gates its reuse")
-    ws.add("barrier_signals", "uint64", (_BARRIER_BANKS, r),
-           "cross-rank signal words, one bank per launch parity")
     ws.add("grid_sync", "uint32", (_GRID_SYNC_WORDS,),
            "grid-wide barrier counters")
-    ws.add("fused_banks", "uint32", (_BARRIER_BANKS, 2 * e + 3 * full_blocks + 1),
+    ws.add("fused_banks", "uint32", (_PARITY_BANKS, 2 * e + 3 * full_blocks + 1),
            "fused kernel, per launch parity: expert counts and cursors, per-block arrivals, "
            "L1 publishes and L2 reads, the tile ticket")
     ws.add("launch_epoch", "uint32", (_GRID_SYNC_WORDS,),
            "launches so far; the parity picks the fused kernel's counter bank")
     ws.add("error_flags", "uint32", (_ERROR_FLAG_WORDS,),
-           "device-side input checks (bit 0: expert id out of range)")
-    if slots:
-        ws.add("stream_ring_gens", "uint64", (r, slots, _STREAM_GEN_WORDS),
-               "per peer and slot: route_ready, layout_ready, consumed generations")
+           "device-side input checks (bit 0: expert id out of range, bit 1: pool overflow)")
     if r > 1:
         ws.add("ep_send_counts", "int32", (e,), "this rank's pairs per global expert")
         ws.add("ep_send_offsets", "int32", (e + 1,), "send list layout: exclusive scan of ep_send_counts")
         ws.add("ep_send_cursors", "int32", (e,), "send-list entries claimed so far per global expert")
         ws.add("ep_src_rows", "int32", (el, r + 1), "first pool row of each (local expert, source rank)")
         ws.add("ep_expert_totals", "int32", (el,), "rows received per local expert from all ranks")
-        ws.add("ep_banks", "uint32", (_BARRIER_BANKS, ep_bank_words(r, el)),
+        ws.add("ep_banks", "uint32", (_PARITY_BANKS, ep_bank_words(r, el)),
                "written by peers, per launch parity: received counts and send-list offsets, "
                "count_ready and combine_ready words")
         ws.add("peer_bases", "uint64", (r,), "base address of every rank's buffer, as this rank maps it")
-    ws_bytes = _align_up(ws.cursor, REGION_ALIGN)
+    ws_bytes = align_up(ws.cursor, REGION_ALIGN)
 
     top = _Packer(REGION_ALIGN)
-    top.add("x", "e4m3", (t, h), "input tokens, FP8")
-    top.add("x_sf", "float32", (t, h // _SF_BLOCK),
-            "input scales, one row per token as the caller passes them (peers pull a token's row)")
-    top.add("topk_idx", "int32", (t, k), "routed expert of each token and slot")
-    top.add("topk_weights", "float32", (t, k), "router weight of each token and slot")
+    if r > 1:
+        # One rank reads the caller's x and x_sf directly; across ranks they are staged here,
+        # where the ranks owning a token's experts pull its row from.
+        top.add("x", "e4m3", (t, h), "input tokens, FP8, staged for peers to pull")
+        top.add("x_sf", "float32", (t, h // _SF_BLOCK),
+                "input scales, one row per token as the caller passes them (peers pull a token's row)")
     top.add("l1_pool", "e4m3", (rows, h), "received rows grouped by local expert")
     top.add("l1_pool_sf", "float32", (h // _SF_BLOCK, rows), "scales of l1_pool, k-block-major")
     top.add("l1_pool_src", "int32", (meta_rows,),
@@ -340,9 +314,7 @@ def symm_buffer_layout(
         pool=pool,
         pool_blocks=pool_blocks,
         pool_rows=rows,
-        stream_slots=slots,
-        stream_chunk_tokens=chunk,
         regions=tuple(top.regions),
         workspace=tuple(ws.regions),
-        total_bytes=_align_up(top.cursor, REGION_ALIGN),
+        total_bytes=align_up(top.cursor, REGION_ALIGN),
     )

@@ -23,6 +23,8 @@ import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from megamoe_rt.schedule.arith import align_up, ceil_div
+
 __all__ = [
     "LAG_GROUP_UNITS",
     "LAG_MAX_UNITS",
@@ -86,10 +88,6 @@ def _require_choice(name: str, value, choices: Sequence) -> None:
         raise ValueError(f"{name}={value!r}: expected one of {tuple(choices)}")
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 # --------------------------------------------------------------------------
 # capacities
 # --------------------------------------------------------------------------
@@ -98,7 +96,7 @@ def _ceil_div(a: int, b: int) -> int:
 def align_tokens(n: int) -> int:
     """Round a token count up to the buffer's capacity granularity (128)."""
     n = _require_int("n", n, minimum=0)
-    return _ceil_div(n, TOKEN_ALIGN) * TOKEN_ALIGN
+    return align_up(n, TOKEN_ALIGN)
 
 
 def pool_blocks_upper_bound(
@@ -153,9 +151,9 @@ def estimated_units(
     e = _require_int("num_experts", num_experts, minimum=1)
     el = _require_int("num_local_experts", num_local_experts, minimum=1)
     bm = _require_int("block_m", block_m, minimum=1)
-    tokens_per_expert = _ceil_div(r * t * k, e)
-    blocks_per_expert = _ceil_div(tokens_per_expert, bm)
-    return el * _ceil_div(blocks_per_expert, UNIT_BLOCKS)
+    tokens_per_expert = ceil_div(r * t * k, e)
+    blocks_per_expert = ceil_div(tokens_per_expert, bm)
+    return el * ceil_div(blocks_per_expert, UNIT_BLOCKS)
 
 
 def lag_units(units: int) -> int:
@@ -276,7 +274,7 @@ def num_cycles(total_pool_blocks: int, ring_blocks: int) -> int:
     """
     total = _require_int("total_pool_blocks", total_pool_blocks, minimum=0)
     ring = _require_int("ring_blocks", ring_blocks, minimum=1)
-    return max(1, _ceil_div(total, ring))
+    return max(1, ceil_div(total, ring))
 
 
 def num_cycles_across_ranks(per_rank_cycles: Sequence[int]) -> int:

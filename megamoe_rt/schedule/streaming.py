@@ -1,5 +1,5 @@
-"""The chunk-ready input ring of the streaming option (seed 000): generation words and a
-step-level model of the protocol.
+"""The chunk-ready input ring of a planned streaming input option: generation words and a
+step-level model of the protocol (CPU only; no kernel implements it yet).
 
 Producers (one per source rank) fill ring slots with token chunks; MegaMoE consumes them.
 Per (source rank, slot) three 64-bit words:

@@ -151,7 +151,8 @@ def core_call(name: str, fn: Callable, *args, **kwargs):
     except Exception as exc:
         if _is_core_cuda_error(exc):
             raise _from_core_error(name, exc) from exc
-        if type(exc) is RuntimeError:  # cuda.core's explained misuse (e.g. an unrecorded event)
+        if isinstance(exc, RuntimeError) and not isinstance(exc, NotImplementedError):
+            # cuda.core's explained misuse (e.g. timing an unrecorded event)
             raise RuntimeError(f"{name}: {exc}") from exc
         raise
 

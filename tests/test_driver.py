@@ -70,21 +70,329 @@ def test_quantize_without_gpu_raises_before_anything_else():
 
 
 class _Handle:
-    def __init__(self, h):
-        self._h = h
+    """A cuda.core-style stream: ``__cuda_stream__()`` returns (version, handle)."""
+
+    def __init__(self, h, version=0):
+        self._h, self._v = h, version
 
     def __cuda_stream__(self):
-        return (0, self._h)
+        return (self._v, self._h)
+
+
+class _OldProtocol:
+    """Early cuda.core: ``__cuda_stream__`` as an attribute holding the tuple."""
+
+    __cuda_stream__ = (0, 55)
+
+
+class _TorchLike:
+    """torch.cuda.Stream / torch.cuda.ExternalStream: the handle is ``.cuda_stream``."""
+
+    def __init__(self, h):
+        self.cuda_stream = h
+        self.device = "cuda:0"
+
+
+class _CupyLike:
+    ptr = 99
 
 
 def test_stream_handle_accepts_common_forms():
     assert driver.stream_handle(0) == 0
     assert driver.stream_handle(1234) == 1234
     assert driver.stream_handle(_Handle(77)) == 77
-
-    class CupyLike:
-        ptr = 99
-
-    assert driver.stream_handle(CupyLike()) == 99
+    assert driver.stream_handle(_CupyLike()) == 99
     with pytest.raises(TypeError, match="stream"):
         driver.stream_handle("not a stream")
+
+
+def test_stream_handle_accepts_pytorch_cuda_core_and_bindings_streams():
+    import numpy as np
+    from cuda.bindings import driver as cu
+
+    core = pytest.importorskip("cuda.core")
+    assert driver.stream_handle(_TorchLike(0x7F00)) == 0x7F00
+    assert driver.stream_handle(_TorchLike(0)) == 0  # torch's default stream
+    assert driver.stream_handle(_OldProtocol()) == 55
+    # Real cuda.core objects: wrapping a foreign handle needs no GPU.
+    assert driver.stream_handle(core.Stream.from_handle(0x1234)) == 0x1234
+    assert driver.stream_handle(core.LEGACY_DEFAULT_STREAM) == 1
+    assert driver.stream_handle(cu.CUstream(0x42)) == 0x42
+    assert driver.stream_handle(np.uint64(0x43)) == 0x43
+
+
+def test_stream_handle_prefers_the_protocol_over_attributes():
+    class Both(_TorchLike):
+        ptr = 3
+
+        def __cuda_stream__(self):
+            return (0, 11)
+
+    assert driver.stream_handle(Both(7)) == 11
+
+
+def test_stream_handle_for_our_own_stream_needs_no_driver_call():
+    s = object.__new__(driver.Stream)
+    s._handle = 0x5000
+    assert driver.stream_handle(s) == 0x5000 and s.__cuda_stream__() == (0, 0x5000)
+    s._handle = None  # closed
+    with pytest.raises(ValueError, match="closed"):
+        driver.stream_handle(s)
+
+
+def test_stream_handle_none_is_cupys_current_stream_or_the_default(monkeypatch):
+    import sys
+    import types
+
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    assert driver.stream_handle(None) == 0
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(get_current_stream=lambda: _CupyLike()))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    assert driver.stream_handle(None) == 99
+
+
+def test_stream_handle_rejects_what_is_not_a_stream():
+    with pytest.raises(TypeError, match="bool"):
+        driver.stream_handle(True)
+    with pytest.raises(ValueError, match="non-negative"):
+        driver.stream_handle(-1)
+    with pytest.raises(TypeError, match="protocol version 1"):
+        driver.stream_handle(_Handle(5, version=1))
+
+    class Broken:
+        def __cuda_stream__(self):
+            return 5
+
+    with pytest.raises(TypeError, match=r"Broken.__cuda_stream__ gave 5"):
+        driver.stream_handle(Broken())
+
+
+def test_core_stream_wraps_any_stream_without_a_gpu():
+    core = pytest.importorskip("cuda.core")
+    s = core.Stream.from_handle(0x1234)
+    assert driver.core_stream(s) is s
+    assert driver.core_stream(0) is core.LEGACY_DEFAULT_STREAM
+    assert driver.core_stream(1) is core.LEGACY_DEFAULT_STREAM
+    assert driver.core_stream(2) is core.PER_THREAD_DEFAULT_STREAM
+    wrapped = driver.core_stream(_TorchLike(0x9000))
+    assert isinstance(wrapped, core.Stream) and wrapped.__cuda_stream__() == (0, 0x9000)
+
+
+def _core_cuda_error():
+    try:
+        from cuda.core._utils.cuda_utils import CUDAError
+    except ImportError:  # the private path moved: a stand-in with the same name and package
+        CUDAError = type("CUDAError", (Exception,), {"__module__": "cuda.core._utils.cuda_utils"})
+    return CUDAError
+
+
+def test_core_call_turns_cuda_core_errors_into_cuda_errors_naming_the_call():
+    CUDAError = _core_cuda_error()
+
+    def oom():
+        raise CUDAError("CUDA_ERROR_OUT_OF_MEMORY: out of memory")
+
+    with pytest.raises(CudaError) as info:
+        driver.core_call("cuMemAllocFromPoolAsync", oom)
+    e = info.value
+    assert (e.call, e.result, e.code) == ("cuMemAllocFromPoolAsync", "CUDA_ERROR_OUT_OF_MEMORY", 2)
+    assert "out of memory" in str(e) and "cuMemAllocFromPoolAsync failed" in str(e)
+
+    def odd():
+        raise CUDAError("Device 0 is not yet initialized")
+
+    with pytest.raises(CudaError) as info:
+        driver.core_call("cuStreamCreateWithPriority", odd)
+    assert info.value.result == "CUDA_ERROR_UNKNOWN" and "not yet initialized" in str(info.value)
+
+
+def test_core_call_names_the_call_on_explained_misuse_and_passes_the_rest():
+    def unrecorded():
+        raise RuntimeError("Both Events must be recorded before they can be subtracted")
+
+    with pytest.raises(RuntimeError, match=r"^cuEventElapsedTime: Both Events"):
+        driver.core_call("cuEventElapsedTime", unrecorded)
+    ours = CudaError("cuEventRecord", "CUDA_ERROR_INVALID_HANDLE", 400)
+
+    def raise_ours():
+        raise ours
+
+    with pytest.raises(CudaError) as info:
+        driver.core_call("cuEventRecord", raise_ours)
+    assert info.value is ours
+    with pytest.raises(ValueError, match="plain"):
+        driver.core_call("x", lambda: (_ for _ in ()).throw(ValueError("plain")))
+    assert driver.core_call("x", lambda a, b=0: a + b, 1, b=2) == 3
+
+
+def test_a_kernel_fault_from_cuda_core_carries_the_timeout_record():
+    CUDAError = _core_cuda_error()
+    driver.register_fault_explainer(_explain_trap)
+    try:
+        def trapped():
+            raise CUDAError("CUDA_ERROR_LAUNCH_FAILED: unspecified launch failure")
+
+        with pytest.raises(CudaError) as info:
+            driver.core_call("cuStreamSynchronize", trapped)
+        assert info.value.code == 719 and "wait 'x' timed out" in str(info.value)
+    finally:
+        driver._fault_explainers.remove(_explain_trap)
+
+
+def _explain_trap():
+    return "wait 'x' timed out"
+
+
+def test_too_old_cuda_core_is_a_one_line_error(monkeypatch):
+    core = pytest.importorskip("cuda.core")
+    monkeypatch.setattr(core, "__version__", "0.7.0")
+    with pytest.raises(GpuUnavailableError, match=r"cuda-core 0.7.0 is too old") as info:
+        driver._core()
+    assert "\n" not in str(info.value)
+
+
+def test_the_cuda_core_api_we_use_is_there():
+    """Names and keywords driver.py uses, checked against the installed cuda.core (the GPU
+    machines may run an older 1.2.x than this one)."""
+    import dataclasses
+    import importlib
+    import inspect
+
+    core = pytest.importorskip("cuda.core")
+    for name in ("name", "compute_capability", "properties", "set_current", "create_stream", "create_event",
+                 "allocate", "device_id"):
+        assert hasattr(core.Device, name), name
+    props = importlib.import_module("cuda.core._device").DeviceProperties
+    for name in ("multiprocessor_count", "l2_cache_size", "max_shared_memory_per_block_optin", "clock_rate"):
+        assert hasattr(props, name), name
+    assert {f.name for f in dataclasses.fields(core.StreamOptions)} >= {"nonblocking", "priority"}
+    assert {f.name for f in dataclasses.fields(core.EventOptions)} >= {"timing_enabled"}
+    inspect.signature(core.Device.allocate).bind(None, 1, stream=None)
+    inspect.signature(core.Device.create_stream).bind(None, options=None)
+    inspect.signature(core.Device.create_event).bind(None, options=None)
+    inspect.signature(core.Buffer.close).bind(None, None)
+    for name in ("sync", "close", "handle", "from_handle", "__cuda_stream__"):
+        assert hasattr(core.Stream, name), name
+    for name in ("sync", "close", "handle", "is_done", "__sub__"):
+        assert hasattr(core.Event, name), name
+    assert hasattr(core.Buffer, "handle") and hasattr(core, "LEGACY_DEFAULT_STREAM")
+
+
+def test_owned_streams_events_and_memory_need_a_gpu_and_say_so_in_one_line():
+    from conftest import hopper_gpu_count
+
+    if hopper_gpu_count():
+        pytest.skip("a GPU is present")
+    for make in (driver.Stream, driver.Event, lambda: driver.DeviceMemory(16)):
+        with pytest.raises(GpuUnavailableError) as info:
+            make()
+        assert "\n" not in str(info.value)
+
+
+# --- on a GPU: what cuda.core now does for the driver layer ----------------------------------
+
+
+@pytest.mark.gpu
+def test_device_info_matches_the_driver_attributes():
+    from cuda.bindings import driver as cu
+
+    info = driver.device_info(0)
+    dev = driver.call(cu.cuDeviceGet, 0)
+    attr = cu.CUdevice_attribute
+
+    def get(a):
+        return int(driver.call(cu.cuDeviceGetAttribute, a, dev))
+
+    assert info.compute_capability == (get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+                                       get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR))
+    assert info.sm_count == get(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+    assert info.l2_cache_bytes == get(attr.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
+    assert info.max_smem_per_block_optin == get(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+    assert info.clock_khz == get(attr.CU_DEVICE_ATTRIBUTE_CLOCK_RATE)
+    raw = driver.call(cu.cuDeviceGetName, 256, dev).split(b"\0", 1)[0].decode()
+    assert info.name == raw and info.is_hopper and info.total_memory_bytes > 0
+
+
+@pytest.mark.gpu
+def test_owned_stream_event_and_memory():
+    core = pytest.importorskip("cuda.core")
+    s = driver.Stream()
+    assert isinstance(s.handle, int) and s.handle not in (0, 1, 2)
+    assert driver.stream_handle(s) == s.handle and driver.core_stream(s) is s.core
+    assert isinstance(s.core, core.Stream) and s.core.is_nonblocking
+    mem = driver.DeviceMemory(4096)
+    mem.copy_from_host(bytes(range(256)) * 16)
+    start, end = driver.Event().record(s), driver.Event()
+    mem.memset_u8(0xAB, stream=s, nbytes=128, offset=256)
+    end.record(s)
+    end.synchronize()
+    assert end.done and start.elapsed_ms(end) >= 0.0
+    out = mem.copy_to_host()
+    assert out[:256] == bytes(range(256)) and out[256:384] == b"\xab" * 128 and out[384:512] == bytes(range(128, 256))
+    mem.free()
+    with pytest.raises(ValueError, match="freed"):
+        mem.ptr  # noqa: B018
+    ordered = driver.DeviceMemory(64, stream=s)
+    ordered.memset_u8(1, stream=s)
+    s.synchronize()
+    assert ordered.copy_to_host() == b"\x01" * 64
+    ordered.free()
+    s.close()
+    with pytest.raises(ValueError, match="closed"):
+        driver.stream_handle(s)
+
+
+@pytest.mark.gpu
+def test_elapsed_time_of_an_unrecorded_event_names_the_call():
+    a, b = driver.Event(), driver.Event()
+    with pytest.raises((RuntimeError, CudaError), match="cuEventElapsedTime"):
+        a.elapsed_ms(b)
+
+
+@pytest.mark.gpu
+def test_kernels_launch_on_every_kind_of_stream():
+    cp = pytest.importorskip("cupy")
+    core = pytest.importorskip("cuda.core")
+    from megamoe_rt.kernels.loader import get_kernel
+    from megamoe_rt.kernels.probe import SPEC, SmProbeParams
+
+    k = get_kernel(SPEC, 0)
+    cps = cp.cuda.Stream(non_blocking=True)
+    ours = driver.Stream()
+    kinds = {"int": cps.ptr, "cupy": cps, "torch-like": _TorchLike(cps.ptr), "cuda.core": ours.core,
+             "wrapped": core.Stream.from_handle(cps.ptr), "ours": ours, "none": None}
+    for name, stream in kinds.items():
+        bufs = cp.zeros(4, cp.uint32), cp.zeros(4, cp.uint64), cp.zeros(4, cp.uint64)
+        args = [SmProbeParams(*(int(b.data.ptr) for b in bufs), 1000)]
+        k.launch((4,), (32,), args, stream=stream)
+        driver.synchronize_stream(stream)
+        assert int(bufs[2].min()) > 0, name
+    ours.close()
+
+
+@pytest.mark.gpu
+def test_cuda_core_setup_in_a_new_thread_keeps_the_current_green_context():
+    import threading
+
+    from cuda.bindings import driver as cu
+
+    from megamoe_rt.graph.green import GreenPartitions
+
+    seen = {}
+
+    def body(ctx):
+        try:
+            driver.call(cu.cuCtxSetCurrent, ctx)
+            s = driver.Stream()  # first cuda.core use in this thread
+            seen["current"] = int(driver.call(cu.cuCtxGetCurrent))
+            s.close()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            seen["error"] = exc
+
+    with GreenPartitions([("a", 16), ("b", "rest")]) as parts:
+        ctx = parts["a"].ctx
+        t = threading.Thread(target=body, args=(ctx,))
+        t.start()
+        t.join()
+        assert "error" not in seen, seen.get("error")
+        assert seen["current"] == int(ctx)

@@ -62,6 +62,24 @@ def test_rank_device_broadcast_and_barrier(monkeypatch):
     assert ctx.mpi_comm.barriers == 1
 
 
+def test_both_rank_contexts_are_rank_groups():
+    from megamoe_rt.ep.group import MpiRankGroup, RankGroup
+
+    me = socket.gethostname()
+    mpi = MpiRankContext(_FakeComm(rank=0, hosts=[me], root_values=[]))
+    local = launch.RankContext(0, 1, "/nonexistent/hub.sock", b"k")
+    assert isinstance(mpi, RankGroup) and isinstance(mpi, MpiRankGroup)
+    assert isinstance(local, RankGroup) and not isinstance(local, MpiRankGroup)
+
+    class NoBarrier:
+        rank, world_size, device = 0, 1, 0
+
+        def broadcast(self, value, *, key="default", root=0):
+            return value
+
+    assert not isinstance(NoBarrier(), RankGroup)
+
+
 def test_context_from_env_needs_a_launcher(monkeypatch):
     monkeypatch.setattr(launch, "_env_context", None)
     for name in (*MPI_ENV_MARKERS, "MEGAMOE_RT_RANK", "MEGAMOE_RT_HUB"):

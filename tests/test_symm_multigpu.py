@@ -92,3 +92,27 @@ def test_a_withheld_peer_signal_traps_naming_the_peer():
         spawn(_signal, 2, args=(True,), timeout=180)
     text = str(info.value)
     assert "wait 'test signal' timed out" in text and "peer 1" in text, text
+
+
+def _barrier_on_any_stream(ctx):
+    import cupy as cp
+
+    from megamoe_rt.ep.symm import NvshmemRuntime
+    from megamoe_rt.runtime import driver
+
+    cp.cuda.Device(ctx.device).use()
+    rt = NvshmemRuntime.initialize(ctx)
+    cps = cp.cuda.Stream(non_blocking=True)
+    ours = driver.Stream()
+    # None (CuPy's current stream), a CuPy stream, a raw handle, ours and its cuda.core stream.
+    for stream in (None, cps, cps.ptr, ours, ours.core):
+        rt.barrier(stream)
+    cps.synchronize()
+    ours.synchronize()
+    ours.close()
+    rt.finalize()
+    return True
+
+
+def test_the_nvshmem_barrier_takes_any_stream():
+    assert spawn(_barrier_on_any_stream, 2, timeout=180) == [True, True]

@@ -25,6 +25,7 @@ from multiprocessing.connection import Client, Listener
 from typing import Any, Callable, Sequence
 
 from megamoe_rt.ep.env import SAFE_ENV
+from megamoe_rt.ep.group import RankGroup
 
 _ENV_RANK, _ENV_WORLD, _ENV_HUB, _ENV_KEY = ("MEGAMOE_RT_RANK", "MEGAMOE_RT_WORLD_SIZE", "MEGAMOE_RT_HUB",
                                              "MEGAMOE_RT_HUB_KEY")
@@ -110,6 +111,8 @@ class _Hub:
 
 @dataclass
 class RankContext:
+    """A rank started by ``megamoe-rt launch`` or :func:`spawn` (a :class:`RankGroup`)."""
+
     rank: int
     world_size: int
     hub_address: str
@@ -151,7 +154,7 @@ class RankContext:
         self._uses: dict[str, int] = {}
 
 
-_env_context: RankContext | None = None
+_env_context: RankGroup | None = None
 
 
 def launched() -> bool:
@@ -159,7 +162,7 @@ def launched() -> bool:
     return _ENV_RANK in os.environ and _ENV_HUB in os.environ
 
 
-def context_from_env():
+def context_from_env() -> RankGroup:
     """This process's rank context: a :class:`RankContext` in a process started by
     ``megamoe-rt launch`` (or spawn), else an :class:`~megamoe_rt.ep.mpi_context.MpiRankContext`
     under ``mpirun``/``mpiexec`` (NVSHMEM then bootstraps through MPI). One per process:

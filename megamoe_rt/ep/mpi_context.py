@@ -24,7 +24,8 @@ def under_mpi() -> bool:
 
 class MpiRankContext:
     """One rank of ``comm`` (default ``MPI.COMM_WORLD``); its GPU is its rank among the ranks
-    on the same node, so a multi-node job maps ranks onto each node's GPUs in order."""
+    on the same node, so a multi-node job maps ranks onto each node's GPUs in order.
+    A :class:`megamoe_rt.ep.group.MpiRankGroup`."""
 
     def __init__(self, comm: Any = None):
         for name, value in SAFE_ENV.items():  # before NVSHMEM or NCCL read them

@@ -15,6 +15,8 @@ import ctypes
 import os
 from typing import Any
 
+from megamoe_rt.ep.group import RankGroup
+from megamoe_rt.runtime import driver
 from megamoe_rt.runtime.arrays import require_cupy
 from megamoe_rt.runtime.buffer import LaidOutBuffer, typed_view
 from megamoe_rt.schedule.layout import BufferLayout
@@ -35,7 +37,7 @@ class NvshmemRuntime:
 
     _active: "NvshmemRuntime | None" = None
 
-    def __init__(self, ctx: Any, *, heap_bytes: int = 0):
+    def __init__(self, ctx: RankGroup, *, heap_bytes: int = 0):
         import numpy as np
         from cuda.core import Device
 
@@ -63,7 +65,7 @@ class NvshmemRuntime:
         self._buffers: list[SymmetricBuffer] = []
 
     @classmethod
-    def initialize(cls, ctx: Any, *, heap_bytes: int = 0) -> "NvshmemRuntime":
+    def initialize(cls, ctx: RankGroup, *, heap_bytes: int = 0) -> "NvshmemRuntime":
         """The process's runtime, created on first use from the launcher context; ``heap_bytes``
         sizes the symmetric heap then (``NVSHMEM_SYMMETRIC_SIZE``, unless already set)."""
         if cls._active is None:
@@ -73,9 +75,10 @@ class NvshmemRuntime:
                                f"{cls._active.world_size}")
         return cls._active
 
-    def barrier(self, stream: Any) -> None:
-        """All ranks reach this point on ``stream`` (a cuda.core Stream)."""
-        self._nvshmem.barrier(self._nvshmem.Teams.TEAM_WORLD, stream=stream)
+    def barrier(self, stream: Any = None) -> None:
+        """All ranks reach this point on ``stream`` (any stream :func:`driver.stream_handle`
+        accepts; None: CuPy's current stream, else the legacy default stream)."""
+        self._nvshmem.barrier(self._nvshmem.Teams.TEAM_WORLD, stream=driver.core_stream(stream))
 
     def finalize(self) -> None:
         """Free every symmetric buffer still open, then finalize NVSHMEM (collective)."""
@@ -86,7 +89,7 @@ class NvshmemRuntime:
             NvshmemRuntime._active = None
 
 
-def _check_same_layout_on_every_rank(layout: BufferLayout, ctx: Any) -> None:
+def _check_same_layout_on_every_rank(layout: BufferLayout, ctx: RankGroup) -> None:
     """Every rank publishes its layout's shape; all compare, so all raise or none does (one
     rank raising alone would leave the others blocked in the collective allocation)."""
     mine = repr((layout.hidden, layout.intermediate, layout.num_experts, layout.num_topk,
@@ -115,12 +118,12 @@ class SymmetricBuffer(LaidOutBuffer):
         _check_same_layout_on_every_rank(layout, runtime.ctx)
         nvshmem = runtime._nvshmem
         self.layout = layout
-        self.device = runtime.device
-        self.rank = runtime.rank
+        self.device: int = runtime.device
+        self.rank: int = runtime.rank
         self._runtime = runtime
         self._buf = nvshmem.buffer(layout.total_bytes)
         self.base_ptr = int(self._buf.handle)
-        self.peer_base_ptrs = [int(nvshmem.get_peer_buffer(self._buf, pe).handle) if pe != self.rank
+        self.peer_base_ptrs: list[int] = [int(nvshmem.get_peer_buffer(self._buf, pe).handle) if pe != self.rank
                                else self.base_ptr for pe in range(runtime.world_size)]
         if any(p == 0 for p in self.peer_base_ptrs):
             missing = [pe for pe, p in enumerate(self.peer_base_ptrs) if p == 0]

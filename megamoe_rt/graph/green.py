@@ -1,4 +1,12 @@
-"""Green contexts over SM partitions of one device (driver API, every call checked)."""
+"""Green contexts over SM partitions of one device (driver API, every call checked).
+
+cuda.core 1.2 has green contexts too (``SMResource.split``, ``Device.create_context``), but
+its split picks ``cuDevSmResourceSplit`` or ``cuDevSmResourceSplitByCount`` by driver
+version, so which SMs a request gets would change with the driver. The partitioning below
+is built on what ``cuDevSmResourceSplitByCount`` does on Hopper (groups formed along the
+chip's topology, unequal partitions as unions of granularity-sized groups), so it calls
+that directly; kernel nodes take the partition's ``CUcontext`` and launches its ``CUstream``.
+"""
 
 from __future__ import annotations
 

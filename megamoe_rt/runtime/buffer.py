@@ -3,18 +3,55 @@
 One rank uses plain device memory (:class:`DeviceBuffer`, CuPy's allocator); across ranks the
 same regions live on the NVSHMEM symmetric heap (:class:`megamoe_rt.ep.symm.SymmetricBuffer`).
 Both share this interface: region addresses, typed CuPy views, and (symmetric only) the
-address of a region in a peer rank's buffer.
+address of a region in a peer rank's buffer. :class:`LayerBuffer` and
+:class:`SymmetricLayerBuffer` say so as protocols, for annotations.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import ctypes
+from typing import Any, Protocol, runtime_checkable
 
 from megamoe_rt.runtime.arrays import require_cupy
 from megamoe_rt.schedule.layout import BufferLayout
 
 _CUPY_DTYPES = {"e4m3": "uint8", "uint8": "uint8", "bf16": "uint16", "float32": "float32", "int32": "int32",
                 "uint32": "uint32", "uint64": "uint64"}
+
+
+@runtime_checkable
+class LayerBuffer(Protocol):
+    """The per-rank MoE buffer as the layer and its modes use it (:class:`DeviceBuffer`,
+    :class:`megamoe_rt.ep.symm.SymmetricBuffer`)."""
+
+    layout: BufferLayout
+    device: int
+    base_ptr: int
+
+    def ptr(self, name: str) -> int:
+        """Device address of region ``name``."""
+        ...
+
+    def view(self, name: str) -> Any:
+        """A CuPy array over region ``name``, typed and shaped as the layout says."""
+        ...
+
+
+@runtime_checkable
+class SymmetricLayerBuffer(LayerBuffer, Protocol):
+    """A :class:`LayerBuffer` that every rank holds at the same layout, with its peers'
+    copies addressable by load/store; freeing it is collective."""
+
+    rank: int
+    peer_base_ptrs: list[int]
+
+    def peer_ptr(self, rank: int, name: str) -> int: ...
+
+    def peer_view(self, rank: int, name: str) -> Any: ...
+
+    def peer_table(self) -> ctypes.Array: ...
+
+    def close(self) -> None: ...
 
 
 def typed_view(raw: Any, region) -> Any:

@@ -1,10 +1,14 @@
-"""Thin, checked layer over ``cuda.bindings.driver``.
+"""Thin, checked layer over ``cuda.bindings.driver`` and ``cuda.core``.
 
 Every driver call goes through :func:`call`, which raises :class:`CudaError`
-carrying the call's name and the CUresult name. Nothing here touches the
-driver at import time, so ``import megamoe_rt`` works on machines with no GPU
-and no driver; the first GPU entry point raises a one-line
-:class:`GpuUnavailableError` there instead.
+carrying the call's name and the CUresult name; what cuda.core does for us
+(device properties, owned streams, events and buffers) goes through
+:func:`core_call`, which turns cuda.core's errors into the same
+:class:`CudaError` naming the driver call underneath. Kernel launches, module
+loading and contexts stay on the driver API here (see :class:`LoadedKernel`).
+Nothing here touches the driver at import time, so ``import megamoe_rt`` works
+on machines with no GPU and no driver; the first GPU entry point raises a
+one-line :class:`GpuUnavailableError` there instead.
 """
 
 from __future__ import annotations
@@ -91,6 +95,68 @@ def call(fn, *args):
     return rest[0] if len(rest) == 1 else rest
 
 
+# cuda.core is imported on first use: it comes with the cu13/cu12 extras, and importing it
+# costs time that `import megamoe_rt` should not pay.
+_CORE_MIN = (1, 2)
+
+
+def _core():
+    try:
+        import cuda.core as core
+    except ImportError as exc:
+        raise GpuUnavailableError(
+            f"cuda-core is not importable ({exc}); install megamoe-rt[cu13]"
+        ) from None
+    try:
+        have = tuple(int(p) for p in core.__version__.split(".")[:2])
+    except (AttributeError, ValueError):  # a development build: trust it
+        have = _CORE_MIN
+    if have < _CORE_MIN:
+        raise GpuUnavailableError(
+            f"cuda-core {core.__version__} is too old; megamoe_rt needs cuda-core >= 1.2 (megamoe-rt[cu13])"
+        )
+    return core
+
+
+def _is_core_cuda_error(exc: BaseException) -> bool:
+    # cuda.core's CUDAError lives in a private module; match it by name and package.
+    cls = type(exc)
+    return any(c.__name__ == "CUDAError" and c.__module__.startswith("cuda.core") for c in cls.__mro__)
+
+
+def _from_core_error(name: str, exc: BaseException) -> CudaError:
+    """A cuda.core CUDAError (``"CUDA_ERROR_X: explanation"``) as our CudaError naming ``name``."""
+    text = str(exc)
+    head, _, rest = text.partition(":")
+    head = head.strip()
+    code = -1
+    if head.startswith("CUDA_ERROR_"):
+        try:
+            code = int(getattr(_cu().CUresult, head))
+        except (AttributeError, GpuUnavailableError):
+            pass
+    if code < 0:
+        head, rest = "CUDA_ERROR_UNKNOWN", text
+    detail = "; ".join(d for d in (rest.strip(), _trap_detail(code)) if d)
+    return CudaError(name, head, code, detail)
+
+
+def core_call(name: str, fn: Callable, *args, **kwargs):
+    """Call into cuda.core; its errors become :class:`CudaError` naming ``name`` (the driver
+    call underneath, e.g. ``"cuStreamCreateWithPriority"``)."""
+    try:
+        return fn(*args, **kwargs)
+    except (CudaError, GpuUnavailableError):
+        raise
+    except Exception as exc:
+        if _is_core_cuda_error(exc):
+            raise _from_core_error(name, exc) from exc
+        if isinstance(exc, RuntimeError) and not isinstance(exc, NotImplementedError):
+            # cuda.core's explained misuse (e.g. timing an unrecorded event)
+            raise RuntimeError(f"{name}: {exc}") from exc
+        raise
+
+
 def _ensure_init() -> None:
     """cuInit once; remember a missing driver so later calls fail fast and alike."""
     global _initialized, _init_error
@@ -155,33 +221,37 @@ class DeviceInfo:
 
 @functools.lru_cache(maxsize=None)
 def device_info(ordinal: int = 0) -> DeviceInfo:
+    """What the kernels and heuristics need to know about a device (no context is created).
+
+    Name, compute capability and attributes come from ``cuda.core.Device`` (which caches
+    them); total memory (cuda.core has no property for it) and the PCI bus id come from
+    the driver, so that nothing here starts CUDA runtime state.
+    """
     _ensure_init()
     cu = _cu()
     n = device_count()
     if not 0 <= ordinal < n:
         raise ValueError(f"device ordinal {ordinal} is out of range: this machine has {n} CUDA device(s)")
-    dev = call(cu.cuDeviceGet, ordinal)
-    attr = cu.CUdevice_attribute
+    dev = core_call("cuDeviceGet", _core().Device, ordinal)
 
-    def get(a):
-        return int(call(cu.cuDeviceGetAttribute, a, dev))
+    def read(dev):
+        p = dev.properties
+        return (dev.name, tuple(dev.compute_capability), p.multiprocessor_count, p.l2_cache_size,
+                p.max_shared_memory_per_block_optin, p.clock_rate)
 
-    raw_name = call(cu.cuDeviceGetName, 256, dev)
-    name = raw_name.split(b"\0", 1)[0].decode(errors="replace")
-    bus = call(cu.cuDeviceGetPCIBusId, 32, dev)
+    name, cc, sm_count, l2, smem_optin, clock = core_call("cuDeviceGetName/cuDeviceGetAttribute", read, dev)
+    raw = call(cu.cuDeviceGet, ordinal)
+    bus = call(cu.cuDeviceGetPCIBusId, 32, raw)
     bus = bus.split(b"\0", 1)[0].decode(errors="replace") if isinstance(bus, bytes) else str(bus)
     return DeviceInfo(
         ordinal=ordinal,
-        name=name,
-        compute_capability=(
-            get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
-            get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR),
-        ),
-        sm_count=get(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
-        total_memory_bytes=int(call(cu.cuDeviceTotalMem, dev)),
-        l2_cache_bytes=get(attr.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE),
-        max_smem_per_block_optin=get(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
-        clock_khz=get(attr.CU_DEVICE_ATTRIBUTE_CLOCK_RATE),
+        name=str(name),
+        compute_capability=(int(cc[0]), int(cc[1])),
+        sm_count=int(sm_count),
+        total_memory_bytes=int(call(cu.cuDeviceTotalMem, raw)),
+        l2_cache_bytes=int(l2),
+        max_smem_per_block_optin=int(smem_optin),
+        clock_khz=int(clock),
         pci_bus_id=bus,
     )
 
@@ -249,16 +319,67 @@ def ensure_context(ordinal: int | None = None):
     return pctx
 
 
+_tls = threading.local()
+
+
+def core_device(ordinal: int | None = None):
+    """The ``cuda.core.Device`` for ``ordinal`` (default: the current device), ready to create
+    streams, events and buffers in this thread.
+
+    cuda.core wants ``Device.set_current()`` once per thread before it creates anything;
+    that makes the primary context current, so a context that :func:`ensure_context` found
+    current (a green context's, say) is made current again afterwards.
+    """
+    cu = _cu()
+    ctx = ensure_context(ordinal)
+    if ordinal is None:
+        ordinal = int(call(cu.cuCtxGetDevice))
+    dev = core_call("cuDeviceGet", _core().Device, ordinal)
+    ready = _tls.__dict__.setdefault("core_ready", set())
+    if ordinal not in ready:
+        core_call("cuCtxSetCurrent", dev.set_current)
+        if int(call(cu.cuCtxGetCurrent)) != int(ctx):
+            call(cu.cuCtxSetCurrent, ctx)
+        ready.add(ordinal)
+    return dev
+
+
 # --- streams and events ---------------------------------------------------------
+
+
+def _protocol_handle(stream: Any, proto: Any) -> int:
+    """The handle from a ``__cuda_stream__`` protocol: a method returning ``(version, handle)``
+    (cuda.core, CuPy, PyTorch, cuda.bindings' CUstream), or the same tuple as an attribute
+    (early cuda.core)."""
+    value = proto() if callable(proto) else proto
+    try:
+        version, handle = value
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"stream: {type(stream).__name__}.__cuda_stream__ gave {value!r}, expected (version, handle)"
+        ) from None
+    if int(version) != 0:
+        raise TypeError(
+            f"stream: {type(stream).__name__}.__cuda_stream__ speaks protocol version {version}; "
+            "megamoe_rt understands version 0"
+        )
+    return int(handle)
 
 
 def stream_handle(stream: Any = None) -> int:
     """A raw CUstream handle (int) from what users pass as ``stream``.
 
-    None means CuPy's current stream when CuPy is loaded, else the legacy
-    default stream. Accepts ints, CuPy streams (``.ptr``), objects with the
-    ``__cuda_stream__`` protocol, ``CUstream`` and :class:`Stream`.
+    None means CuPy's current stream when CuPy is loaded, else the legacy default stream
+    (0). Accepted: ints (a raw handle), :class:`Stream`, any object with the
+    ``__cuda_stream__`` protocol (cuda.core streams, CuPy and PyTorch streams where they
+    have it, cuda.bindings ``CUstream``), PyTorch streams by ``.cuda_stream``
+    (``torch.cuda.Stream``, ``torch.cuda.ExternalStream``) and CuPy streams by ``.ptr``.
+    Launches call this for every kernel, so a plain int returns at once.
     """
+    if type(stream) is int:
+        if stream < 0:
+            raise ValueError(f"stream: a handle is a non-negative int, got {stream}")
+        return stream
     if stream is None:
         import sys
 
@@ -268,78 +389,119 @@ def stream_handle(stream: Any = None) -> int:
         return 0
     if isinstance(stream, Stream):
         return stream.handle
-    if isinstance(stream, int):
-        return stream
+    if isinstance(stream, bool):  # an int subclass, and never a stream
+        raise TypeError("stream: expected a stream or a handle, got a bool")
     proto = getattr(stream, "__cuda_stream__", None)
     if proto is not None:
-        value = proto() if callable(proto) else proto
-        return int(value[1])
-    ptr = getattr(stream, "ptr", None)
+        return _protocol_handle(stream, proto)
+    torch_handle = getattr(stream, "cuda_stream", None)  # torch.cuda.Stream / ExternalStream
+    if torch_handle is not None:
+        return int(torch_handle)
+    ptr = getattr(stream, "ptr", None)  # CuPy streams without the protocol
     if ptr is not None:
         return int(ptr)
     try:
-        return int(stream)
+        handle = int(stream)  # numpy integers, CUstream of older bindings
     except (TypeError, ValueError):
         raise TypeError(
-            f"stream: expected None, an int handle, a CuPy stream or an object with __cuda_stream__, got {type(stream).__name__}"
+            "stream: expected None, an int handle, a cuda.core / CuPy / PyTorch stream or an object with "
+            f"__cuda_stream__, got {type(stream).__name__}"
         ) from None
+    if handle < 0:
+        raise ValueError(f"stream: a handle is a non-negative int, got {handle}")
+    return handle
+
+
+def core_stream(stream: Any = None):
+    """``stream`` as a ``cuda.core.Stream``, for APIs that take one (nvshmem4py, cuda.core).
+
+    A cuda.core stream is returned as is; anything else :func:`stream_handle` accepts is
+    wrapped without taking ownership (the caller keeps the stream alive). The legacy and
+    per-thread default streams map to cuda.core's own objects for them.
+    """
+    core = _core()
+    if isinstance(stream, core.Stream):
+        return stream
+    if isinstance(stream, Stream):
+        return stream.core
+    handle = stream_handle(stream)
+    if handle in (0, 1):  # 0 and CU_STREAM_LEGACY both name the legacy default stream
+        return core.LEGACY_DEFAULT_STREAM
+    if handle == 2:  # CU_STREAM_PER_THREAD
+        return core.PER_THREAD_DEFAULT_STREAM
+    return core_call("cuStreamGetCtx", core.Stream.from_handle, handle)
 
 
 class Stream:
-    """An owned non-blocking CUDA stream."""
+    """An owned CUDA stream on a device's primary context (a ``cuda.core.Stream``
+    underneath, as :attr:`core`); destroyed by :meth:`close` or when it goes away."""
 
-    def __init__(self, *, non_blocking: bool = True):
-        ensure_context()
-        cu = _cu()
-        flags = cu.CUstream_flags.CU_STREAM_NON_BLOCKING if non_blocking else cu.CUstream_flags.CU_STREAM_DEFAULT
-        self._stream = call(cu.cuStreamCreate, flags)
+    def __init__(self, *, non_blocking: bool = True, priority: int | None = None, device: int | None = None):
+        core = _core()
+        dev = core_device(device)
+        self.device = int(dev.device_id)
+        options = core.StreamOptions(nonblocking=non_blocking, priority=priority)
+        self._stream = core_call("cuStreamCreateWithPriority", dev.create_stream, options=options)
+        # The int is what every launch asks for: read it once.
+        self._handle: int | None = int(self._stream.handle)
 
     @property
     def handle(self) -> int:
-        return int(self._stream)
+        if self._handle is None:
+            raise ValueError("stream: this Stream is closed")
+        return self._handle
+
+    @property
+    def core(self):
+        """The ``cuda.core.Stream`` (for cuda.core APIs)."""
+        if self._handle is None:
+            raise ValueError("stream: this Stream is closed")
+        return self._stream
 
     def __cuda_stream__(self):
         return (0, self.handle)
 
     def synchronize(self) -> None:
-        call(_cu().cuStreamSynchronize, self._stream)
+        core_call("cuStreamSynchronize", self.core.sync)
 
     def close(self) -> None:
-        if getattr(self, "_stream", None) is not None:
-            call(_cu().cuStreamDestroy, self._stream)
-            self._stream = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
+        if getattr(self, "_handle", None) is not None:
+            self._handle = None
+            core_call("cuStreamDestroy", self._stream.close)
 
 
 class Event:
-    """A CUDA event with timing enabled."""
+    """A CUDA event with timing enabled (a ``cuda.core.Event`` underneath, as :attr:`core`)."""
 
-    def __init__(self):
-        ensure_context()
-        cu = _cu()
-        self._event = call(cu.cuEventCreate, cu.CUevent_flags.CU_EVENT_DEFAULT)
+    def __init__(self, *, device: int | None = None):
+        core = _core()
+        dev = core_device(device)
+        self._event = core_call("cuEventCreate", dev.create_event, options=core.EventOptions(timing_enabled=True))
+
+    @property
+    def core(self):
+        """The ``cuda.core.Event``."""
+        return self._event
 
     def record(self, stream: Any = None) -> "Event":
-        call(_cu().cuEventRecord, self._event, stream_handle(stream))
+        # Recorded through the driver so that any stream stream_handle accepts will do.
+        call(_cu().cuEventRecord, self._event.handle, stream_handle(stream))
         return self
 
     def synchronize(self) -> None:
-        call(_cu().cuEventSynchronize, self._event)
+        core_call("cuEventSynchronize", self._event.sync)
+
+    @property
+    def done(self) -> bool:
+        """True once the work recorded before the event has finished."""
+        return bool(core_call("cuEventQuery", lambda: self._event.is_done))
 
     def elapsed_ms(self, end: "Event") -> float:
-        return float(call(_cu().cuEventElapsedTime, self._event, end._event))
+        """Milliseconds from this event to ``end`` (both recorded and complete)."""
+        return float(core_call("cuEventElapsedTime", lambda: end._event - self._event))
 
-    def __del__(self):
-        try:
-            if getattr(self, "_event", None) is not None:
-                _cu().cuEventDestroy(self._event)
-        except Exception:
-            pass
+    def close(self) -> None:
+        core_call("cuEventDestroy", self._event.close)
 
 
 def memset_d32_async(ptr: int, value: int, count: int, stream: Any = None) -> None:
@@ -375,18 +537,38 @@ def synchronize_stream(stream: Any = None) -> None:
 
 
 class DeviceMemory:
-    """Plain device memory (cuMemAlloc); freed when the object goes away."""
+    """Device memory from the device's memory pool (``cuda.core`` ``Device.allocate``, a
+    ``Buffer`` underneath, as :attr:`core`); freed by :meth:`free` or when it goes away.
 
-    def __init__(self, nbytes: int):
+    With ``stream`` given, allocation and free are ordered on it (use the memory on that
+    stream, or after it). Without, the memory is usable on every stream when the
+    constructor returns, and :meth:`free` first waits for the device's work, as
+    ``cuMemAlloc`` / ``cuMemFree`` did: a pool may hand freed memory to the next
+    allocation as soon as the freeing stream allows.
+    """
+
+    def __init__(self, nbytes: int, *, stream: Any = None, device: int | None = None):
         if nbytes < 0:
             raise ValueError(f"nbytes: expected >= 0, got {nbytes}")
-        ensure_context()
+        dev = core_device(device)
         self.nbytes = int(nbytes)
-        self._ptr = call(_cu().cuMemAlloc, max(self.nbytes, 1))
+        self._ordered = stream is not None
+        self._stream = core_stream(stream) if self._ordered else _core().LEGACY_DEFAULT_STREAM
+        self._buf = core_call("cuMemAllocFromPoolAsync", dev.allocate, max(self.nbytes, 1), stream=self._stream)
+        if not self._ordered:
+            core_call("cuStreamSynchronize", self._stream.sync)
+        self._ptr: int | None = int(self._buf.handle)
 
     @property
     def ptr(self) -> int:
-        return int(self._ptr)
+        if self._ptr is None:
+            raise ValueError("DeviceMemory: already freed")
+        return self._ptr
+
+    @property
+    def core(self):
+        """The ``cuda.core.Buffer``."""
+        return self._buf
 
     def memset_u8(self, value: int, stream: Any = None, nbytes: int | None = None, offset: int = 0) -> None:
         n = self.nbytes - offset if nbytes is None else nbytes
@@ -405,9 +587,12 @@ class DeviceMemory:
         return out
 
     def free(self) -> None:
-        if getattr(self, "_ptr", None) is not None:
-            call(_cu().cuMemFree, self._ptr)
-            self._ptr = None
+        if getattr(self, "_ptr", None) is None:
+            return
+        self._ptr = None
+        if not self._ordered:
+            call(_cu().cuCtxSynchronize)
+        core_call("cuMemFreeAsync", self._buf.close, self._stream)
 
     def __del__(self):
         try:

@@ -65,6 +65,7 @@ def cmd_info(args) -> int:
         ("ml_dtypes", _dist_version("ml-dtypes") or _dist_version("ml_dtypes") or "missing"),
         ("cuda-bindings", _dist_version("cuda-bindings") or "missing"),
         ("cupy", _dist_version("cupy-cuda13x") or _dist_version("cupy-cuda12x") or "missing"),
+        ("cuda-core", _dist_version("cuda-core") or "missing"),
     ]
     try:
         from megamoe_rt.jit import nvrtc_version
@@ -79,7 +80,12 @@ def cmd_info(args) -> int:
     rows.append(("cache", f"{cache.directory} ({len(cache.entries())} entries)"))
     ver = driver.driver_version()
     rows.append(("driver", "CUDA %d.%d" % ver if ver else "not found"))
-    devices = driver.list_devices() if ver else []
+    devices = []
+    if ver:
+        try:
+            devices = driver.list_devices()
+        except driver.GpuUnavailableError as exc:  # e.g. cuda-core missing: say why, keep the report
+            rows.append(("gpus", str(exc)))
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")

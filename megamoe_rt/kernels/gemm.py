@@ -1,8 +1,9 @@
 """Grouped FP8 GEMM: kernel variants, parameter struct, TMA descriptors and launch.
 
-Shapes, strides and tensor maps are computed here and reach the kernel as
-:class:`GemmParams` plus three ``__grid_constant__`` tensor maps; the device code
-holds no layout arithmetic of its own beyond its tile.
+Shapes, strides and tensor maps are computed on the host (the operands' in
+:mod:`megamoe_rt.kernels.operands`) and reach the kernel as :class:`GemmParams` plus three
+``__grid_constant__`` tensor maps; the device code holds no layout arithmetic of its own
+beyond its tile. Epilogues are registered in :mod:`megamoe_rt.kernels.epilogues`.
 """
 
 from __future__ import annotations
@@ -11,12 +12,11 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any
 
-from megamoe_rt.runtime.arrays import DeviceArray
 from megamoe_rt.jit import KernelSpec
-from megamoe_rt.runtime.tma import TensorMap2D, encode_tensor_map_2d
+from megamoe_rt.kernels.operands import BLOCK_K, Fp8Operand
+from megamoe_rt.runtime.tma import TensorMap2D
 
 SOURCE = "gemm/sm90_fp8_grouped_gemm.cu"
-BLOCK_K = 128
 SMEM_LIMIT = 232448           # 227 KiB opt-in per block on sm_90
 MAX_STAGES = 8
 
@@ -149,24 +149,15 @@ class GemmLaunch:
     """Everything one launch needs, resolved to pointers and sizes."""
 
     config: GemmConfig
-    a: DeviceArray            # e4m3 rows [num_rows, k]
-    sfa_kmajor: DeviceArray   # fp32 [k / a_sf_gran, num_rows]
-    b: DeviceArray            # e4m3 [groups * n, k]
+    a: Fp8Operand             # rows [num_rows, k] with k-major row scales
+    b: Fp8Operand             # [groups, n, k] with block scales (params.sfb)
     params: GemmParams
 
     def tensor_maps(self) -> tuple[TensorMap2D, TensorMap2D, TensorMap2D]:
         cfg = self.config
-        p = self.params
         # With a CTA pair each CTA loads (and multicasts) half of the A tile.
-        tma_a = encode_tensor_map_2d(self.a.ptr, "e4m3", inner=p.k, outer=p.num_rows, row_stride_bytes=p.k,
-                                     box_inner=BLOCK_K, box_outer=cfg.block_m // cfg.cluster_n, swizzle_128b=True)
-        tma_b = encode_tensor_map_2d(self.b.ptr, "e4m3", inner=p.k, outer=p.num_groups * p.n, row_stride_bytes=p.k,
-                                     box_inner=BLOCK_K, box_outer=cfg.block_n, swizzle_128b=True)
-        sf_rows = p.k // cfg.a_sf_gran
-        tma_sfa = encode_tensor_map_2d(self.sfa_kmajor.ptr, "float32", inner=p.num_rows, outer=sf_rows,
-                                       row_stride_bytes=self.sfa_kmajor.strides[0], box_inner=cfg.block_m,
-                                       box_outer=BLOCK_K // cfg.a_sf_gran, swizzle_128b=False)
-        return tma_a, tma_b, tma_sfa
+        return (self.a.tensor_map(cfg.block_m // cfg.cluster_n), self.b.tensor_map(cfg.block_n),
+                self.a.scale_tensor_map(cfg.block_m))
 
 
 def num_tiles(cfg: GemmConfig, p: GemmParams) -> int:

@@ -6,6 +6,7 @@ import ctypes
 
 import pytest
 
+from megamoe_rt.kernels.epilogues import EPILOGUES, get_epilogue
 from megamoe_rt.kernels.gemm_heuristics import candidate_configs, choose_config
 from megamoe_rt.runtime.errors import NvrtcError
 from megamoe_rt.jit import KernelSpec, compile_kernel
@@ -134,3 +135,26 @@ def test_group_counts_only_with_the_contiguous_layout():
 
     with pytest.raises(ValueError, match="group_counts applies to the contiguous layout only"):
         grouped_gemm_swiglu_fp8(None, None, None, None, None, masked_counts=object(), group_counts=object())
+
+
+def test_every_registered_epilogue_has_built_variants_naming_its_policy():
+    built = candidate_configs()
+    for epi in EPILOGUES.values():
+        assert (cuda_src_dir() / epi.header).is_file()
+        specs = [c.spec() for c in built if c.epilogue == epi.name]
+        assert specs, epi.name
+        for s in specs:
+            assert s.entry.endswith(f", {epi.cxx_type}>") and s.includes == (epi.header,)
+
+
+def test_epilogue_rules_reject_configs_and_steer_the_heuristic():
+    with pytest.raises(ValueError, match="64-column B scales"):
+        GemmConfig(64, 256, 4, b_sf_n=128, out_sf_gran=64, epilogue="swiglu_fp8")
+    with pytest.raises(ValueError, match="epilogue 'nope' unknown"):
+        get_epilogue("nope")
+    cfg = choose_config(layout="contiguous", epilogue="swiglu_fp8", num_rows=8192, n=4096, k=2048, num_groups=4,
+                        sm_count=132, out_sf_gran=128)
+    assert (cfg.block_m, cfg.block_n, cfg.b_sf_n, cfg.out_sf_gran) == (64, 256, 64, 128)
+    cfg = choose_config(layout="contiguous", epilogue="bf16", num_rows=8192, n=4096, k=2048, num_groups=4,
+                        sm_count=132, out_sf_gran=64)
+    assert (cfg.block_m, cfg.block_n, cfg.b_sf_n, cfg.out_sf_gran) == (128, 128, 128, 128)

@@ -89,6 +89,23 @@ def test_cache_key_follows_included_header(toy_tree, cache):
     assert a.cubin != b.cubin
 
 
+def test_cache_key_follows_pre_included_header(toy_tree, cache):
+    """A spec's pre-included header (a GEMM epilogue policy) and what it includes key the cubin."""
+    (toy_tree / "ptx" / "policy.cuh").write_text(
+        '#pragma once\n#include "ptx/value.cuh"\nstruct Policy { static __device__ int v() { return kValue; } };\n')
+    (toy_tree / "policy_toy.cu").write_text("template <class P> __global__ void ptoy(int* out) { out[0] = P::v(); }\n")
+    spec = KernelSpec(name="ptoy", source="policy_toy.cu", entry="ptoy<Policy>", includes=("ptx/policy.cuh",))
+    a = compile_kernel(spec, cache=cache)
+    assert compile_kernel(spec, cache=cache).from_cache
+    (toy_tree / "ptx" / "value.cuh").write_text("#pragma once\nconstexpr int kValue = 8;\n")
+    b = compile_kernel(spec, cache=cache)
+    assert a.cache_key != b.cache_key and not b.from_cache
+    assert a.cubin != b.cubin
+    with pytest.raises(FileNotFoundError, match="pre-included header 'ptx/none.cuh'"):
+        compile_kernel(KernelSpec(name="x", source="policy_toy.cu", entry="ptoy<Policy>", includes=("ptx/none.cuh",)),
+                       cache=cache)
+
+
 def test_cache_key_follows_options_and_entry(toy_tree, cache):
     base = compile_kernel(TOY, cache=cache)
     with_lines = compile_kernel(TOY, cache=cache, lineinfo=True)

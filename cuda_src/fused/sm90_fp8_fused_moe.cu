@@ -28,7 +28,7 @@
 #include "fused/tile_queue.cuh"
 #include "fused/unit_table.cuh"
 #include "gemm/config.cuh"
-#include "gemm/epilogue_bf16.cuh"
+#include "gemm/epilogue_scatter_bf16.cuh"
 #include "gemm/epilogue_swiglu_fp8.cuh"
 #include "gemm/mainloop.cuh"
 #include "moe/combine_token.cuh"
@@ -55,10 +55,10 @@ constexpr u32 kMathBarrier = 2;  // named barrier of the 256 math threads (1 is 
 
 template <u32 kStages, u32 kActSfGran>
 using L1Config = gemm::Config<kBlockM, kBlockN, kStages, 128, 64, kActSfGran, 1, gemm::GroupLayout::kContiguous,
-                              gemm::Epilogue::kSwigluFp8>;
+                              gemm::SwigluFp8Epilogue>;
 template <u32 kStages, u32 kActSfGran>
 using L2Config = gemm::Config<kBlockM, kBlockN, kStages, kActSfGran, 128, 128, 1, gemm::GroupLayout::kContiguous,
-                              gemm::Epilogue::kScatterBf16>;
+                              gemm::ScatterBf16Epilogue>;
 
 // Routing tables every block builds in shared memory after the counts are known.
 struct RoutingTables {
@@ -435,7 +435,7 @@ __device__ __forceinline__ void compute_tiles(const FusedParams& p, const Routin
         const gemm::Tile tile = ring_tile(p, tab, s);
         if (!s.l2) {
             gemm::consume_tile<L1>(p.l1, tile, p.l1.k / L1::kBlockK, sm1, st, mt1, acc, out, 0);
-            gemm::epilogue_swiglu_fp8<L1>(p.l1, tile, mt1, sm1, out);
+            L1::Epilogue::template store<L1>(p.l1, tile, mt1, sm1, out);
             // Every math thread's rows are written before the leader posts them (TMA reads them
             // in another block: the relay adds the proxy fence).
             ptx::bar_sync(kMathBarrier, L1::kNumMathThreads);
@@ -444,7 +444,7 @@ __device__ __forceinline__ void compute_tiles(const FusedParams& p, const Routin
             gemm::consume_tile<L2>(p.l2, tile, p.l2.k / L2::kBlockK, sm2, st, mt2, acc, out, 0);
             // The leader has seen every stage of this tile land: its activation rows are read.
             if (leader) relay.post(posted, p.bank.l2_read + s.block);
-            gemm::epilogue_store_bf16<L2>(p.l2, tile, mt2, out);
+            L2::Epilogue::template store<L2>(p.l2, tile, mt2, sm2, out);
         }
     }
     if (leader) relay.post(posted, SignalRelay::kStop);

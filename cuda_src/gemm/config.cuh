@@ -13,7 +13,7 @@
 namespace megamoe_rt::gemm {
 
 template <u32 kBlockM_, u32 kBlockN_, u32 kStages_, u32 kASfGran_, u32 kBSfN_, u32 kOutSfGran_, u32 kClusterN_,
-          GroupLayout kLayout_, Epilogue kEpilogue_>
+          GroupLayout kLayout_, class Epilogue_>
 struct Config {
     static constexpr u32 kBlockM = kBlockM_;
     static constexpr u32 kBlockN = kBlockN_;
@@ -27,7 +27,12 @@ struct Config {
     // host builds only kClusterN == 1 until the peer waits below carry a deadline.
     static constexpr u32 kClusterN = kClusterN_;
     static constexpr GroupLayout kLayout = kLayout_;
-    static constexpr Epilogue kEpilogue = kEpilogue_;
+    // What the math warpgroups do with a finished tile: a policy type with
+    //   template <class Cfg> static void store(const GemmParams&, const Tile&, const MathThread<Cfg>&,
+    //                                          const SharedStorage<Cfg>&, const float (&out)[64]);
+    // out holds the thread's promoted fp32 accumulators. Each policy lives in its own header
+    // (gemm/epilogue_*.cuh) and checks the tile configurations it supports itself.
+    using Epilogue = Epilogue_;
 
     static constexpr u32 kWgTileM = 64, kWgTileN = 128, kWgmmaK = 32;
     static constexpr u32 kWgM = kBlockM / kWgTileM;
@@ -72,11 +77,6 @@ struct Config {
     static constexpr u32 kEmptyArrivals = kNumMathWarpgroups * 4 * kClusterN;  // one per math warp per CTA
     static_assert(kDynamicSmemBytes <= 232448, "exceeds the 227 KiB shared-memory limit");
     static_assert(kOutSfGran == 64 || kOutSfGran == 128, "requant granularity must be 64 or 128");
-    // A 128-wide requant group is 256 interleaved gate|up columns: two warpgroups side by side.
-    static_assert(kEpilogue != Epilogue::kSwigluFp8 || kOutSfGran == 64 || (kWgN == 2 && kWgM == 1),
-                  "128-wide requant groups need the 64 x 256 tile");
-    static_assert(kEpilogue != Epilogue::kSwigluFp8 || kBSfN == 64,
-                  "the SwiGLU epilogue expects gate/up interleaved in 64-column halves with their own B scales");
 };
 
 }  // namespace megamoe_rt::gemm

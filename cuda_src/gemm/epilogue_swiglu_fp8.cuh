@@ -10,6 +10,8 @@
 
 #include "common/types.cuh"
 #include "gemm/mainloop.cuh"
+#include "gemm/params.cuh"
+#include "gemm/tile_scheduler.cuh"
 #include "ptx/cvt.cuh"
 #include "ptx/ld_st.cuh"
 #include "ptx/sync.cuh"
@@ -27,9 +29,21 @@ __device__ __forceinline__ float requant_scale(float amax, bool pow2) {
     return scale;
 }
 
+struct SwigluFp8Epilogue {
+    template <class Cfg>
+    static __device__ __forceinline__ void store(const GemmParams& p, const Tile& tile, const MathThread<Cfg>& mt,
+                                                 const SharedStorage<Cfg>& sm, const float (&out)[64]);
+};
+
 template <class Cfg>
-__device__ __forceinline__ void epilogue_swiglu_fp8(const GemmParams& p, const Tile& tile, const MathThread<Cfg>& mt,
-                                                    const SharedStorage<Cfg>& sm, const float (&out)[64]) {
+__device__ __forceinline__ void SwigluFp8Epilogue::store(const GemmParams& p, const Tile& tile,
+                                                         const MathThread<Cfg>& mt, const SharedStorage<Cfg>& sm,
+                                                         const float (&out)[64]) {
+    // A 128-wide requant group is 256 interleaved gate|up columns: two warpgroups side by side.
+    static_assert(Cfg::kOutSfGran == 64 || (Cfg::kWgN == 2 && Cfg::kWgM == 1),
+                  "128-wide requant groups need the 64 x 256 tile");
+    static_assert(Cfg::kBSfN == 64,
+                  "the SwiGLU epilogue expects gate/up interleaved in 64-column halves with their own B scales");
     const bool clamp = (p.flags & Flags::kClamp) != 0;
     const float limit = p.swiglu_limit;
     const u32 channel0 = mt.col0(tile) / 2;  // 128 interleaved columns -> 64 channels

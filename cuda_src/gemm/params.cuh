@@ -12,12 +12,6 @@ enum class GroupLayout : u32 {
     kMasked = 1,      // group g owns rows [g * masked_rows, (g + 1) * masked_rows); first masked_counts[g] valid
 };
 
-enum class Epilogue : u32 {
-    kStoreBf16 = 0,     // D rows to d + row * d_row_stride_bytes
-    kSwigluFp8 = 1,     // SwiGLU x row weight, e4m3 requant to d, scales to d_sf
-    kScatterBf16 = 2,   // D rows to the byte address row_dst[row] (0: dropped)
-};
-
 struct GemmParams {
     u32 num_rows;             // rows of A (contiguous) or num_groups * masked_rows (masked)
     u32 n;                    // output columns per group
@@ -29,12 +23,12 @@ struct GemmParams {
     const i32* group_counts;  // contiguous, optional: valid rows per group (nullptr: all)
     const i32* masked_counts; // masked: [num_groups]
     const float* sfb;         // [num_groups, n / kBSfN, k / 128]
-    u8* d;                    // kStoreBf16: bf16 rows; kSwigluFp8: e4m3 rows
+    u8* d;                    // StoreBf16Epilogue: bf16 rows; SwigluFp8Epilogue: e4m3 rows
     u64 d_row_stride_bytes;
-    float* d_sf;              // kSwigluFp8: scales, [n / 2 / gran, d_sf_row_stride] (K-block major)
+    float* d_sf;              // SwigluFp8Epilogue: scales, [n / 2 / gran, d_sf_row_stride] (K-block major)
     u64 d_sf_row_stride;      // in floats (>= num_rows)
-    const float* row_weight;  // kSwigluFp8: per-row top-k weight [num_rows]
-    const u64* row_dst;       // kScatterBf16: per-row destination byte address
+    const float* row_weight;  // SwigluFp8Epilogue: per-row top-k weight [num_rows]
+    const u64* row_dst;       // ScatterBf16Epilogue: per-row destination byte address
     float swiglu_limit;
     u32 pad_;
 };

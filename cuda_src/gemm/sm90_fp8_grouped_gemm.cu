@@ -1,12 +1,13 @@
 // Grouped FP8 GEMM for sm_90a: D[g] = A[g] . B[g]^T with 1x128 (or 1x64) A scales and
 // 128x128 (or 64x128) B scales, fp32 promotion per scale group, persistent over
-// (group, m-block, n-block), one of three epilogues. One instantiation per
+// (group, m-block, n-block), then an epilogue policy (config.cuh). One instantiation per
 // (tile shape, stages, scale granularities, group layout, epilogue).
+//
+// No epilogue header is included here: each variant is compiled with its policy's header
+// pre-included (megamoe_rt.kernels.epilogues), so a new epilogue needs no edit of this file.
 
 #include "common/types.cuh"
 #include "gemm/config.cuh"
-#include "gemm/epilogue_bf16.cuh"
-#include "gemm/epilogue_swiglu_fp8.cuh"
 #include "gemm/mainloop.cuh"
 #include "gemm/params.cuh"
 #include "gemm/tile_scheduler.cuh"
@@ -23,13 +24,13 @@ constexpr u32 kProducerRegs = 40;
 constexpr u32 kMathRegs = 232;
 
 template <u32 kBlockM, u32 kBlockN, u32 kStages, u32 kASfGran, u32 kBSfN, u32 kOutSfGran, u32 kClusterN,
-          GroupLayout kLayout, Epilogue kEpilogue>
+          GroupLayout kLayout, class Epilogue>
 __global__ void __launch_bounds__(
-    Config<kBlockM, kBlockN, kStages, kASfGran, kBSfN, kOutSfGran, kClusterN, kLayout, kEpilogue>::kNumThreads, 1)
+    Config<kBlockM, kBlockN, kStages, kASfGran, kBSfN, kOutSfGran, kClusterN, kLayout, Epilogue>::kNumThreads, 1)
 sm90_fp8_grouped_gemm(const __grid_constant__ GemmParams p, const __grid_constant__ ptx::TmaDescriptor tma_a,
                       const __grid_constant__ ptx::TmaDescriptor tma_b,
                       const __grid_constant__ ptx::TmaDescriptor tma_sfa) {
-    using Cfg = Config<kBlockM, kBlockN, kStages, kASfGran, kBSfN, kOutSfGran, kClusterN, kLayout, kEpilogue>;
+    using Cfg = Config<kBlockM, kBlockN, kStages, kASfGran, kBSfN, kOutSfGran, kClusterN, kLayout, Epilogue>;
     extern __shared__ u8 smem_raw[];
     const u32 raw_addr = ptx::smem_addr_u32(smem_raw);
     const SharedStorage<Cfg> sm{smem_raw + ((1024 - raw_addr % 1024) % 1024)};
@@ -81,11 +82,7 @@ sm90_fp8_grouped_gemm(const __grid_constant__ GemmParams p, const __grid_constan
             const Tile tile = scheduler.get(t, cta_rank);
             if (!tile.valid) continue;
             consume_tile<Cfg>(p, tile, num_k_blocks, sm, st, mt, acc, out, cta_rank);
-            if constexpr (kEpilogue == Epilogue::kSwigluFp8) {
-                epilogue_swiglu_fp8<Cfg>(p, tile, mt, sm, out);
-            } else {
-                epilogue_store_bf16<Cfg>(p, tile, mt, out);
-            }
+            Epilogue::template store<Cfg>(p, tile, mt, sm, out);
         }
     }
     // A CTA must not exit while its peer may still multicast into it or arrive on its barriers.

@@ -6,9 +6,9 @@ us the lowered name), preprocessor defines, the header sets it needs and its
 dynamic shared memory. :func:`compile_kernel` returns the cubin, the lowered
 name and the ptxas resource report, from the cache when a verified entry exists.
 
-The cache key hashes the entry source, every project header it reaches through
-``#include "..."`` (content), the versions of the wheels external headers come
-from, the options and the NVRTC version.
+The cache key hashes the entry source, every project header it or the spec's
+pre-included headers reach through ``#include "..."`` (content), the versions of
+the wheels external headers come from, the options and the NVRTC version.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ class KernelSpec:
     extra_options: tuple[str, ...] = ()
     expect_sass: tuple[str, ...] = ()  # opcodes the SASS must contain (checked by tests)
     uses_printf: bool = False      # a diagnostic printf: a small stack frame for its arguments is expected
+    includes: tuple[str, ...] = () # headers (relative to cuda_src/) compiled in ahead of the entry file
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,7 @@ def build_options(spec: KernelSpec, *, lineinfo: bool) -> tuple[list[str], dict[
         external[need] = header_set_version(need)
     if lineinfo:
         opts.append("-lineinfo")
+    opts.extend(f"--pre-include={inc}" for inc in spec.includes)
     for k, v in spec.defines:
         opts.append(f"-D{k}={v}")
     opts.extend(spec.extra_options)
@@ -148,11 +150,19 @@ def cache_key(spec: KernelSpec, options: list[str], external: dict[str, str]) ->
     entry = root / spec.source
     # Absolute include paths vary between machines and say nothing about content.
     portable_opts = [o for o in options if not o.startswith("-I")]
+    headers = project_headers(entry, root)
+    for inc in spec.includes:
+        # Pre-included headers count like included ones, with everything they include.
+        path = root / inc
+        if not path.is_file():
+            raise FileNotFoundError(f"kernel {spec.name}: pre-included header {inc!r} not found under {root}")
+        headers[os.path.relpath(path.resolve(), root)] = hashlib.sha256(path.read_bytes()).hexdigest()
+        headers.update(project_headers(path, root))
     material = {
         "format": _CACHE_FORMAT,
         "entry_file": spec.source,
         "entry_sha256": hashlib.sha256(entry.read_bytes()).hexdigest(),
-        "headers": project_headers(entry, root),
+        "headers": dict(sorted(headers.items())),
         "external_headers": external,
         "name_expression": spec.entry,
         "options": portable_opts,

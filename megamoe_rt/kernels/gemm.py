@@ -1,29 +1,29 @@
 """Grouped FP8 GEMM: kernel variants, parameter struct, TMA descriptors and launch.
 
-Shapes, strides and tensor maps are computed here and reach the kernel as
-:class:`GemmParams` plus three ``__grid_constant__`` tensor maps; the device code
-holds no layout arithmetic of its own beyond its tile.
+Shapes, strides and tensor maps are computed on the host (the operands' in
+:mod:`megamoe_rt.kernels.operands`) and reach the kernel as :class:`GemmParams` plus three
+``__grid_constant__`` tensor maps; the device code holds no layout arithmetic of its own
+beyond its tile. Epilogues are registered in :mod:`megamoe_rt.kernels.epilogues`.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from megamoe_rt.runtime.arrays import DeviceArray
 from megamoe_rt.jit import KernelSpec
-from megamoe_rt.runtime.tma import TensorMap2D, encode_tensor_map_2d
+from megamoe_rt.kernels.epilogues import EPILOGUES, get_epilogue
+from megamoe_rt.kernels.operands import BLOCK_K, Fp8Operand
+from megamoe_rt.runtime.tma import TensorMap2D
 
 SOURCE = "gemm/sm90_fp8_grouped_gemm.cu"
-BLOCK_K = 128
 SMEM_LIMIT = 232448           # 227 KiB opt-in per block on sm_90
 MAX_STAGES = 8
 
 LAYOUTS = {"contiguous": 0, "masked": 1}
-EPILOGUES = {"bf16": 0, "swiglu_fp8": 1, "scatter_bf16": 2}
 _LAYOUT_CXX = {"contiguous": "kContiguous", "masked": "kMasked"}
-_EPILOGUE_CXX = {"bf16": "kStoreBf16", "swiglu_fp8": "kSwigluFp8", "scatter_bf16": "kScatterBf16"}
 
 FLAG_CLAMP = 1
 FLAG_POW2_SCALE = 2
@@ -38,7 +38,7 @@ class GemmConfig:
     stages: int
     a_sf_gran: int = 128      # A scales per 64 or 128 K elements
     b_sf_n: int = 128         # B scales per 64 or 128 output columns
-    out_sf_gran: int = 128    # SwiGLU epilogue requant group
+    out_sf_gran: int = 128    # requant group of an epilogue that writes e4m3 (SwiGLU)
     cluster_n: int = 1        # CTAs per cluster along N sharing the A tile (only 1 is built, see below)
     layout: str = "contiguous"
     epilogue: str = "bf16"
@@ -50,11 +50,9 @@ class GemmConfig:
             raise ValueError(f"tile {self.block_m}x{self.block_n} needs {self.num_math_warpgroups} math warpgroups; 1 or 2 supported")
         if self.layout not in LAYOUTS or self.epilogue not in EPILOGUES:
             raise ValueError(f"layout {self.layout!r} / epilogue {self.epilogue!r} unknown")
-        if self.epilogue == "swiglu_fp8":
-            if self.b_sf_n != 64:
-                raise ValueError("the SwiGLU epilogue needs 64-column B scales (interleaved gate|up halves)")
-            if self.out_sf_gran == 128 and (self.block_m, self.block_n) != (64, 256):
-                raise ValueError("128-wide requant groups need the 64x256 tile")
+        problem = EPILOGUES[self.epilogue].problem(**dataclasses.asdict(self))
+        if problem:
+            raise ValueError(problem)
         if self.cluster_n != 1:
             # The device code has a CTA-pair path (A multicast, measured +2.5%: bench/NOTES.md), but
             # its waits on the peer CTA have no deadline yet, and every cross-block wait must.
@@ -103,12 +101,12 @@ class GemmConfig:
                 f"s{self.stages},asf{self.a_sf_gran},bsf{self.b_sf_n},osf{self.out_sf_gran}]")
 
     def spec(self) -> KernelSpec:
+        epi = get_epilogue(self.epilogue)
         entry = (f"megamoe_rt::gemm::sm90_fp8_grouped_gemm<{self.block_m}u, {self.block_n}u, {self.stages}u, "
                  f"{self.a_sf_gran}u, {self.b_sf_n}u, {self.out_sf_gran}u, {self.cluster_n}u, "
-                 f"megamoe_rt::gemm::GroupLayout::{_LAYOUT_CXX[self.layout]}, "
-                 f"megamoe_rt::gemm::Epilogue::{_EPILOGUE_CXX[self.epilogue]}>")
+                 f"megamoe_rt::gemm::GroupLayout::{_LAYOUT_CXX[self.layout]}, {epi.cxx_type}>")
         return KernelSpec(name=self.name, source=SOURCE, entry=entry, dynamic_smem_bytes=self.dynamic_smem_bytes,
-                          block_threads=self.num_threads, expect_sass=("QGMMA",))
+                          block_threads=self.num_threads, expect_sass=("QGMMA",), includes=(epi.header,))
 
 
 def max_stages(block_m: int, block_n: int, a_sf_gran: int) -> int:
@@ -149,24 +147,15 @@ class GemmLaunch:
     """Everything one launch needs, resolved to pointers and sizes."""
 
     config: GemmConfig
-    a: DeviceArray            # e4m3 rows [num_rows, k]
-    sfa_kmajor: DeviceArray   # fp32 [k / a_sf_gran, num_rows]
-    b: DeviceArray            # e4m3 [groups * n, k]
+    a: Fp8Operand             # rows [num_rows, k] with k-major row scales
+    b: Fp8Operand             # [groups, n, k] with block scales (params.sfb)
     params: GemmParams
 
     def tensor_maps(self) -> tuple[TensorMap2D, TensorMap2D, TensorMap2D]:
         cfg = self.config
-        p = self.params
         # With a CTA pair each CTA loads (and multicasts) half of the A tile.
-        tma_a = encode_tensor_map_2d(self.a.ptr, "e4m3", inner=p.k, outer=p.num_rows, row_stride_bytes=p.k,
-                                     box_inner=BLOCK_K, box_outer=cfg.block_m // cfg.cluster_n, swizzle_128b=True)
-        tma_b = encode_tensor_map_2d(self.b.ptr, "e4m3", inner=p.k, outer=p.num_groups * p.n, row_stride_bytes=p.k,
-                                     box_inner=BLOCK_K, box_outer=cfg.block_n, swizzle_128b=True)
-        sf_rows = p.k // cfg.a_sf_gran
-        tma_sfa = encode_tensor_map_2d(self.sfa_kmajor.ptr, "float32", inner=p.num_rows, outer=sf_rows,
-                                       row_stride_bytes=self.sfa_kmajor.strides[0], box_inner=cfg.block_m,
-                                       box_outer=BLOCK_K // cfg.a_sf_gran, swizzle_128b=False)
-        return tma_a, tma_b, tma_sfa
+        return (self.a.tensor_map(cfg.block_m // cfg.cluster_n), self.b.tensor_map(cfg.block_n),
+                self.a.scale_tensor_map(cfg.block_m))
 
 
 def num_tiles(cfg: GemmConfig, p: GemmParams) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from megamoe_rt.jit import KernelSpec
+from megamoe_rt.kernels.epilogues import EPILOGUES, Epilogue, get_epilogue
 from megamoe_rt.kernels.gemm import CHECK_LAYOUT_SPEC, GemmConfig, max_stages
 from megamoe_rt.schedule.arith import ceil_div
 
@@ -19,22 +20,24 @@ def _config(bm: int, bn: int, *, a_sf_gran: int, b_sf_n: int, out_sf_gran: int, 
                       out_sf_gran=out_sf_gran, layout=layout, epilogue=epilogue)
 
 
+def _fits(epi: Epilogue, bm: int, bn: int, out_sf_gran: int, **fields) -> bool:
+    return epi.problem(block_m=bm, block_n=bn, b_sf_n=epi.b_sf_n, out_sf_gran=out_sf_gran, **fields) is None
+
+
 def candidate_configs() -> list[GemmConfig]:
-    """Every instantiation :func:`choose_config` can return (compiled by `compile --all` and CI)."""
+    """Every instantiation :func:`choose_config` can return (compiled by `compile --all` and CI):
+    each registered epilogue on every tile, in the layouts and granularities it is built for."""
     out: list[GemmConfig] = []
     for layout in ("contiguous", "masked"):
         for bm, bn in TILES:
-            for a_gran in (128, 64):
-                out.append(_config(bm, bn, a_sf_gran=a_gran, b_sf_n=128, out_sf_gran=128, layout=layout,
-                                   epilogue="bf16"))
-                if layout == "contiguous":
-                    out.append(_config(bm, bn, a_sf_gran=a_gran, b_sf_n=128, out_sf_gran=128, layout=layout,
-                                       epilogue="scatter_bf16"))
-            for out_gran in (64, 128):
-                if out_gran == 128 and (bm, bn) != (64, 256):
+            for epi in EPILOGUES.values():
+                if layout not in epi.layouts:
                     continue
-                out.append(_config(bm, bn, a_sf_gran=128, b_sf_n=64, out_sf_gran=out_gran, layout=layout,
-                                   epilogue="swiglu_fp8"))
+                for a_gran in epi.a_sf_grans:
+                    for out_gran in epi.out_sf_grans:
+                        kw = dict(a_sf_gran=a_gran, layout=layout, epilogue=epi.name)
+                        if _fits(epi, bm, bn, out_gran, cluster_n=1, **kw):
+                            out.append(_config(bm, bn, b_sf_n=epi.b_sf_n, out_sf_gran=out_gran, **kw))
     return out
 
 
@@ -42,23 +45,32 @@ def choose_config(*, layout: str, epilogue: str, num_rows: int, n: int, k: int, 
                   masked_rows: int = 0, a_sf_gran: int = 128, out_sf_gran: int = 128) -> GemmConfig:
     """Pick a tile for a call from its shape and the SM count.
 
-    - 128-wide requant groups in the SwiGLU epilogue need the 64x256 tile.
     - Groups of at most 64 rows (decode) waste half of a 128-row tile: use 64 rows.
     - Otherwise 128x128, unless that leaves most SMs idle, when 64x128 doubles the tiles.
+    - A tile the epilogue cannot use gives way to the first in :data:`TILES` it can (128-wide
+      requant groups in the SwiGLU epilogue need the 64x256 tile).
     """
-    b_sf_n = 64 if epilogue == "swiglu_fp8" else 128
-    kw = dict(a_sf_gran=a_sf_gran, b_sf_n=b_sf_n, out_sf_gran=out_sf_gran if epilogue == "swiglu_fp8" else 128,
+    epi = get_epilogue(epilogue)
+    kw = dict(a_sf_gran=a_sf_gran, b_sf_n=epi.b_sf_n, out_sf_gran=out_sf_gran if epi.requant else 128,
               layout=layout, epilogue=epilogue)
-    if epilogue == "swiglu_fp8" and out_sf_gran == 128:
-        return _config(64, 256, **kw)
+    bm, bn = _preferred_tile(layout=layout, num_rows=num_rows, n=n, num_groups=num_groups, sm_count=sm_count,
+                             masked_rows=masked_rows)
+    fields = dict(a_sf_gran=a_sf_gran, layout=layout, epilogue=epilogue, cluster_n=1)
+    if not _fits(epi, bm, bn, kw["out_sf_gran"], **fields):
+        bm, bn = next(t for t in TILES if _fits(epi, *t, kw["out_sf_gran"], **fields))
+    return _config(bm, bn, **kw)
+
+
+def _preferred_tile(*, layout: str, num_rows: int, n: int, num_groups: int, sm_count: int,
+                    masked_rows: int) -> tuple[int, int]:
     rows_per_group = masked_rows if layout == "masked" else (num_rows // max(num_groups, 1))
     if rows_per_group <= 64:
-        return _config(64, 256, **kw) if n % 256 == 0 else _config(64, 128, **kw)
+        return (64, 256) if n % 256 == 0 else (64, 128)
     total_rows = num_groups * masked_rows if layout == "masked" else num_rows
     tiles_128 = ceil_div(total_rows, 128) * (n // 128)
     if tiles_128 < sm_count // 2:
-        return _config(64, 128, **kw)
-    return _config(128, 128, **kw)
+        return 64, 128
+    return 128, 128
 
 
 def kernel_specs() -> list[KernelSpec]:

@@ -25,6 +25,7 @@ from megamoe_rt.runtime import driver
 from megamoe_rt.runtime.arrays import DeviceArray, as_device_array, check_array, cupy_stream, require_cupy
 from megamoe_rt.kernels.gemm_heuristics import choose_config
 from megamoe_rt.kernels import gemm as k
+from megamoe_rt.kernels.operands import Fp8Operand, activation_operand, kmajor_rows, weight_operand
 
 GROUP_ALIGN = 128  # contiguous-layout group starts; valid for every tile shape
 
@@ -37,11 +38,10 @@ def _array_module(x):
     return require_cupy()
 
 
-def _kmajor_scales(cupy, sf: Any, rows: int, sf_cols: int) -> DeviceArray:
+def _kmajor_scales(cupy, rows: int, sf_cols: int) -> DeviceArray:
     """Room for [rows, sf_cols] row scales as [sf_cols, rows padded to 4] (TMA wants
     16-byte row strides); filled by the plan's refresh at run time."""
-    rows_pad = max(4, -(-rows // 4) * 4)
-    t = cupy.zeros((sf_cols, rows_pad), dtype=cupy.float32)
+    t = cupy.zeros((sf_cols, kmajor_rows(rows)), dtype=cupy.float32)
     return as_device_array(t, "a_sf (k-major copy)")
 
 
@@ -133,45 +133,10 @@ def plan_grouped_gemm_fp8(a: Any, a_sf: Any, b: Any, b_sf: Any, *, group_offsets
     """
     layout = _group_layout(group_offsets, group_counts, masked_counts)
     sh = driver.stream_handle(stream)
-
-    ba = as_device_array(b, "b", stream=sh)
-    check_array(ba, "b", dtypes=("e4m3",), ndim=3)
-    groups, n, kk = ba.shape
-    dev = ba.device
-    if kk % 128 or kk == 0:
-        raise ValueError(f"b: K = {kk} (shape {list(ba.shape)}) must be a positive multiple of 128")
-    if n % 128 or n == 0:
-        raise ValueError(f"b: N = {n} (shape {list(ba.shape)}) must be a positive multiple of 128")
-    bsfa = as_device_array(b_sf, "b_sf", stream=sh)
-    check_array(bsfa, "b_sf", dtypes=("float32",), shape=(groups, n // 128, kk // 128), device=dev, align=4)
-
-    aa = as_device_array(a, "a", stream=sh)
-    if layout == "contiguous":
-        check_array(aa, "a", dtypes=("e4m3",), ndim=2, device=dev)
-        rows = aa.shape[0]
-        masked_rows = 0
-        if aa.shape[1] != kk:
-            raise ValueError(f"a: shape {list(aa.shape)} has K = {aa.shape[1]}, b has K = {kk}")
-    else:
-        check_array(aa, "a", dtypes=("e4m3",), ndim=3, device=dev)
-        if aa.shape[0] != groups or aa.shape[2] != kk:
-            raise ValueError(f"a: shape {list(aa.shape)} does not match [G={groups}, M_max, K={kk}] of b")
-        masked_rows = aa.shape[1]
-        rows = groups * masked_rows
-    asfa = as_device_array(a_sf, "a_sf", stream=sh)
-    check_array(asfa, "a_sf", dtypes=("float32",), device=dev, align=4 if not a_sf_kmajor else 16)
-    lead = tuple(aa.shape[:-1])
-    rows_pad = max(4, -(-rows // 4) * 4)
-    if a_sf_kmajor:
-        if asfa.ndim != 2 or asfa.shape[1] != rows_pad or asfa.shape[0] not in (kk // 128, kk // 64):
-            raise ValueError(f"a_sf: k-major scales must be [{kk // 128} or {kk // 64}, {rows_pad}], "
-                             f"got {list(asfa.shape)}")
-        a_sf_gran = kk // asfa.shape[0]
-    else:
-        if tuple(asfa.shape[:-1]) != lead or asfa.shape[-1] not in (kk // 128, kk // 64):
-            raise ValueError(f"a_sf: expected shape {list(lead) + [kk // 128]} (1x128 scales) or "
-                             f"{list(lead) + [kk // 64]} (1x64), got {list(asfa.shape)}")
-        a_sf_gran = kk // asfa.shape[-1]
+    bo = weight_operand(b, b_sf, stream=sh)
+    ao = activation_operand(a, a_sf, weights=bo, masked=layout == "masked", kmajor=a_sf_kmajor, stream=sh)
+    groups, n, kk, dev = bo.groups, bo.rows, bo.k, bo.device
+    rows, lead = ao.total_rows, ao.shape[:-1]
 
     info = driver.require_hopper(dev)
     cupy = require_cupy()
@@ -180,10 +145,10 @@ def plan_grouped_gemm_fp8(a: Any, a_sf: Any, b: Any, b_sf: Any, *, group_offsets
     with cupy.cuda.Device(info.ordinal), cupy_stream(cupy, sh):
         epilogue = "scatter_bf16" if row_dst is not None else "bf16"
         cfg = config or choose_config(layout=layout, epilogue=epilogue, num_rows=rows, n=n, k=kk, num_groups=groups,
-                                      sm_count=info.sm_count, masked_rows=masked_rows, a_sf_gran=a_sf_gran)
-        _check_config(cfg, layout=layout, epilogue=epilogue, a_sf_gran=a_sf_gran, n=n)
-        p = k.GemmParams(num_rows=rows, n=n, k=kk, num_groups=groups, masked_rows=masked_rows, flags=0,
-                         sfb=bsfa.ptr)
+                                      sm_count=info.sm_count, masked_rows=_masked_rows(ao),
+                                      a_sf_gran=ao.scales.gran_k)
+        _check_config(cfg, layout=layout, epilogue=epilogue, a_sf_gran=ao.scales.gran_k, n=n)
+        p = _params(ao, bo, flags=0)
         _set_groups(p, layout, group_offsets, group_counts, masked_counts, groups, dev)
         if row_dst is not None:
             if out is not None:
@@ -199,18 +164,29 @@ def plan_grouped_gemm_fp8(a: Any, a_sf: Any, b: Any, b_sf: Any, *, group_offsets
             check_array(oa, "out", dtypes=("bf16",), shape=out_shape, device=dev, align=4)
             p.d = oa.ptr
             p.d_row_stride_bytes = n * 2
-        return _plan(cupy, info, cfg, p, aa, asfa, a_sf, ba, rows, a_sf_kmajor, check_layout, result, sh)
+        return _plan(cupy, info, cfg, p, ao, bo, a_sf, check_layout, result, sh)
 
 
-def _plan(cupy, info, cfg, p, aa, asfa, a_sf_obj, ba, rows, a_sf_kmajor, check_layout, result, sh) -> GroupedGemmPlan:
+def _masked_rows(a: Fp8Operand) -> int:
+    return a.rows if a.stacked else 0
+
+
+def _params(a: Fp8Operand, b: Fp8Operand, **fields) -> k.GemmParams:
+    """The shape fields of the launch parameters, from its operands."""
+    return k.GemmParams(num_rows=a.total_rows, n=b.rows, k=b.k, num_groups=b.groups, masked_rows=_masked_rows(a),
+                        sfb=b.scales.ptr, **fields)
+
+
+def _plan(cupy, info, cfg, p, a: Fp8Operand, b: Fp8Operand, a_sf_obj, check_layout, result, sh) -> GroupedGemmPlan:
+    rows = a.total_rows
     if rows == 0:
         return GroupedGemmPlan(k.PreparedGemm(None, 0, 0, (1, 1, 1), []), None, result, sh)
     refresh = None
-    if a_sf_kmajor:
-        sfa_t = asfa
-    else:
+    keep = (a.array, a.scales.array, b.array, b.scales.array)
+    if not a.scales.kmajor:
+        # TMA loads the scales k-major; the plan re-lays the caller's row-major ones before each run.
         src = cupy.asarray(a_sf_obj)
-        sfa_t = _kmajor_scales(cupy, src, rows, asfa.shape[-1])
+        sfa_t = _kmajor_scales(cupy, rows, a.k // a.scales.gran_k)
         dst = cupy.asarray(sfa_t.owner)
 
         def relayout_scales(stream_handle: int) -> None:
@@ -218,11 +194,12 @@ def _plan(cupy, info, cfg, p, aa, asfa, a_sf_obj, ba, rows, a_sf_kmajor, check_l
                 dst[:, :rows] = src.reshape(rows, -1).T
 
         refresh = relayout_scales
+        a = a.with_scales(a.scales.kmajor_copy(a, sfa_t))
 
-    launch = k.GemmLaunch(cfg, aa, sfa_t, ba, p)
+    launch = k.GemmLaunch(cfg, a, b, p)
     gemm = k.prepare_gemm(launch, device=info.ordinal, sm_count=info.sm_count)
     check = k.prepare_layout_check(launch, device=info.ordinal) if check_layout else None
-    return GroupedGemmPlan(gemm, check, result, sh, refresh, keep=(aa, asfa, sfa_t, ba))
+    return GroupedGemmPlan(gemm, check, result, sh, refresh, keep=keep + (a.scales.array,))
 
 
 
@@ -279,37 +256,20 @@ def plan_grouped_gemm_swiglu_fp8(a: Any, a_sf: Any, w1p: Any, w1p_sf: Any, row_w
         raise ValueError(f"swiglu_limit: expected a positive finite number or None, got {swiglu_limit!r}")
     layout = _group_layout(group_offsets, group_counts, masked_counts)
     sh = driver.stream_handle(stream)
-    ba = as_device_array(w1p, "w1p", stream=sh)
-    check_array(ba, "w1p", dtypes=("e4m3",), ndim=3)
-    groups, two_i, kk = ba.shape
-    dev = ba.device
-    if two_i % 256 or kk % 128 or two_i == 0 or kk == 0:
-        raise ValueError(f"w1p: shape {list(ba.shape)} needs 2I a positive multiple of 256 and H of 128")
+    bo = weight_operand(w1p, w1p_sf, name="w1p", sf_name="w1p_sf", sf_rows=SWIGLU_HALF, stream=sh)
+    if bo.rows % 256:
+        raise ValueError(f"w1p: N = 2I = {bo.rows} (shape {list(bo.shape)}) must be a multiple of 256")
+    ao = activation_operand(a, a_sf, weights=bo, masked=layout == "masked", kmajor=a_sf_kmajor, grans=(128,),
+                            stream=sh)
+    groups, two_i, kk, dev = bo.groups, bo.rows, bo.k, bo.device
     inter = two_i // 2
-    bsfa = as_device_array(w1p_sf, "w1p_sf", stream=sh)
-    check_array(bsfa, "w1p_sf", dtypes=("float32",), shape=(groups, two_i // SWIGLU_HALF, kk // 128), device=dev,
-                align=4)
-    aa = as_device_array(a, "a", stream=sh)
-    if layout == "contiguous":
-        check_array(aa, "a", dtypes=("e4m3",), shape=(None, kk), device=dev)
-        rows, masked_rows = aa.shape[0], 0
-    else:
-        check_array(aa, "a", dtypes=("e4m3",), shape=(groups, None, kk), device=dev)
-        masked_rows = aa.shape[1]
-        rows = groups * masked_rows
-    lead = tuple(aa.shape[:-1])
-    asfa = as_device_array(a_sf, "a_sf", stream=sh)
-    if a_sf_kmajor:
-        check_array(asfa, "a_sf", dtypes=("float32",), shape=(kk // 128, max(4, -(-rows // 4) * 4)), device=dev,
-                    align=16)
-    else:
-        check_array(asfa, "a_sf", dtypes=("float32",), shape=lead + (kk // 128,), device=dev, align=4)
+    rows, lead = ao.total_rows, ao.shape[:-1]
     rw = as_device_array(row_weight, "row_weight", stream=sh)
     check_array(rw, "row_weight", dtypes=("float32",), shape=(rows,), device=dev, align=4)
 
     info = driver.require_hopper(dev)
     cupy = require_cupy()
-    rows_pad = max(4, -(-rows // 4) * 4)
+    rows_pad = kmajor_rows(rows)
     with cupy.cuda.Device(info.ordinal), cupy_stream(cupy, sh):
         q = cupy.empty(lead + (inter,), dtype=cupy.uint8) if out is None else out
         sf = cupy.empty((inter // act_sf_gran, rows_pad), dtype=cupy.float32) if out_sf is None else out_sf
@@ -318,12 +278,11 @@ def plan_grouped_gemm_swiglu_fp8(a: Any, a_sf: Any, w1p: Any, w1p_sf: Any, row_w
         sfo = as_device_array(sf, "out_sf")
         check_array(sfo, "out_sf", dtypes=("float32",), shape=(inter // act_sf_gran, rows_pad), device=dev, align=4)
         cfg = config or choose_config(layout=layout, epilogue="swiglu_fp8", num_rows=rows, n=two_i, k=kk,
-                                      num_groups=groups, sm_count=info.sm_count, masked_rows=masked_rows,
+                                      num_groups=groups, sm_count=info.sm_count, masked_rows=_masked_rows(ao),
                                       out_sf_gran=act_sf_gran)
         _check_config(cfg, layout=layout, epilogue="swiglu_fp8", a_sf_gran=128, n=two_i, out_sf_gran=act_sf_gran)
         flags = (k.FLAG_CLAMP if swiglu_limit is not None else 0) | (k.FLAG_POW2_SCALE if pow2_scale else 0)
-        p = k.GemmParams(num_rows=rows, n=two_i, k=kk, num_groups=groups, masked_rows=masked_rows, flags=flags,
-                         sfb=bsfa.ptr, d=qa.ptr, d_row_stride_bytes=inter, d_sf=sfo.ptr, d_sf_row_stride=rows_pad,
-                         row_weight=rw.ptr, swiglu_limit=float(swiglu_limit or 0.0))
+        p = _params(ao, bo, flags=flags, d=qa.ptr, d_row_stride_bytes=inter, d_sf=sfo.ptr, d_sf_row_stride=rows_pad,
+                    row_weight=rw.ptr, swiglu_limit=float(swiglu_limit or 0.0))
         _set_groups(p, layout, group_offsets, group_counts, masked_counts, groups, dev)
-        return _plan(cupy, info, cfg, p, aa, asfa, a_sf, ba, rows, a_sf_kmajor, check_layout, (q, sf), sh)
+        return _plan(cupy, info, cfg, p, ao, bo, a_sf, check_layout, (q, sf), sh)

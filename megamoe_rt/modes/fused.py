@@ -19,14 +19,14 @@ from megamoe_rt.runtime import driver
 from megamoe_rt.runtime.deadlines import TimeoutRecord
 from megamoe_rt.kernels import fused as fk
 from megamoe_rt.kernels.ep import bank_layout as ep_bank_layout
-from megamoe_rt.kernels.gemm import BLOCK_K, FLAG_CLAMP, FLAG_POW2_SCALE, GemmParams
+from megamoe_rt.kernels.gemm import FLAG_CLAMP, FLAG_POW2_SCALE, GemmParams
 from megamoe_rt.kernels.loader import get_kernel
 from megamoe_rt.kernels.moe import MoeParams
+from megamoe_rt.kernels.operands import Fp8Operand, ScaleFactors
 from megamoe_rt.modes.base import Call, LayerSpec, LayoutNeeds, Mode, Weights, buffer_layout
 from megamoe_rt.modes.peers import stage_inputs
 from megamoe_rt.schedule.layout import BufferLayout
 from megamoe_rt.schedule.plan import FusedSchedule, fused_schedule, live_blocks_upper_bound, single_wave_fits
-from megamoe_rt.runtime.tma import encode_tensor_map_2d
 
 BLOCK_M = fk.BLOCK_M
 GROUP_UNITS = 4
@@ -130,20 +130,21 @@ class FusedPlan:
         banks_ptr = b.ptr("fused_banks")
         self.banks = (ctypes.c_uint64 * 2)(banks_ptr, banks_ptr + 4 * bank.words)
         self.bank = bank
+        # The pools are rings of ring_rows rows with k-major row scales; the weights [el, n, k] with
+        # block scales (w1p's per 64-row gate|up half).
+        l1_a = Fp8Operand("l1_pool", b.ptr("l1_pool"), rows=ring_rows, k=h,
+                          scales=ScaleFactors("l1_pool_sf", b.ptr("l1_pool_sf"), gran_k=128, kmajor=True,
+                                              row_stride=ring_rows))
+        l1_b = Fp8Operand("w1p", int(w1p.data.ptr), rows=2 * i, k=h, groups=el, stacked=True, rows_label="N",
+                          scales=ScaleFactors("w1p_sf", int(w1p_sf.data.ptr), gran_k=128, gran_rows=64))
+        l2_a = Fp8Operand("l2_pool", b.ptr("l2_pool"), rows=ring_rows, k=i,
+                          scales=ScaleFactors("l2_pool_sf", b.ptr("l2_pool_sf"), gran_k=act_sf_gran, kmajor=True,
+                                              row_stride=ring_rows))
+        l2_b = Fp8Operand("w2", int(w2.data.ptr), rows=h, k=i, groups=el, stacked=True, rows_label="N",
+                          scales=ScaleFactors("w2_sf", int(w2_sf.data.ptr), gran_k=128, gran_rows=128))
         self.tensor_maps = [
-            encode_tensor_map_2d(b.ptr("l1_pool"), "e4m3", inner=h, outer=ring_rows, row_stride_bytes=h,
-                                 box_inner=BLOCK_K, box_outer=BLOCK_M, swizzle_128b=True),
-            encode_tensor_map_2d(int(w1p.data.ptr), "e4m3", inner=h, outer=el * 2 * i, row_stride_bytes=h,
-                                 box_inner=BLOCK_K, box_outer=fk.BLOCK_N, swizzle_128b=True),
-            encode_tensor_map_2d(b.ptr("l1_pool_sf"), "float32", inner=ring_rows, outer=h // 128,
-                                 row_stride_bytes=ring_rows * 4, box_inner=BLOCK_M, box_outer=1, swizzle_128b=False),
-            encode_tensor_map_2d(b.ptr("l2_pool"), "e4m3", inner=i, outer=ring_rows, row_stride_bytes=i,
-                                 box_inner=BLOCK_K, box_outer=BLOCK_M, swizzle_128b=True),
-            encode_tensor_map_2d(int(w2.data.ptr), "e4m3", inner=i, outer=el * h, row_stride_bytes=i,
-                                 box_inner=BLOCK_K, box_outer=fk.BLOCK_N, swizzle_128b=True),
-            encode_tensor_map_2d(b.ptr("l2_pool_sf"), "float32", inner=ring_rows, outer=i // act_sf_gran,
-                                 row_stride_bytes=ring_rows * 4, box_inner=BLOCK_M, box_outer=BLOCK_K // act_sf_gran,
-                                 swizzle_128b=False),
+            l1_a.tensor_map(BLOCK_M), l1_b.tensor_map(fk.BLOCK_N), l1_a.scale_tensor_map(BLOCK_M),
+            l2_a.tensor_map(BLOCK_M), l2_b.tensor_map(fk.BLOCK_N), l2_a.scale_tensor_map(BLOCK_M),
         ]
         self._maps_raw = [t.raw for t in self.tensor_maps]
         self._buffer = buffer

@@ -29,9 +29,6 @@
 
 namespace megamoe_rt::ep {
 
-constexpr u32 kThreads = 256;
-constexpr u32 kScanThreads = 1024;
-constexpr u32 kMaxExperts = 1024;
 static_assert(kScanThreads >= kMaxExperts, "one scan block covers every global expert (checked on the host)");
 
 __global__ void __launch_bounds__(kThreads) ep_begin(const __grid_constant__ EpParams p) {

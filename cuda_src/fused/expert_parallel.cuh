@@ -21,8 +21,8 @@
 
 namespace megamoe_rt::fused {
 
-// Shared-memory scratch after the unit tables (host: megamoe_rt.kernels.fused.ep_scratch_bytes):
-// send_offsets[E + 1] | totals[E_local] | src_rows[E_local][R + 1].
+// Shared-memory scratch after the unit tables, ep_scratch_bytes() of them (generated; the host
+// reserves the same): send_offsets[E + 1] | totals[E_local] | src_rows[E_local][R + 1].
 struct EpScratch {
     i32* send_offsets;
     i32* totals;
@@ -36,12 +36,11 @@ struct EpScratch {
 
 // Bytes of EpScratch (0 on one rank): the kernel checks its shared memory against them.
 template <bool kEp>
-__device__ __forceinline__ u32 ep_scratch_bytes(const FusedParams& p) {
+__device__ __forceinline__ u32 ep_scratch_smem_bytes(const FusedParams& p) {
     if constexpr (!kEp) {
         return 0;
     } else {
-        const u32 el = p.moe.num_local_experts;
-        return 4 * (p.moe.num_experts + 1 + el + el * (p.num_ranks + 1));
+        return ep_scratch_bytes(p.moe.num_experts, p.moe.num_local_experts, p.num_ranks);
     }
 }
 

@@ -12,6 +12,7 @@
 #pragma once
 
 #include "common/types.cuh"
+#include "interface/fused.cuh"
 #include "ptx/ld_st.cuh"
 #include "ptx/mbarrier.cuh"
 
@@ -20,6 +21,7 @@ namespace megamoe_rt::fused {
 struct SignalRelay {
     static constexpr u32 kDepth = 16;
     static constexpr u32 kBytes = kDepth * (8 + 8 + 4);
+    static_assert(kBytes == kRelayBytes, "the host reserves kRelayBytes (interface/fused.cuh) for the relay");
     static constexpr u32 kProxyFence = 1u << 31;   // the counter publishes rows TMA will read
     static constexpr u32 kStop = 0xFFFFFFFFu;
 

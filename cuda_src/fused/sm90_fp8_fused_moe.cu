@@ -43,9 +43,7 @@
 
 namespace megamoe_rt::fused {
 
-constexpr u32 kBlockM = 64;
-constexpr u32 kBlockN = 256;
-constexpr u32 kNumThreads = 384;
+// kBlockM, kBlockN and kNumThreads come from interface/fused.cuh (the host sizes by them too).
 constexpr u32 kNumDispatchWarps = 2;
 constexpr u32 kRelayThread = 96;
 constexpr u32 kPartialsBarrier = 3;  // across ranks: the relay warp tells the math warps every rank's partials are in
@@ -78,8 +76,9 @@ struct RoutingTables {
         unit_first = reinterpret_cast<u16*>(scalars + 4);
         unit_info = unit_first + max_blocks;
     }
+    // The layout above occupies routing_table_bytes() (generated; the host reserves the same).
     static __device__ __forceinline__ u32 bytes(u32 num_local_experts, u32 max_blocks) {
-        return TileQueue::kBytes + SignalRelay::kBytes + 4 * (2 * num_local_experts + 1) + 16 + 4 * max_blocks;
+        return routing_table_bytes(num_local_experts, max_blocks);
     }
     // This launch's counter bank. The epoch lives in shared memory rather than in a register
     // kept across the roles' register reallocation.
@@ -98,6 +97,9 @@ __device__ __forceinline__ void trace(const FusedParams& p, TraceEvent event) {
 }
 
 // Warp 0: the pool layout and unit table (fused/unit_table.cuh) into this block's tables.
+// Blocks and units are packed 16 bits each into one scan there: the host keeps the
+// worst-case block count within kMaxBlocks.
+static_assert(kMaxBlocks <= 0xFFFFu, "block and unit counts are packed 16 bits each");
 __device__ __forceinline__ void build_tables(const FusedParams& p, const u32* counts, const RoutingTables& tab) {
     build_unit_table<kBlockM>(counts, p.moe.num_local_experts, p.max_blocks, tab.row_begin, tab.row_end,
                               tab.unit_first, tab.unit_info, tab.scalars);
@@ -463,6 +465,8 @@ sm90_fp8_fused_moe(const __grid_constant__ FusedParams p, const __grid_constant_
     static_assert(L1::kSmemBytes == L2::kSmemBytes && L1::kOffBarriers == L2::kOffBarriers,
                   "L1 and L2 tiles must share one shared-memory carve-up");
     static_assert(L1::kNumThreads == kNumThreads && L2::kNumThreads == kNumThreads, "one producer + two math warpgroups");
+    // The host puts the routing tables at tile_smem_bytes(kStages) (FusedParams::table_smem_offset).
+    static_assert(L1::kSmemBytes == tile_smem_bytes(kStages), "the GEMM carve-up differs from the host's size");
     const moe::MoeParams& m = p.moe;
     extern __shared__ u8 smem_raw[];
     const u32 raw_addr = ptx::smem_addr_u32(smem_raw);
@@ -471,9 +475,9 @@ sm90_fp8_fused_moe(const __grid_constant__ FusedParams p, const __grid_constant_
     const gemm::SharedStorage<L1> sm1{smem};
 
     if (threadIdx.x == 0) {
-        // The host sizes shared memory from the same formula (megamoe_rt.kernels.fused); a mismatch is a bug.
+        // The host sizes shared memory from the same generated formulas; a mismatch is a bug.
         if (ptx::dynamic_smem_size() < p.table_smem_offset + RoutingTables::bytes(m.num_local_experts, p.max_blocks) +
-                                           ep_scratch_bytes<kEp>(p) + L1::kSmemAlignSlack)
+                                           ep_scratch_smem_bytes<kEp>(p) + L1::kSmemAlignSlack)
             __trap();
         for (u32 s = 0; s < kStages; ++s) {
             ptx::mbarrier_init_shared(sm1.full(s), 1);

@@ -12,6 +12,7 @@
 #pragma once
 
 #include "common/types.cuh"
+#include "interface/fused.cuh"
 #include "ptx/mbarrier.cuh"
 
 namespace megamoe_rt::fused {
@@ -19,6 +20,7 @@ namespace megamoe_rt::fused {
 struct TileQueue {
     static constexpr u32 kDepth = 4;
     static constexpr u32 kBytes = kDepth * (8 + 8 + 4);
+    static_assert(kBytes == kTileQueueBytes, "the host reserves kTileQueueBytes (interface/fused.cuh) for the queue");
 
     u64* full;      // [kDepth] one arrival: the producer's ticket is in
     u64* empty;     // [kDepth] one arrival per math warp: the ticket was read

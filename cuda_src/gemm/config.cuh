@@ -17,7 +17,7 @@ template <u32 kBlockM_, u32 kBlockN_, u32 kStages_, u32 kASfGran_, u32 kBSfN_, u
 struct Config {
     static constexpr u32 kBlockM = kBlockM_;
     static constexpr u32 kBlockN = kBlockN_;
-    static constexpr u32 kBlockK = 128;              // e4m3: one 128-byte swizzled row
+    static constexpr u32 kBlockK = gemm::kBlockK;    // e4m3: one 128-byte swizzled row
     static constexpr u32 kStages = kStages_;
     static constexpr u32 kASfGran = kASfGran_;       // A scales per 64 or 128 K elements
     static constexpr u32 kBSfN = kBSfN_;             // B scales per 64 or 128 output columns
@@ -51,7 +51,9 @@ struct Config {
     // Stage slots always have room for 64-wide scale groups, so GEMMs that differ only in
     // their A-scale granularity share one carve-up (the fused kernel runs L1 and L2 on it).
     static constexpr u32 kSfaStageStride = (kBlockK / 64) * kBlockM * 4;
-    static constexpr u32 kStageTxBytes = kSmemABytes + kSmemBBytes + kSmemSfaBytes;
+    // What TMA delivers per stage, and what the host counts with (generated from one formula).
+    static constexpr u32 kStageTxBytes = stage_tx_bytes(kBlockM, kBlockN, kASfGran);
+    static_assert(kStageTxBytes == kSmemABytes + kSmemBBytes + kSmemSfaBytes, "a stage's loads and its expect-tx differ");
 
     // Carve-up from a 1024-byte aligned base: A stages, B stages (each tile
     // 1024-aligned for the 128-byte swizzle), A-scale stages, epilogue scratch,
@@ -60,11 +62,15 @@ struct Config {
     static constexpr u32 kOffB = kOffA + kStages * kSmemABytes;
     static constexpr u32 kOffSfa = kOffB + kStages * kSmemBBytes;
     static constexpr u32 kOffScratch = kOffSfa + kStages * kSfaStageStride;
-    static constexpr u32 kScratchBytes = 2 * kWgTileM * 4;  // per-row amax exchange between N-split warpgroups
+    static constexpr u32 kScratchBytes = kEpilogueScratchBytes;  // per-row amax exchange between N-split warpgroups
     static constexpr u32 kOffBarriers = kOffScratch + kScratchBytes;
-    static constexpr u32 kSmemBytes = kOffBarriers + 2 * kStages * 8;
-    static constexpr u32 kSmemAlignSlack = 1024;  // the dynamic base is only 16-byte aligned
-    static constexpr u32 kDynamicSmemBytes = kSmemBytes + kSmemAlignSlack;
+    static constexpr u32 kSmemBytes = kOffBarriers + kStages * kBarrierBytesPerStage;
+    static constexpr u32 kSmemAlignSlack = gemm::kSmemAlignSlack;  // the dynamic base is only 16-byte aligned
+    // The host reserves dynamic_smem_bytes() (the same generated formula); the carve-up above
+    // must add up to exactly that.
+    static constexpr u32 kDynamicSmemBytes = dynamic_smem_bytes(kBlockM, kBlockN, kStages);
+    static_assert(kSmemBytes + kSmemAlignSlack == kDynamicSmemBytes, "the carve-up differs from the host's size");
+    static_assert(kScratchBytes >= 2 * kWgTileM * 4, "epilogue scratch holds a per-row amax per N-split warpgroup");
 
     static_assert(kBlockM == 64 || kBlockM == 128, "BLOCK_M must be 64 or 128");
     static_assert(kBlockN == 128 || kBlockN == 256, "BLOCK_N must be 128 or 256");
@@ -75,7 +81,7 @@ struct Config {
     static_assert(kStages >= 2, "at least two pipeline stages");
     static_assert(kClusterN == 1 || kClusterN == 2, "clusters of one or two CTAs along N");
     static constexpr u32 kEmptyArrivals = kNumMathWarpgroups * 4 * kClusterN;  // one per math warp per CTA
-    static_assert(kDynamicSmemBytes <= 232448, "exceeds the 227 KiB shared-memory limit");
+    static_assert(kDynamicSmemBytes <= kSmemLimit, "exceeds the 227 KiB shared-memory limit");
     static_assert(kOutSfGran == 64 || kOutSfGran == 128, "requant granularity must be 64 or 128");
 };
 

@@ -7,8 +7,6 @@
 
 namespace megamoe_rt::moe {
 
-constexpr u32 kCombineThreads = 128;
-
 template <typename IdxT>
 __global__ void __launch_bounds__(kCombineThreads) moe_combine(const __grid_constant__ MoeParams p) {
     __shared__ u32 valid_mask;

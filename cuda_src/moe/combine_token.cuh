@@ -9,7 +9,6 @@
 
 namespace megamoe_rt::moe {
 
-constexpr u32 kMaxTopk = 32;
 static_assert(kMaxTopk <= 32, "a slot mask holds one bit per top-k slot");
 
 // Slots of `token` that routed to some expert (-1 and out-of-range ids are not).

@@ -12,8 +12,6 @@
 
 namespace megamoe_rt::moe {
 
-constexpr u32 kDispatchThreads = 256;
-
 template <typename IdxT>
 __global__ void __launch_bounds__(kDispatchThreads) moe_dispatch(const __grid_constant__ MoeParams p) {
     const u32 lane = threadIdx.x % 32;

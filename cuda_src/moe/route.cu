@@ -8,9 +8,6 @@
 
 namespace megamoe_rt::moe {
 
-constexpr u32 kCountThreads = 256;
-constexpr u32 kMaxLocalExperts = 1024;
-
 // Block-local histogram in shared memory, then one global atomic per expert and block.
 template <typename IdxT>
 __global__ void __launch_bounds__(kCountThreads) moe_count_routes(const __grid_constant__ MoeParams p) {
@@ -19,7 +16,6 @@ __global__ void __launch_bounds__(kCountThreads) moe_count_routes(const __grid_c
                                [&p](u32 pair) { return local_expert<IdxT>(p, pair); });
 }
 
-constexpr u32 kScanThreads = 1024;
 static_assert(kScanThreads >= kMaxLocalExperts, "the scan gives every local expert a thread");
 
 // One block: offsets[e] = sum over e' < e of align(count[e'], pool_align).

@@ -4,16 +4,10 @@
 // green-context partition stay inside it.
 
 #include "common/types.cuh"
+#include "interface/probe.cuh"
 #include "ptx/special_regs.cuh"
 
 namespace megamoe_rt::probe {
-
-struct SmProbeParams {
-    u32* smid;        // [grid]
-    u64* start_ns;    // [grid]
-    u64* end_ns;      // [grid]
-    u64 spin_ns;
-};
 
 __global__ void sm_probe(const __grid_constant__ SmProbeParams p) {
     if (threadIdx.x != 0) return;

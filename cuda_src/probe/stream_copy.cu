@@ -2,15 +2,10 @@
 // grid-strided, several loads in flight per thread.
 
 #include "common/types.cuh"
+#include "interface/probe.cuh"
 #include "ptx/ld_st.cuh"
 
 namespace megamoe_rt::probe {
-
-struct StreamCopyParams {
-    const ptx::u32x4* src;
-    ptx::u32x4* dst;
-    u64 n16;
-};
 
 __global__ void __launch_bounds__(256) stream_copy(const __grid_constant__ StreamCopyParams p) {
     const u64 stride = static_cast<u64>(gridDim.x) * blockDim.x;

@@ -8,25 +8,15 @@
 // keeps all-zero groups and padding rows finite.
 
 #include "common/types.cuh"
+#include "interface/quantize.cuh"
 #include "ptx/cvt.cuh"
 #include "ptx/ld_st.cuh"
 
 namespace megamoe_rt {
 
-// Mirrors megamoe_rt.kernels.quantize.QuantizeParams (ctypes); layout lives there.
-struct QuantizeParams {
-    const void* x;      // bf16 bits or fp32, row-major, contiguous
-    u8* q;              // e4m3 codes, row-major
-    float* sf;          // [rows, hidden / 128]
-    u64 num_groups;     // rows * hidden / 128
-    u32 groups_per_row; // hidden / 128
-    u32 pad_;
-};
-
-constexpr int kGroupSize = 128;
-constexpr int kElemsPerThread = 8;                          // one 16-byte bf16 load
-constexpr int kThreadsPerGroup = kGroupSize / kElemsPerThread;  // 16: half a warp
-constexpr int kQuantizeThreads = 256;
+// QuantizeParams, kGroupSize and kQuantizeThreads: interface/quantize.cuh (generated).
+constexpr int kElemsPerThread = 8;                                             // one 16-byte bf16 load
+constexpr int kThreadsPerGroup = static_cast<int>(kGroupSize) / kElemsPerThread;  // 16: half a warp
 
 template <bool kInputBf16>
 __global__ void __launch_bounds__(kQuantizeThreads)

@@ -5,24 +5,15 @@
 // enough live values that the IEEE-division slow path needs no stack).
 
 #include "common/types.cuh"
+#include "interface/quantize.cuh"
 #include "ptx/cvt.cuh"
 #include "ptx/ld_st.cuh"
 
 namespace megamoe_rt {
 
-// Mirrors megamoe_rt.kernels.quantize.WeightQuantizeParams (ctypes).
-struct WeightQuantizeParams {
-    const void* w;      // [groups, n, k] bf16 bits or fp32
-    u8* q;              // [groups, n, k]
-    float* sf;          // [groups, n / 128, k / 128]
-    u32 n;
-    u32 k;
-    u32 num_blocks;     // groups * (n / 128) * (k / 128)
-    u32 pad_;
-};
-
-constexpr u32 kWeightQuantThreads = 512;
+// WeightQuantizeParams and kWeightQuantThreads: interface/quantize.cuh (generated).
 constexpr u32 kColsPerThread = 32;
+static_assert(kWeightQuantThreads * kColsPerThread == 128 * 128, "one thread per 32 columns of a 128 x 128 block");
 
 template <bool kInputBf16>
 __global__ void __launch_bounds__(kWeightQuantThreads)

@@ -5,55 +5,18 @@
 // The report runs after the loop, not from inside it, so the loop stays small and kernels
 // that also run wgmma keep their register plan. Every report leaves a TimeoutRecord for the
 // host; only kernels without wgmma also printf (a call serialises the wgmma pipeline).
+//
+// WaitSite with its messages (wait_site_name), WaitContext and TimeoutRecord are declared in
+// megamoe_rt/kernels/interface/sync.py, generated into interface/sync.cuh.
 #pragma once
 
 #include "common/types.cuh"
+#include "interface/sync.cuh"
 #include "ptx/ld_st.cuh"
 #include "ptx/special_regs.cuh"
 #include "sync/timeout_record.cuh"
 
 namespace megamoe_rt::sync {
-
-// Where a wait happens; the host passes names for these ids in the message table below.
-enum class WaitSite : u32 {
-    kTest = 0,               // tests withholding a signal on purpose
-    kExpertCountsArrived,    // all ranks' per-expert counts have landed
-    kDispatchDone,           // every peer finished pulling from this rank
-    kCombineArrived,         // every peer finished scattering into this rank's combine buffer
-    kL1RowsArrived,          // fused: a pool block's rows have arrived (L1 may start)
-    kL1OutputPublished,      // fused: a block's L1 output is published (L2 may start)
-    kRingSlotFree,           // fused: a ring slot's L2 reads are done (L1 may overwrite)
-    kStreamChunkReady,       // streaming: a chunk's route and layout generations match
-    kGridBarrier,            // fused: every block of the grid reached the same phase
-    kPoolSlotFree,           // fused: a pool slot's L1 reads are done (dispatch may refill it)
-    kRingOverflow,           // fused: a single-wave call needs more pool blocks than the ring holds
-    kCount
-};
-
-__device__ __forceinline__ const char* wait_site_name(WaitSite site) {
-    switch (site) {
-        case WaitSite::kTest: return "test signal";
-        case WaitSite::kExpertCountsArrived: return "expert counts from all ranks";
-        case WaitSite::kDispatchDone: return "dispatch done on all peers";
-        case WaitSite::kCombineArrived: return "combine partials from all peers";
-        case WaitSite::kL1RowsArrived: return "L1 rows arrived";
-        case WaitSite::kL1OutputPublished: return "L1 output published";
-        case WaitSite::kRingSlotFree: return "ring slot free";
-        case WaitSite::kStreamChunkReady: return "stream chunk ready";
-        case WaitSite::kGridBarrier: return "grid barrier";
-        case WaitSite::kPoolSlotFree: return "pool slot free";
-        case WaitSite::kRingOverflow: return "single-wave pool fits the ring";
-        default: return "unknown wait";
-    }
-}
-
-// Host mirror: megamoe_rt.runtime.deadlines.WaitContext.
-struct WaitContext {
-    u64 timeout_ns;           // from the host (MEGAMOE_RT_TIMEOUT_S, default 60 s)
-    TimeoutRecord* record;    // mapped host memory, may be null
-    u32 rank;
-    u32 pad_;
-};
 
 // Record the failure for the host and stop the kernel. No call: usable in wgmma kernels.
 __device__ __forceinline__ void fail_wait(WaitSite site, const WaitContext& ctx, u32 peer, u64 expected, u64 seen,

@@ -9,11 +9,6 @@
 
 namespace megamoe_rt::sync {
 
-struct GridBarrierWords {
-    u32 count;
-    u32 generation;
-};
-
 // Called by one thread per block once the block's own work for the phase is done (after a
 // block-level barrier). Acquire/release at GPU scope: writes before the barrier in any block
 // are visible after it in every block.

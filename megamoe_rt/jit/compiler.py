@@ -48,6 +48,10 @@ class KernelSpec:
     expect_sass: tuple[str, ...] = ()  # opcodes the SASS must contain (checked by tests)
     uses_printf: bool = False      # a diagnostic printf: a small stack frame for its arguments is expected
     includes: tuple[str, ...] = () # headers (relative to cuda_src/) compiled in ahead of the entry file
+    # The kernel's parameters in order, as the ctypes types a launch passes (a parameter
+    # struct, tensor maps, scalars). Loading checks them against the driver's parameter
+    # sizes once (megamoe_rt.kernels.loader); empty: not checked.
+    params: tuple[type, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -3,65 +3,37 @@ parameter struct and launches."""
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any
 
-from megamoe_rt.runtime.deadlines import WaitContext
 from megamoe_rt.jit import KernelSpec
+from megamoe_rt.kernels.interface import ep as decl
 from megamoe_rt.schedule.arith import ceil_div
-from megamoe_rt.schedule.layout import ep_bank_words
-from megamoe_rt.kernels.moe import MoeParams
 
 SOURCE = "ep/ep_unfused.cu"
-THREADS = 256
-SCAN_THREADS = 1024
-MAX_EXPERTS = 1024
+THREADS = decl.THREADS.value
+SCAN_THREADS = decl.SCAN_THREADS.value
+MAX_EXPERTS = decl.MAX_EXPERTS.value
 _IDX_CXX = {"int32": "megamoe_rt::i32", "int64": "megamoe_rt::i64"}
 
-
-class EpBankLayout(ctypes.Structure):
-    """Mirror of ``megamoe_rt::ep::EpBankLayout`` (ep/params.cuh)."""
-
-    _fields_ = [("words", ctypes.c_uint32), ("recv_counts", ctypes.c_uint32), ("recv_offsets", ctypes.c_uint32),
-                ("count_ready", ctypes.c_uint32), ("combine_ready", ctypes.c_uint32), ("pad_", ctypes.c_uint32)]
+EpBankLayout = decl.EP_BANK_LAYOUT.ctype
+EpParams = decl.EP_PARAMS.ctype
 
 
 def bank_layout(num_ranks: int, num_local_experts: int) -> EpBankLayout:
+    """Word offsets of one bank: recv_counts | recv_offsets | count_ready | combine_ready."""
     n = num_ranks * num_local_experts
-    return EpBankLayout(words=ep_bank_words(num_ranks, num_local_experts), recv_counts=0, recv_offsets=n,
+    bank = EpBankLayout(words=decl.bank_words(num_ranks, num_local_experts), recv_counts=0, recv_offsets=n,
                         count_ready=2 * n, combine_ready=2 * n + num_ranks)
-
-
-class EpParams(ctypes.Structure):
-    """Mirror of ``megamoe_rt::ep::EpParams`` (ep/params.cuh)."""
-
-    _fields_ = [
-        ("moe", MoeParams),
-        ("peer_bases", ctypes.c_uint64),
-        ("off_x", ctypes.c_uint64),
-        ("off_x_sf", ctypes.c_uint64),
-        ("off_send_list", ctypes.c_uint64),
-        ("off_combine", ctypes.c_uint64),
-        ("off_banks", ctypes.c_uint64),
-        ("send_counts", ctypes.c_uint64),
-        ("send_offsets", ctypes.c_uint64),
-        ("send_cursors", ctypes.c_uint64),
-        ("send_list", ctypes.c_uint64),
-        ("src_rows", ctypes.c_uint64),
-        ("banks", ctypes.c_uint64),
-        ("bank", EpBankLayout),
-        ("launch_epoch", ctypes.c_uint64),
-        ("wait", WaitContext),
-        ("rank", ctypes.c_uint32),
-        ("num_ranks", ctypes.c_uint32),
-    ]
+    assert bank.combine_ready + num_ranks == bank.words, "the regions fill the bank the buffer layout reserves"
+    return bank
 
 
 def _spec(entry: str, idx: str | None, threads: int) -> KernelSpec:
     name = f"ep_{entry}" + (f"[{idx}]" if idx else "")
     expr = f"megamoe_rt::ep::ep_{entry}" + (f"<{_IDX_CXX[idx]}>" if idx else "")
     # The waits on peers print their report (these kernels have no wgmma).
-    return KernelSpec(name=name, source=SOURCE, entry=expr, block_threads=threads, uses_printf=True)
+    return KernelSpec(name=name, source=SOURCE, entry=expr, block_threads=threads, uses_printf=True,
+                      params=(EpParams,))
 
 
 def specs(idx: str) -> dict[str, KernelSpec]:

@@ -15,18 +15,21 @@ from typing import Any
 
 from megamoe_rt.jit import KernelSpec
 from megamoe_rt.kernels.epilogues import EPILOGUES, get_epilogue
-from megamoe_rt.kernels.operands import BLOCK_K, Fp8Operand
+from megamoe_rt.kernels.interface import gemm as decl
+from megamoe_rt.kernels.interface.decl import TMA_DESCRIPTOR
+from megamoe_rt.kernels.interface.structs import GemmParams as GemmParams
+from megamoe_rt.kernels.operands import BLOCK_K as BLOCK_K
+from megamoe_rt.kernels.operands import Fp8Operand
 from megamoe_rt.runtime.tma import TensorMap2D
 
 SOURCE = "gemm/sm90_fp8_grouped_gemm.cu"
-SMEM_LIMIT = 232448           # 227 KiB opt-in per block on sm_90
+SMEM_LIMIT = decl.SMEM_LIMIT.value    # 227 KiB opt-in per block on sm_90
 MAX_STAGES = 8
 
-LAYOUTS = {"contiguous": 0, "masked": 1}
-_LAYOUT_CXX = {"contiguous": "kContiguous", "masked": "kMasked"}
+LAYOUTS = decl.GROUP_LAYOUT.keys()    # {"contiguous": 0, "masked": 1}
 
-FLAG_CLAMP = 1
-FLAG_POW2_SCALE = 2
+FLAG_CLAMP = decl.FLAGS["clamp"]
+FLAG_POW2_SCALE = decl.FLAGS["pow2_scale"]
 
 
 @dataclass(frozen=True)
@@ -74,22 +77,22 @@ class GemmConfig:
     @staticmethod
     def stage_bytes(block_m: int, block_n: int, a_sf_gran: int) -> int:
         """Shared memory a pipeline stage occupies. Its scale slot always has room for 64-wide
-        groups (config.cuh kSfaStageStride), so L1 and L2 tiles share one carve-up."""
-        return block_m * BLOCK_K + block_n * BLOCK_K + (BLOCK_K // 64) * block_m * 4
+        groups, so L1 and L2 tiles share one carve-up (``a_sf_gran`` does not change it)."""
+        return int(decl.stage_bytes(block_m, block_n))
 
     @staticmethod
     def stage_load_bytes(block_m: int, block_n: int, a_sf_gran: int) -> int:
         """Bytes TMA delivers per stage (the full barrier's transaction count)."""
-        return block_m * BLOCK_K + block_n * BLOCK_K + (BLOCK_K // a_sf_gran) * block_m * 4
+        return int(decl.stage_tx_bytes(block_m, block_n, a_sf_gran))
 
     @staticmethod
     def fixed_smem_bytes(stages: int) -> int:
-        # amax exchange scratch, full/empty barriers, alignment slack for the 1024-byte base
-        return 2 * 64 * 4 + 2 * stages * 8 + 1024
+        """Amax exchange scratch, full/empty barriers, alignment slack for the 1024-byte base."""
+        return int(decl.fixed_smem_bytes(stages))
 
     @property
     def dynamic_smem_bytes(self) -> int:
-        return self.stages * self.stage_bytes(self.block_m, self.block_n, self.a_sf_gran) + self.fixed_smem_bytes(self.stages)
+        return int(decl.dynamic_smem_bytes(self.block_m, self.block_n, self.stages))
 
     @property
     def stage_tx_bytes(self) -> int:
@@ -104,9 +107,10 @@ class GemmConfig:
         epi = get_epilogue(self.epilogue)
         entry = (f"megamoe_rt::gemm::sm90_fp8_grouped_gemm<{self.block_m}u, {self.block_n}u, {self.stages}u, "
                  f"{self.a_sf_gran}u, {self.b_sf_n}u, {self.out_sf_gran}u, {self.cluster_n}u, "
-                 f"megamoe_rt::gemm::GroupLayout::{_LAYOUT_CXX[self.layout]}, {epi.cxx_type}>")
+                 f"{decl.GROUP_LAYOUT.cxx_of(self.layout)}, {epi.cxx_type}>")
         return KernelSpec(name=self.name, source=SOURCE, entry=entry, dynamic_smem_bytes=self.dynamic_smem_bytes,
-                          block_threads=self.num_threads, expect_sass=("QGMMA",), includes=(epi.header,))
+                          block_threads=self.num_threads, expect_sass=("QGMMA",), includes=(epi.header,),
+                          params=(GemmParams,) + (TMA_DESCRIPTOR,) * 3)
 
 
 def max_stages(block_m: int, block_n: int, a_sf_gran: int) -> int:
@@ -115,31 +119,6 @@ def max_stages(block_m: int, block_n: int, a_sf_gran: int) -> int:
     while s > 2 and s * per + GemmConfig.fixed_smem_bytes(s) > SMEM_LIMIT:
         s -= 1
     return s
-
-
-class GemmParams(ctypes.Structure):
-    """Mirror of ``megamoe_rt::gemm::GemmParams`` (gemm/params.cuh)."""
-
-    _fields_ = [
-        ("num_rows", ctypes.c_uint32),
-        ("n", ctypes.c_uint32),
-        ("k", ctypes.c_uint32),
-        ("num_groups", ctypes.c_uint32),
-        ("masked_rows", ctypes.c_uint32),
-        ("flags", ctypes.c_uint32),
-        ("group_offsets", ctypes.c_uint64),
-        ("group_counts", ctypes.c_uint64),
-        ("masked_counts", ctypes.c_uint64),
-        ("sfb", ctypes.c_uint64),
-        ("d", ctypes.c_uint64),
-        ("d_row_stride_bytes", ctypes.c_uint64),
-        ("d_sf", ctypes.c_uint64),
-        ("d_sf_row_stride", ctypes.c_uint64),
-        ("row_weight", ctypes.c_uint64),
-        ("row_dst", ctypes.c_uint64),
-        ("swiglu_limit", ctypes.c_float),
-        ("pad_", ctypes.c_uint32),
-    ]
 
 
 @dataclass
@@ -204,7 +183,7 @@ def prepare_gemm(launch: GemmLaunch, *, device: int, sm_count: int) -> PreparedG
 
 CHECK_LAYOUT_SPEC = KernelSpec(name="fp8_gemm_check_group_layout", source="gemm/check_group_layout.cu",
                                entry="megamoe_rt::gemm::check_group_layout", block_threads=32,
-                               uses_printf=True)
+                               uses_printf=True, params=(GemmParams, ctypes.c_uint32, ctypes.c_uint32))
 
 
 def prepare_layout_check(launch: GemmLaunch, *, device: int) -> PreparedGemm:

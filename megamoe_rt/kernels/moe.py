@@ -2,62 +2,32 @@
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any
 
 from megamoe_rt.jit import KernelSpec
+from megamoe_rt.kernels.interface import moe as decl
 from megamoe_rt.schedule.arith import ceil_div
 
-COUNT_THREADS = 256
-SCAN_THREADS = 1024
-DISPATCH_THREADS = 256
-COMBINE_THREADS = 128
-MAX_LOCAL_EXPERTS = 1024
-MAX_TOPK = 32
+COUNT_THREADS = decl.COUNT_THREADS.value
+SCAN_THREADS = decl.SCAN_THREADS.value
+DISPATCH_THREADS = decl.DISPATCH_THREADS.value
+COMBINE_THREADS = decl.COMBINE_THREADS.value
+MAX_LOCAL_EXPERTS = decl.MAX_LOCAL_EXPERTS.value
+MAX_TOPK = decl.MAX_TOPK.value
 
-ERROR_EXPERT_ID_OUT_OF_RANGE = 1
-ERROR_POOL_OVERFLOW = 2
+ERROR_EXPERT_ID_OUT_OF_RANGE = decl.ERROR_FLAGS["expert_id_out_of_range"]
+ERROR_POOL_OVERFLOW = decl.ERROR_FLAGS["pool_overflow"]
+
+MoeParams = decl.MOE_PARAMS.ctype
 
 _IDX_CXX = {"int32": "megamoe_rt::i32", "int64": "megamoe_rt::i64"}
 
-
-class MoeParams(ctypes.Structure):
-    """Mirror of ``megamoe_rt::moe::MoeParams`` (moe/params.cuh)."""
-
-    _fields_ = [
-        ("topk_idx", ctypes.c_uint64),
-        ("topk_weights", ctypes.c_uint64),
-        ("x", ctypes.c_uint64),
-        ("x_sf", ctypes.c_uint64),
-        ("num_tokens", ctypes.c_uint32),
-        ("num_topk", ctypes.c_uint32),
-        ("hidden", ctypes.c_uint32),
-        ("num_experts", ctypes.c_uint32),
-        ("num_local_experts", ctypes.c_uint32),
-        ("first_local_expert", ctypes.c_uint32),
-        ("pool_rows", ctypes.c_uint32),
-        ("pool_align", ctypes.c_uint32),
-        ("token_capacity", ctypes.c_uint32),
-        ("pad_", ctypes.c_uint32),
-        ("expert_counts", ctypes.c_uint64),
-        ("expert_offsets", ctypes.c_uint64),
-        ("expert_cursors", ctypes.c_uint64),
-        ("expert_recv_stats", ctypes.c_uint64),
-        ("error_flags", ctypes.c_uint64),
-        ("pool", ctypes.c_uint64),
-        ("pool_sf", ctypes.c_uint64),
-        ("pool_src", ctypes.c_uint64),
-        ("pool_weight", ctypes.c_uint64),
-        ("pool_dst", ctypes.c_uint64),
-        ("combine", ctypes.c_uint64),
-        ("y", ctypes.c_uint64),
-    ]
 
 
 def _spec(kind: str, source: str, entry: str, idx: str | None, threads: int) -> KernelSpec:
     name = f"moe_{kind}" + (f"[{idx}]" if idx else "")
     expr = f"megamoe_rt::moe::{entry}" + (f"<{_IDX_CXX[idx]}>" if idx else "")
-    return KernelSpec(name=name, source=source, entry=expr, block_threads=threads)
+    return KernelSpec(name=name, source=source, entry=expr, block_threads=threads, params=(MoeParams,))
 
 
 def count_spec(idx: str) -> KernelSpec:

@@ -5,31 +5,32 @@ from __future__ import annotations
 import ctypes
 
 from megamoe_rt.jit import KernelSpec
+from megamoe_rt.kernels.interface import probe as decl
 
-SPEC = KernelSpec(name="sm_probe", source="probe/sm_probe.cu", entry="megamoe_rt::probe::sm_probe", block_threads=32)
+StreamCopyParams = decl.STREAM_COPY_PARAMS.ctype
+SmProbeParams = decl.SM_PROBE_PARAMS.ctype
+
+SPEC = KernelSpec(name="sm_probe", source="probe/sm_probe.cu", entry="megamoe_rt::probe::sm_probe", block_threads=32,
+                  params=(SmProbeParams,))
 
 
 COPY_SPEC = KernelSpec(name="stream_copy", source="probe/stream_copy.cu", entry="megamoe_rt::probe::stream_copy",
-                       block_threads=256)
+                       block_threads=256, params=(StreamCopyParams,))
 
 
+# wait_for_signal(word, expected, timeout_ns, rank, peer, seen_out, record): scalars, no struct.
 WAIT_SPEC = KernelSpec(name="wait_for_signal", source="probe/wait_timeout.cu",
-                       entry="megamoe_rt::probe::wait_for_signal", block_threads=32, uses_printf=True)
+                       entry="megamoe_rt::probe::wait_for_signal", block_threads=32, uses_printf=True,
+                       params=(ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32,
+                               ctypes.c_uint64, ctypes.c_uint64))
 
 
 # The fused kernel's task stream dumped tile by tile, for tests/test_task_stream_gpu.py (arguments
 # and shared memory: the header comment of probe/task_stream_order.cu).
 TASK_STREAM_SPEC = KernelSpec(name="task_stream_order", source="probe/task_stream_order.cu",
-                              entry="megamoe_rt::probe::task_stream_order", block_threads=32)
-
-
-class StreamCopyParams(ctypes.Structure):
-    _fields_ = [("src", ctypes.c_uint64), ("dst", ctypes.c_uint64), ("n16", ctypes.c_uint64)]
-
-
-class SmProbeParams(ctypes.Structure):
-    _fields_ = [("smid", ctypes.c_uint64), ("start_ns", ctypes.c_uint64), ("end_ns", ctypes.c_uint64),
-                ("spin_ns", ctypes.c_uint64)]
+                              entry="megamoe_rt::probe::task_stream_order", block_threads=32,
+                              params=(ctypes.c_uint64,) + (ctypes.c_uint32,) * 6 + (ctypes.c_uint64, ctypes.c_uint32,
+                                                                                     ctypes.c_uint64))
 
 
 def kernel_specs() -> list[KernelSpec]:

@@ -2,31 +2,21 @@
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any
 
 from megamoe_rt.runtime import driver
 from megamoe_rt.runtime.arrays import as_device_array, check_array, cupy_stream, require_cupy
 from megamoe_rt.jit import KernelSpec
+from megamoe_rt.kernels.interface import quantize as decl
 from megamoe_rt.schedule.arith import ceil_div
 
-GROUP = 128
-THREADS = 256
+GROUP = decl.GROUP.value
+THREADS = decl.THREADS.value
 _THREADS_PER_GROUP = 16
 _SOURCE = "quantize/quantize_fp8.cu"
 
-
-class QuantizeParams(ctypes.Structure):
-    """Mirror of ``megamoe_rt::QuantizeParams`` in quantize/quantize_fp8.cu."""
-
-    _fields_ = [
-        ("x", ctypes.c_uint64),
-        ("q", ctypes.c_uint64),
-        ("sf", ctypes.c_uint64),
-        ("num_groups", ctypes.c_uint64),
-        ("groups_per_row", ctypes.c_uint32),
-        ("pad_", ctypes.c_uint32),
-    ]
+QuantizeParams = decl.QUANTIZE_PARAMS.ctype
+WeightQuantizeParams = decl.WEIGHT_QUANTIZE_PARAMS.ctype
 
 
 def _spec(input_dtype: str) -> KernelSpec:
@@ -37,6 +27,7 @@ def _spec(input_dtype: str) -> KernelSpec:
         entry=f"megamoe_rt::quantize_fp8_1x128<{'true' if is_bf16 else 'false'}>",
         block_threads=THREADS,
         expect_sass=("F2FP",),
+        params=(QuantizeParams,),
     )
 
 
@@ -86,21 +77,7 @@ def quantize_fp8(x: Any, *, out: Any = None, out_sf: Any = None, stream: Any = N
 # --- 128x128 weight blocks -------------------------------------------------------------------
 
 _WEIGHT_SOURCE = "quantize/quantize_weight_fp8.cu"
-_WEIGHT_THREADS = 512
-
-
-class WeightQuantizeParams(ctypes.Structure):
-    """Mirror of ``megamoe_rt::WeightQuantizeParams`` in quantize/quantize_weight_fp8.cu."""
-
-    _fields_ = [
-        ("w", ctypes.c_uint64),
-        ("q", ctypes.c_uint64),
-        ("sf", ctypes.c_uint64),
-        ("n", ctypes.c_uint32),
-        ("k", ctypes.c_uint32),
-        ("num_blocks", ctypes.c_uint32),
-        ("pad_", ctypes.c_uint32),
-    ]
+_WEIGHT_THREADS = decl.WEIGHT_THREADS.value
 
 
 def _weight_spec(input_dtype: str) -> KernelSpec:
@@ -110,6 +87,7 @@ def _weight_spec(input_dtype: str) -> KernelSpec:
         entry=f"megamoe_rt::quantize_fp8_128x128<{'true' if input_dtype == 'bf16' else 'false'}>",
         block_threads=_WEIGHT_THREADS,
         expect_sass=("F2FP",),
+        params=(WeightQuantizeParams,),
     )
 
 

@@ -6,6 +6,7 @@ import ctypes
 import math
 import os
 
+from megamoe_rt.kernels.interface import sync as decl
 from megamoe_rt.runtime import driver
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -33,27 +34,11 @@ def wait_timeout_ns(timeout_s: float | None = None) -> int:
 
 # --- timeout records ------------------------------------------------------------------------
 
-# WaitSite names (cuda_src/sync/deadline_wait.cuh), in enum order.
-WAIT_SITES = (
-    "test signal", "expert counts from all ranks", "dispatch done on all peers", "combine partials from all peers",
-    "L1 rows arrived", "L1 output published", "ring slot free", "stream chunk ready", "grid barrier",
-    "pool slot free", "single-wave pool fits the ring",
-)
+# WaitSite messages, in enum order: the same list the device's wait_site_name() returns from.
+WAIT_SITES = decl.WAIT_SITE.messages
 
-
-class _RecordFields(ctypes.Structure):
-    """Mirror of ``megamoe_rt::sync::TimeoutRecord`` (sync/timeout_record.cuh)."""
-
-    _fields_ = [("state", ctypes.c_uint32), ("site", ctypes.c_uint32), ("block", ctypes.c_uint32),
-                ("thread", ctypes.c_uint32), ("rank", ctypes.c_uint32), ("peer", ctypes.c_uint32),
-                ("expected", ctypes.c_uint64), ("seen", ctypes.c_uint64), ("elapsed_ns", ctypes.c_uint64)]
-
-
-class WaitContext(ctypes.Structure):
-    """Mirror of ``megamoe_rt::sync::WaitContext``: what every deadline-bounded wait gets."""
-
-    _fields_ = [("timeout_ns", ctypes.c_uint64), ("record", ctypes.c_uint64), ("rank", ctypes.c_uint32),
-                ("pad_", ctypes.c_uint32)]
+_RecordFields = decl.TIMEOUT_RECORD.ctype   # megamoe_rt::sync::TimeoutRecord
+WaitContext = decl.WAIT_CONTEXT.ctype       # what every deadline-bounded wait gets
 
 
 class TimeoutRecord:
@@ -86,7 +71,7 @@ class TimeoutRecord:
     def pending_message(cls) -> str | None:
         """The message of a recorded timeout, or None (also when no record was ever made)."""
         inst = cls._instance
-        if inst is None or inst._fields.state != 2:
+        if inst is None or inst._fields.state != decl.RECORD_COMPLETE.value:
             return None
         return describe(inst._fields)
 
@@ -94,7 +79,7 @@ class TimeoutRecord:
         return WaitContext(timeout_ns=wait_timeout_ns(timeout_s), record=self.device_ptr, rank=rank)
 
 
-_RING_OVERFLOW = WAIT_SITES.index("single-wave pool fits the ring")
+_RING_OVERFLOW = decl.WAIT_SITE["kRingOverflow"]
 
 
 def describe(rec) -> str:

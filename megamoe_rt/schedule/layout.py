@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from megamoe_rt.kernels.interface import ep as ep_interface
+from megamoe_rt.kernels.interface import fused as fused_interface
 from megamoe_rt.schedule.arith import align_up
 from megamoe_rt.schedule.plan import _require_choice, _require_int, align_tokens, fused_schedule, pool_blocks_upper_bound
 
@@ -52,8 +54,8 @@ _ERROR_FLAG_WORDS = 4
 
 
 def ep_bank_words(num_ranks: int, num_local_experts: int) -> int:
-    """u32 words of one bank of ``ep_banks`` (ep/params.cuh EpBankLayout)."""
-    return 2 * num_ranks * num_local_experts + 2 * num_ranks
+    """u32 words of one bank of ``ep_banks`` (EpBankLayout, megamoe_rt.kernels.interface.ep)."""
+    return ep_interface.bank_words(num_ranks, num_local_experts)
 
 
 @dataclass(frozen=True)
@@ -259,7 +261,7 @@ def symm_buffer_layout(
            "rows placed so far per local expert while dispatching")
     ws.add("grid_sync", "uint32", (_GRID_SYNC_WORDS,),
            "grid-wide barrier counters")
-    ws.add("fused_banks", "uint32", (_PARITY_BANKS, 2 * e + 3 * full_blocks + 1),
+    ws.add("fused_banks", "uint32", (_PARITY_BANKS, fused_interface.bank_words(e, full_blocks)),
            "fused kernel, per launch parity: expert counts and cursors, per-block arrivals, "
            "L1 publishes and L2 reads, the tile ticket")
     ws.add("launch_epoch", "uint32", (_GRID_SYNC_WORDS,),

@@ -1,14 +1,28 @@
-"""Compiled-and-loaded kernels, one per (variant, device), loaded on first use."""
+"""Compiled-and-loaded kernels, one per (variant, device), loaded on first use.
+
+Loading also checks the kernel's parameters against its KernelSpec's declared list (once
+per load, never per launch): the driver reports each parameter's size in the compiled
+kernel, and a ctypes value of another size would be read as garbage by the device.
+"""
 
 from __future__ import annotations
 
+import ctypes
 import threading
+from typing import Any, Callable, Optional, Sequence
 
 from megamoe_rt.runtime import driver
 from megamoe_rt.jit import KernelSpec, compile_kernel
 
 _loaded: dict[tuple[str, int], driver.LoadedKernel] = {}
 _lock = threading.Lock()
+
+# index -> (offset, size) of that parameter, or None past the last one.
+ParamInfo = Callable[[int], Optional[tuple[int, int]]]
+
+
+class KernelParamMismatch(RuntimeError):
+    """A loaded kernel's parameters differ from the ones its KernelSpec declares."""
 
 
 def get_kernel(spec: KernelSpec, device: int) -> driver.LoadedKernel:
@@ -23,5 +37,83 @@ def get_kernel(spec: KernelSpec, device: int) -> driver.LoadedKernel:
             driver.ensure_context(device)
             k = driver.LoadedKernel(compiled.cubin, compiled.lowered_name,
                                     dynamic_smem_bytes=spec.dynamic_smem_bytes)
+            if spec.params:
+                info = driver_param_info(k)
+                if info is not None:
+                    check_param_sizes(spec.name, spec.params, info)
             _loaded[key] = k
     return k
+
+
+def _type_name(t: type) -> str:
+    if issubclass(t, ctypes.Array):
+        return f"{_type_name(t._type_)}[{t._length_}]"
+    return t.__name__
+
+
+def check_param_sizes(name: str, declared: Sequence[type], info: ParamInfo) -> None:
+    """Raises KernelParamMismatch unless the kernel has exactly the declared parameters, each of
+    the declared ctypes type's size."""
+    for i, t in enumerate(declared):
+        found = info(i)
+        if found is None:
+            raise KernelParamMismatch(f"kernel {name}: its KernelSpec declares {len(declared)} parameters but the "
+                                      f"loaded kernel takes {i}")
+        offset, size = found
+        want = ctypes.sizeof(t)
+        if size != want:
+            raise KernelParamMismatch(
+                f"kernel {name}: parameter {i} is declared as {_type_name(t)} ({want} bytes) but the loaded kernel's "
+                f"is {size} bytes (at offset {offset}); the host and device declarations differ (structs: "
+                f"megamoe_rt/kernels/interface, then python -m megamoe_rt.kernels.interface)")
+    if info(len(declared)) is not None:
+        n = len(declared)
+        while info(n) is not None:
+            n += 1
+        raise KernelParamMismatch(f"kernel {name}: its KernelSpec declares {len(declared)} parameters but the loaded "
+                                  f"kernel takes {n}")
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def driver_param_info(kernel: Any, cu: Any = None) -> ParamInfo | None:
+    """The parameter query of a loaded kernel: cuKernelGetParamInfo (CUDA 12.4+), else
+    cuFuncGetParamInfo; None where neither the bindings nor the driver have one."""
+    if cu is None:
+        from cuda.bindings import driver as cu
+    candidates = [("cuKernelGetParamInfo", getattr(kernel, "kernel", None)),
+                  ("cuFuncGetParamInfo", getattr(kernel, "function", None))]
+    for fn_name, handle in candidates:
+        fn = getattr(cu, fn_name, None)
+        if fn is None or handle is None:
+            continue
+        query = _make_query(cu, fn, handle)
+        try:
+            query(0)
+        except _Unsupported:
+            continue
+        return query
+    return None
+
+
+def _make_query(cu: Any, fn: Callable, handle: Any) -> ParamInfo:
+    unsupported = {getattr(cu.CUresult, n) for n in ("CUDA_ERROR_NOT_SUPPORTED", "CUDA_ERROR_NOT_FOUND")
+                   if hasattr(cu.CUresult, n)}
+
+    def query(index: int) -> tuple[int, int] | None:
+        try:
+            out = fn(handle, index)
+        except RuntimeError as exc:  # the bindings know the call but this driver lacks it
+            raise _Unsupported from exc
+        err = out[0]
+        if err == cu.CUresult.CUDA_SUCCESS:
+            return int(out[1]), int(out[2])
+        if err == cu.CUresult.CUDA_ERROR_INVALID_VALUE:
+            return None  # past the last parameter
+        if err in unsupported:
+            raise _Unsupported
+        raise driver.CudaError(fn.__name__, getattr(err, "name", str(err)), int(err))
+
+    return query

@@ -303,3 +303,44 @@ def test_every_kernel_spec_declares_its_params():
     for spec in all_kernel_specs():
         assert spec.params, f"{spec.name}: no declared parameter list"
         assert all(isinstance(t, type) and ctypes.sizeof(t) > 0 for t in spec.params), spec.name
+
+
+def test_a_driver_error_after_the_first_answer_is_raised():
+    from megamoe_rt.runtime import driver
+
+    answers = {0: (0, 0, 4)}
+    query = loader.driver_param_info(SimpleNamespace(kernel="K", function="F"),
+                                     _fake_cu(cuKernelGetParamInfo=lambda h, i: answers.get(i, (700, 0, 0))))
+    with pytest.raises(driver.CudaError):
+        query(1)
+
+
+def test_get_kernel_checks_once_per_load_and_keeps_no_mismatched_kernel(monkeypatch):
+    from megamoe_rt.runtime import driver
+
+    calls = []
+    sizes = {"good": [4], "bad": [8]}
+
+    class FakeLoaded:
+        def __init__(self, cubin, lowered, dynamic_smem_bytes=0):
+            self.kernel, self.function = lowered, lowered
+
+    def fake_info(k, cu=None):
+        def info(i):
+            calls.append((k.kernel, i))
+            s = sizes[k.kernel]
+            return (0, s[i]) if i < len(s) else None
+        return info
+
+    monkeypatch.setattr(loader, "compile_kernel", lambda spec: SimpleNamespace(cubin=b"", lowered_name=spec.entry))
+    monkeypatch.setattr(driver, "ensure_context", lambda device=None: None)
+    monkeypatch.setattr(driver, "LoadedKernel", FakeLoaded)
+    monkeypatch.setattr(loader, "driver_param_info", fake_info)
+    monkeypatch.setattr(loader, "_loaded", {})
+    good = KernelSpec(name="good", source="x.cu", entry="good", params=(ctypes.c_uint32,))
+    first = loader.get_kernel(good, 0)
+    assert loader.get_kernel(good, 0) is first and calls == [("good", 0), ("good", 1)]
+    bad = KernelSpec(name="bad", source="x.cu", entry="bad", params=(ctypes.c_uint32,))
+    with pytest.raises(loader.KernelParamMismatch, match="kernel bad: parameter 0 is declared as c_uint"):
+        loader.get_kernel(bad, 0)
+    assert ("bad", 0) not in loader._loaded

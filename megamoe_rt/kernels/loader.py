@@ -99,21 +99,24 @@ def driver_param_info(kernel: Any, cu: Any = None) -> ParamInfo | None:
 
 
 def _make_query(cu: Any, fn: Callable, handle: Any) -> ParamInfo:
-    unsupported = {getattr(cu.CUresult, n) for n in ("CUDA_ERROR_NOT_SUPPORTED", "CUDA_ERROR_NOT_FOUND")
-                   if hasattr(cu.CUresult, n)}
+    first = True
 
     def query(index: int) -> tuple[int, int] | None:
+        nonlocal first
         try:
             out = fn(handle, index)
         except RuntimeError as exc:  # the bindings know the call but this driver lacks it
             raise _Unsupported from exc
         err = out[0]
         if err == cu.CUresult.CUDA_SUCCESS:
+            first = False
             return int(out[1]), int(out[2])
         if err == cu.CUresult.CUDA_ERROR_INVALID_VALUE:
+            first = False
             return None  # past the last parameter
-        if err in unsupported:
+        if first:  # any other answer to the first query: this driver cannot say (the check is skipped)
             raise _Unsupported
-        raise driver.CudaError(fn.__name__, getattr(err, "name", str(err)), int(err))
+        raise driver.CudaError(getattr(fn, "__name__", "cuKernelGetParamInfo"), getattr(err, "name", str(err)),
+                               int(err))
 
     return query

@@ -56,7 +56,9 @@ LAG_SCHEDULES = [(0, 1, 1, 1), (1, 1, 2, 1), (3, 4, 1, 3), (8, 4, 2, 3), (8, 1, 
 
 def _smem_bytes(num_experts: int, max_blocks: int) -> int:
     # The probe's tables, laid out as the fused kernel's (header comment of the probe).
-    return 4 * (2 * num_experts + 1) + 16 + 4 * max_blocks
+    from megamoe_rt.kernels.interface.fused import unit_table_bytes
+
+    return unit_table_bytes(num_experts, max_blocks)
 
 
 def _run_probe(blocks, lag, group, n1, n2, *, max_blocks=None, capacity=None):

@@ -67,10 +67,15 @@ __host__ __device__ constexpr u32 tile_smem_bytes(u32 stages) {
     return gemm::dynamic_smem_bytes(kBlockM, kBlockN, stages) - gemm::kSmemAlignSlack;
 }
 
-// Shared memory of RoutingTables: row_begin[E_local + 1] | row_end[E_local] | scalars[4] |
-// unit_first, unit_info [max_blocks] u16 each, after the tile queue and the signal relay.
+// The pool layout and unit table (fused/unit_table.cuh): row_begin[E_local + 1] |
+// row_end[E_local] | scalars[4] | unit_first, unit_info [max_blocks] u16 each.
+__host__ __device__ constexpr u32 unit_table_bytes(u32 num_local_experts, u32 max_blocks) {
+    return 4 * (2 * num_local_experts + 1) + 16 + 4 * max_blocks;
+}
+
+// Shared memory of RoutingTables: the tile queue, the signal relay, then the unit table.
 __host__ __device__ constexpr u32 routing_table_bytes(u32 num_local_experts, u32 max_blocks) {
-    return 4 * (2 * num_local_experts + 1) + 16 + 4 * max_blocks + kTileQueueBytes + kRelayBytes;
+    return unit_table_bytes(num_local_experts, max_blocks) + kTileQueueBytes + kRelayBytes;
 }
 
 // Across ranks, shared memory after the routing tables (EpScratch):

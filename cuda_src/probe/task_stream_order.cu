@@ -9,7 +9,7 @@
 // Dynamic shared memory, laid out as the fused kernel's tables:
 //   row_begin i32[num_experts + 1], row_end i32[num_experts], scalars u32[4],
 //   unit_first u16[max_blocks], unit_info u16[max_blocks]
-// i.e. 4 * (2 * num_experts + 1) + 16 + 4 * max_blocks bytes.
+// i.e. fused::unit_table_bytes(num_experts, max_blocks) bytes (interface/fused.cuh).
 //
 // Output:
 //   tiles  u32[capacity][4]: per tile, in stream order, l2 (0 or 1), block, expert, n_block

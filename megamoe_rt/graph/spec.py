@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from megamoe_rt.graph.partition import PartitionPlan, plan_partitions
+from megamoe_rt.kernels.interface import gemm as gemm_interface
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -30,7 +31,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 
 MAX_GRID = 2**31 - 1
-MAX_SMEM = 232448  # 227 KiB per block on sm_90
+MAX_SMEM = gemm_interface.SMEM_LIMIT.value  # 227 KiB per block on sm_90
 
 
 class SpecError(ValueError):

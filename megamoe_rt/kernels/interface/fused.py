@@ -56,10 +56,15 @@ def tile_smem_bytes(stages):
     return gemm.dynamic_smem_bytes(BLOCK_M, BLOCK_N, stages) - gemm.SMEM_ALIGN_SLACK
 
 
-@formula(doc="Shared memory of RoutingTables: row_begin[E_local + 1] | row_end[E_local] | scalars[4] |\n"
-             "unit_first, unit_info [max_blocks] u16 each, after the tile queue and the signal relay.")
+@formula(doc="The pool layout and unit table (fused/unit_table.cuh): row_begin[E_local + 1] |\n"
+             "row_end[E_local] | scalars[4] | unit_first, unit_info [max_blocks] u16 each.")
+def unit_table_bytes(num_local_experts, max_blocks):
+    return 4 * (2 * num_local_experts + 1) + 4 * 4 + 2 * 2 * max_blocks
+
+
+@formula(doc="Shared memory of RoutingTables: the tile queue, the signal relay, then the unit table.")
 def routing_table_bytes(num_local_experts, max_blocks):
-    return 4 * (2 * num_local_experts + 1) + 4 * 4 + 2 * 2 * max_blocks + TILE_QUEUE_BYTES + RELAY_BYTES
+    return unit_table_bytes(num_local_experts, max_blocks) + TILE_QUEUE_BYTES + RELAY_BYTES
 
 
 @formula(doc="Across ranks, shared memory after the routing tables (EpScratch):\n"
@@ -103,6 +108,7 @@ FUSED_PARAMS = Struct("FusedParams", [
 
 HEADER = Header("fused", "megamoe_rt::fused", [
     BLOCK_M, BLOCK_N, NUM_THREADS, MAX_BLOCKS, NO_BLOCK, TILE_QUEUE_BYTES, RELAY_BYTES,
-    TRACE_EVENT, BANK_LAYOUT, bank_words, tile_smem_bytes, routing_table_bytes, ep_scratch_bytes, FUSED_PARAMS,
+    TRACE_EVENT, BANK_LAYOUT, bank_words, tile_smem_bytes, unit_table_bytes, routing_table_bytes, ep_scratch_bytes,
+    FUSED_PARAMS,
 ], doc="Parameters, tile, counter banks, trace events and shared-memory sizes of the fused MoE kernel.",
    module=__name__)

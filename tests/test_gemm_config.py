@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from megamoe_rt.kernels.epilogues import EPILOGUES, get_epilogue
-from megamoe_rt.kernels.gemm_heuristics import candidate_configs, choose_config
 from megamoe_rt.kernels.gemm import SMEM_LIMIT, GemmConfig
+from megamoe_rt.kernels.gemm_heuristics import candidate_configs, choose_config
 from megamoe_rt.presets import PRESETS
 
 CANDIDATES = {c.name: c for c in candidate_configs()}

@@ -7,6 +7,8 @@ from typing import Any
 
 from megamoe_rt.jit import KernelSpec
 from megamoe_rt.kernels.interface import ep as decl
+from megamoe_rt.kernels.interface.structs import EpBankLayout as EpBankLayout
+from megamoe_rt.kernels.interface.structs import EpParams as EpParams
 from megamoe_rt.schedule.arith import ceil_div
 
 SOURCE = "ep/ep_unfused.cu"
@@ -14,9 +16,6 @@ THREADS = decl.THREADS.value
 SCAN_THREADS = decl.SCAN_THREADS.value
 MAX_EXPERTS = decl.MAX_EXPERTS.value
 _IDX_CXX = {"int32": "megamoe_rt::i32", "int64": "megamoe_rt::i64"}
-
-EpBankLayout = decl.EP_BANK_LAYOUT.ctype
-EpParams = decl.EP_PARAMS.ctype
 
 
 def bank_layout(num_ranks: int, num_local_experts: int) -> EpBankLayout:

@@ -13,6 +13,8 @@ from megamoe_rt.jit import KernelSpec
 from megamoe_rt.kernels.interface import fused as decl
 from megamoe_rt.kernels.interface import gemm as gemm_decl
 from megamoe_rt.kernels.interface.decl import TMA_DESCRIPTOR
+from megamoe_rt.kernels.interface.structs import BankLayout as BankLayout
+from megamoe_rt.kernels.interface.structs import FusedParams as FusedParams
 
 SOURCE = "fused/sm90_fp8_fused_moe.cu"
 BLOCK_M = decl.BLOCK_M.value
@@ -25,8 +27,6 @@ MAX_BLOCKS = decl.MAX_BLOCKS.value  # unit table entries are 16-bit block number
 SMEM_LIMIT = gemm_decl.SMEM_LIMIT.value
 _IDX_CXX = {"int32": "megamoe_rt::i32", "int64": "megamoe_rt::i64"}
 
-BankLayout = decl.BANK_LAYOUT.ctype
-FusedParams = decl.FUSED_PARAMS.ctype
 
 # The optional per-block trace's events, in TraceEvent order.
 TRACE_EVENTS = tuple(v.key for v in decl.TRACE_EVENT.values)
@@ -47,18 +47,18 @@ def bank_layout(num_experts: int, max_blocks: int) -> BankLayout:
 
 def bank_words(num_local_experts: int, max_blocks: int) -> int:
     """u32 words of one launch-parity bank (the layout's ``fused_banks`` rows)."""
-    return decl.bank_words(num_local_experts, max_blocks)
+    return int(decl.bank_words(num_local_experts, max_blocks))
 
 
 def table_bytes(num_local_experts: int, max_blocks: int) -> int:
     """Shared memory after the GEMM stages (RoutingTables): the tile queue, the routing tables
     and the signal relay's queue."""
-    return decl.routing_table_bytes(num_local_experts, max_blocks)
+    return int(decl.routing_table_bytes(num_local_experts, max_blocks))
 
 
 def tile_smem_bytes(stages: int) -> int:
     """The GEMM carve-up (stages, epilogue scratch, barriers) before the tables."""
-    return decl.tile_smem_bytes(stages)
+    return int(decl.tile_smem_bytes(stages))
 
 
 def ep_scratch_bytes(num_experts: int, num_local_experts: int, num_ranks: int) -> int:
@@ -66,7 +66,7 @@ def ep_scratch_bytes(num_experts: int, num_local_experts: int, num_ranks: int) -
     per-(expert, source) first rows; none on one rank."""
     if num_ranks == 1:
         return 0
-    return decl.ep_scratch_bytes(num_experts, num_local_experts, num_ranks)
+    return int(decl.ep_scratch_bytes(num_experts, num_local_experts, num_ranks))
 
 
 def dynamic_smem_bytes(stages: int, num_local_experts: int, max_blocks: int, extra: int = 0) -> int:

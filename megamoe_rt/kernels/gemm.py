@@ -180,7 +180,6 @@ def prepare_gemm(launch: GemmLaunch, *, device: int, sm_count: int) -> PreparedG
     return PreparedGemm(kernel, grid, cfg.num_threads, (cfg.cluster_n, 1, 1), args)
 
 
-
 CHECK_LAYOUT_SPEC = KernelSpec(name="fp8_gemm_check_group_layout", source="gemm/check_group_layout.cu",
                                entry="megamoe_rt::gemm::check_group_layout", block_threads=32,
                                uses_printf=True, params=(GemmParams, ctypes.c_uint32, ctypes.c_uint32))

@@ -8,17 +8,20 @@ kernel, and a ctypes value of another size would be read as garbage by the devic
 from __future__ import annotations
 
 import ctypes
+import importlib
 import threading
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from megamoe_rt.runtime import driver
 from megamoe_rt.jit import KernelSpec, compile_kernel
+from megamoe_rt.runtime import driver
+from megamoe_rt.runtime.errors import CudaError
 
 _loaded: dict[tuple[str, int], driver.LoadedKernel] = {}
 _lock = threading.Lock()
 
 # index -> (offset, size) of that parameter, or None past the last one.
-ParamInfo = Callable[[int], Optional[tuple[int, int]]]
+ParamInfo = Callable[[int], tuple[int, int] | None]
 
 
 class KernelParamMismatch(RuntimeError):
@@ -35,8 +38,7 @@ def get_kernel(spec: KernelSpec, device: int) -> driver.LoadedKernel:
         if k is None:
             compiled = compile_kernel(spec)
             driver.ensure_context(device)
-            k = driver.LoadedKernel(compiled.cubin, compiled.lowered_name,
-                                    dynamic_smem_bytes=spec.dynamic_smem_bytes)
+            k = driver.LoadedKernel(compiled.cubin, compiled.lowered_name, dynamic_smem_bytes=spec.dynamic_smem_bytes)
             if spec.params:
                 info = driver_param_info(k)
                 if info is not None:
@@ -47,7 +49,8 @@ def get_kernel(spec: KernelSpec, device: int) -> driver.LoadedKernel:
 
 def _type_name(t: type) -> str:
     if issubclass(t, ctypes.Array):
-        return f"{_type_name(t._type_)}[{t._length_}]"
+        arr: Any = t  # a ctypes array type: its element type and length
+        return f"{_type_name(arr._type_)}[{arr._length_}]"
     return t.__name__
 
 
@@ -57,21 +60,24 @@ def check_param_sizes(name: str, declared: Sequence[type], info: ParamInfo) -> N
     for i, t in enumerate(declared):
         found = info(i)
         if found is None:
-            raise KernelParamMismatch(f"kernel {name}: its KernelSpec declares {len(declared)} parameters but the "
-                                      f"loaded kernel takes {i}")
+            raise KernelParamMismatch(
+                f"kernel {name}: its KernelSpec declares {len(declared)} parameters but the loaded kernel takes {i}"
+            )
         offset, size = found
         want = ctypes.sizeof(t)
         if size != want:
             raise KernelParamMismatch(
                 f"kernel {name}: parameter {i} is declared as {_type_name(t)} ({want} bytes) but the loaded kernel's "
                 f"is {size} bytes (at offset {offset}); the host and device declarations differ (structs: "
-                f"megamoe_rt/kernels/interface, then python -m megamoe_rt.kernels.interface)")
+                f"megamoe_rt/kernels/interface, then python -m megamoe_rt.kernels.interface)"
+            )
     if info(len(declared)) is not None:
         n = len(declared)
         while info(n) is not None:
             n += 1
-        raise KernelParamMismatch(f"kernel {name}: its KernelSpec declares {len(declared)} parameters but the loaded "
-                                  f"kernel takes {n}")
+        raise KernelParamMismatch(
+            f"kernel {name}: its KernelSpec declares {len(declared)} parameters but the loaded kernel takes {n}"
+        )
 
 
 class _Unsupported(Exception):
@@ -82,9 +88,11 @@ def driver_param_info(kernel: Any, cu: Any = None) -> ParamInfo | None:
     """The parameter query of a loaded kernel: cuKernelGetParamInfo (CUDA 12.4+), else
     cuFuncGetParamInfo; None where neither the bindings nor the driver have one."""
     if cu is None:
-        from cuda.bindings import driver as cu
-    candidates = [("cuKernelGetParamInfo", getattr(kernel, "kernel", None)),
-                  ("cuFuncGetParamInfo", getattr(kernel, "function", None))]
+        cu = importlib.import_module("cuda.bindings.driver")
+    candidates = [
+        ("cuKernelGetParamInfo", getattr(kernel, "kernel", None)),
+        ("cuFuncGetParamInfo", getattr(kernel, "function", None)),
+    ]
     for fn_name, handle in candidates:
         fn = getattr(cu, fn_name, None)
         if fn is None or handle is None:
@@ -98,7 +106,7 @@ def driver_param_info(kernel: Any, cu: Any = None) -> ParamInfo | None:
     return None
 
 
-def _make_query(cu: Any, fn: Callable, handle: Any) -> ParamInfo:
+def _make_query(cu: Any, fn: Callable[..., Any], handle: Any) -> ParamInfo:
     first = True
 
     def query(index: int) -> tuple[int, int] | None:
@@ -116,7 +124,6 @@ def _make_query(cu: Any, fn: Callable, handle: Any) -> ParamInfo:
             return None  # past the last parameter
         if first:  # any other answer to the first query: this driver cannot say (the check is skipped)
             raise _Unsupported
-        raise driver.CudaError(getattr(fn, "__name__", "cuKernelGetParamInfo"), getattr(err, "name", str(err)),
-                               int(err))
+        raise CudaError(getattr(fn, "__name__", "cuKernelGetParamInfo"), getattr(err, "name", str(err)), int(err))
 
     return query

@@ -6,6 +6,7 @@ from typing import Any
 
 from megamoe_rt.jit import KernelSpec
 from megamoe_rt.kernels.interface import moe as decl
+from megamoe_rt.kernels.interface.structs import MoeParams as MoeParams
 from megamoe_rt.schedule.arith import ceil_div
 
 COUNT_THREADS = decl.COUNT_THREADS.value
@@ -18,10 +19,8 @@ MAX_TOPK = decl.MAX_TOPK.value
 ERROR_EXPERT_ID_OUT_OF_RANGE = decl.ERROR_FLAGS["expert_id_out_of_range"]
 ERROR_POOL_OVERFLOW = decl.ERROR_FLAGS["pool_overflow"]
 
-MoeParams = decl.MOE_PARAMS.ctype
 
 _IDX_CXX = {"int32": "megamoe_rt::i32", "int64": "megamoe_rt::i64"}
-
 
 
 def _spec(kind: str, source: str, entry: str, idx: str | None, threads: int) -> KernelSpec:

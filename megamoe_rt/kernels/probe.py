@@ -5,10 +5,8 @@ from __future__ import annotations
 import ctypes
 
 from megamoe_rt.jit import KernelSpec
-from megamoe_rt.kernels.interface import probe as decl
-
-StreamCopyParams = decl.STREAM_COPY_PARAMS.ctype
-SmProbeParams = decl.SM_PROBE_PARAMS.ctype
+from megamoe_rt.kernels.interface.structs import SmProbeParams as SmProbeParams
+from megamoe_rt.kernels.interface.structs import StreamCopyParams as StreamCopyParams
 
 SPEC = KernelSpec(name="sm_probe", source="probe/sm_probe.cu", entry="megamoe_rt::probe::sm_probe", block_threads=32,
                   params=(SmProbeParams,))

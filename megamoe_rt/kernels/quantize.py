@@ -4,19 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from megamoe_rt.runtime import driver
-from megamoe_rt.runtime.arrays import as_device_array, check_array, cupy_stream, require_cupy
 from megamoe_rt.jit import KernelSpec
 from megamoe_rt.kernels.interface import quantize as decl
+from megamoe_rt.kernels.interface.structs import QuantizeParams as QuantizeParams
+from megamoe_rt.kernels.interface.structs import WeightQuantizeParams as WeightQuantizeParams
+from megamoe_rt.runtime import driver
+from megamoe_rt.runtime.arrays import as_device_array, check_array, cupy_stream, require_cupy
 from megamoe_rt.schedule.arith import ceil_div
 
 GROUP = decl.GROUP.value
 THREADS = decl.THREADS.value
 _THREADS_PER_GROUP = 16
 _SOURCE = "quantize/quantize_fp8.cu"
-
-QuantizeParams = decl.QUANTIZE_PARAMS.ctype
-WeightQuantizeParams = decl.WEIGHT_QUANTIZE_PARAMS.ctype
 
 
 def _spec(input_dtype: str) -> KernelSpec:

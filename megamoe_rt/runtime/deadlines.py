@@ -7,6 +7,8 @@ import math
 import os
 
 from megamoe_rt.kernels.interface import sync as decl
+from megamoe_rt.kernels.interface.structs import TimeoutRecord as _RecordFields  # as it lies in host memory
+from megamoe_rt.kernels.interface.structs import WaitContext as WaitContext
 from megamoe_rt.runtime import driver
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -36,9 +38,6 @@ def wait_timeout_ns(timeout_s: float | None = None) -> int:
 
 # WaitSite messages, in enum order: the same list the device's wait_site_name() returns from.
 WAIT_SITES = decl.WAIT_SITE.messages
-
-_RecordFields = decl.TIMEOUT_RECORD.ctype   # megamoe_rt::sync::TimeoutRecord
-WaitContext = decl.WAIT_CONTEXT.ctype       # what every deadline-bounded wait gets
 
 
 class TimeoutRecord:

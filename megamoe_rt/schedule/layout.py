@@ -55,7 +55,7 @@ _ERROR_FLAG_WORDS = 4
 
 def ep_bank_words(num_ranks: int, num_local_experts: int) -> int:
     """u32 words of one bank of ``ep_banks`` (EpBankLayout, megamoe_rt.kernels.interface.ep)."""
-    return ep_interface.bank_words(num_ranks, num_local_experts)
+    return int(ep_interface.bank_words(num_ranks, num_local_experts))
 
 
 @dataclass(frozen=True)

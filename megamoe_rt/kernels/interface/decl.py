@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import ctypes
 import inspect
+import operator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable, Union
+from typing import Any, Union
 
 # --- types ------------------------------------------------------------------------------------
 
@@ -27,19 +29,20 @@ class Scalar:
     cxx: str
     ctype: type
     size: int
+    py: str  # the ctypes name written into the generated Python ("c_uint32": some are aliases)
 
     @property
     def align(self) -> int:
         return self.size
 
 
-U8 = Scalar("u8", ctypes.c_uint8, 1)
-U16 = Scalar("u16", ctypes.c_uint16, 2)
-U32 = Scalar("u32", ctypes.c_uint32, 4)
-U64 = Scalar("u64", ctypes.c_uint64, 8)
-I32 = Scalar("i32", ctypes.c_int32, 4)
-I64 = Scalar("i64", ctypes.c_int64, 8)
-F32 = Scalar("float", ctypes.c_float, 4)
+U8 = Scalar("u8", ctypes.c_uint8, 1, "c_uint8")
+U16 = Scalar("u16", ctypes.c_uint16, 2, "c_uint16")
+U32 = Scalar("u32", ctypes.c_uint32, 4, "c_uint32")
+U64 = Scalar("u64", ctypes.c_uint64, 8, "c_uint64")
+I32 = Scalar("i32", ctypes.c_int32, 4, "c_int32")
+I64 = Scalar("i64", ctypes.c_int64, 8, "c_int64")
+F32 = Scalar("float", ctypes.c_float, 4, "c_float")
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,7 @@ TMA_DESCRIPTOR = ctypes.c_uint64 * 16
 class Ptr:
     """A device pointer: a 64-bit integer on the host."""
 
-    to: "Scalar | Struct | Opaque"
+    to: Scalar | Struct | Opaque
     const: bool = False
     size = 8
     align = 8
@@ -71,7 +74,7 @@ class Ptr:
 
 @dataclass(frozen=True)
 class Array:
-    of: "Scalar | Ptr | Struct"
+    of: Scalar | Ptr | Struct
     n: int
 
     @property
@@ -83,8 +86,9 @@ class Array:
         return self.of.align
 
     @property
-    def ctype(self) -> type:
-        return self.of.ctype * self.n
+    def ctype(self) -> Any:
+        elem: Any = self.of.ctype
+        return elem * self.n
 
 
 FieldType = Union[Scalar, Ptr, Array, "Struct"]
@@ -97,7 +101,7 @@ class Decl:
     """Something a header declares; the header sets ``header`` when it takes it."""
 
     name: str
-    header: "Header | None" = None
+    header: Header | None = None
 
     @property
     def namespace(self) -> str:
@@ -135,14 +139,13 @@ class Struct(Decl):
     asserts every field's offset and the size, so any difference fails to compile.
     """
 
-    def __init__(self, name: str, items: Iterable["Field | Comment"], *, doc: str = ""):
+    def __init__(self, name: str, items: Iterable[Field | Comment], *, doc: str = ""):
         self.name = name
         self.doc = doc
         self.items = tuple(items)
         names = [f.name for f in self.fields]
         if len(set(names)) != len(names):
             raise ValueError(f"{name}: duplicate field names")
-        self._ctype: type | None = None
 
     @property
     def fields(self) -> tuple[Field, ...]:
@@ -166,24 +169,25 @@ class Struct(Decl):
         return _align_up(self.offsets()[last.name] + last.type.size, self.align)
 
     @property
-    def ctype(self) -> type:
-        """The ctypes class of this struct (one class per declaration, built on first use)."""
-        if self._ctype is None:
-            fields = [(f.name, f.type.ctype) for f in self.fields]
-            doc = self.doc or f"``{self.qualified}``"
-            self._ctype = type(self.name, (ctypes.Structure,), {
-                "_fields_": fields, "__doc__": f"{doc}\n\nDeclared in megamoe_rt.kernels.interface.",
-                "__module__": self.header.module if self.header else __name__,
-            })
-        return self._ctype
+    def ctype(self) -> type[ctypes.Structure]:
+        """The ctypes class of this struct, from the generated module (typed for the host code)."""
+        from megamoe_rt.kernels.interface import structs
+
+        cls: type[ctypes.Structure] | None = getattr(structs, self.name, None)
+        if cls is None or [f[0] for f in cls._fields_] != [f.name for f in self.fields]:
+            raise RuntimeError(
+                f"{self.name}: megamoe_rt/kernels/interface/structs.py differs from the declaration; "
+                "run python -m megamoe_rt.kernels.interface"
+            )
+        return cls
 
 
 @dataclass(frozen=True)
 class EnumValue:
-    cxx: str                 # C++ enumerator: "kRingOverflow"
-    key: str = ""            # the host's name for it: "contiguous", "start"
+    cxx: str  # C++ enumerator: "kRingOverflow"
+    key: str = ""  # the host's name for it: "contiguous", "start"
     doc: str = ""
-    message: str = ""        # the text a message table returns for it
+    message: str = ""  # the text a message table returns for it
 
 
 class Enum(Decl):
@@ -195,9 +199,19 @@ class Enum(Decl):
     (``default_message`` for anything else); the host reads the same texts from ``messages``.
     """
 
-    def __init__(self, name: str, values: Iterable[EnumValue], *, doc: str = "", underlying: Scalar = U32,
-                 scoped: bool = True, count: str = "", count_doc: str = "", message_fn: str = "",
-                 default_message: str = ""):
+    def __init__(
+        self,
+        name: str,
+        values: Iterable[EnumValue],
+        *,
+        doc: str = "",
+        underlying: Scalar = U32,
+        scoped: bool = True,
+        count: str = "",
+        count_doc: str = "",
+        message_fn: str = "",
+        default_message: str = "",
+    ):
         self.name = name
         self.values = tuple(values)
         self.doc = doc
@@ -273,6 +287,10 @@ class Flags(Decl):
 # --- constants and formulas -------------------------------------------------------------------
 
 
+# A formula's arguments and result: ints on the host, Expr while the C++ body is traced.
+Value = Any
+
+
 class Expr:
     """A symbolic integer expression (what a formula's body becomes when traced)."""
 
@@ -281,32 +299,32 @@ class Expr:
     def render(self, ns: str, lang: str) -> str:
         raise NotImplementedError
 
-    def _bin(self, op: str, other, swap: bool) -> "Expr":
+    def _bin(self, op: str, other: Value, swap: bool) -> Expr:
         a, b = (_expr(other), self) if swap else (self, _expr(other))
         return _Bin(op, a, b)
 
-    def __add__(self, o):
+    def __add__(self, o: Value) -> Expr:
         return self._bin("+", o, False)
 
-    def __radd__(self, o):
+    def __radd__(self, o: Value) -> Expr:
         return self._bin("+", o, True)
 
-    def __sub__(self, o):
+    def __sub__(self, o: Value) -> Expr:
         return self._bin("-", o, False)
 
-    def __rsub__(self, o):
+    def __rsub__(self, o: Value) -> Expr:
         return self._bin("-", o, True)
 
-    def __mul__(self, o):
+    def __mul__(self, o: Value) -> Expr:
         return self._bin("*", o, False)
 
-    def __rmul__(self, o):
+    def __rmul__(self, o: Value) -> Expr:
         return self._bin("*", o, True)
 
-    def __floordiv__(self, o):
+    def __floordiv__(self, o: Value) -> Expr:
         return self._bin("//", o, False)
 
-    def __rfloordiv__(self, o):
+    def __rfloordiv__(self, o: Value) -> Expr:
         return self._bin("//", o, True)
 
 
@@ -346,7 +364,7 @@ class _Arg(Expr):
 
 
 class _Ref(Expr):
-    def __init__(self, decl: "Constant"):
+    def __init__(self, decl: Constant):
         self.decl = decl
 
     def render(self, ns: str, lang: str) -> str:
@@ -354,7 +372,7 @@ class _Ref(Expr):
 
 
 class _Call(Expr):
-    def __init__(self, formula: "Formula", args: tuple[Expr, ...]):
+    def __init__(self, formula: Formula, args: tuple[Expr, ...]):
         self.formula, self.args = formula, args
 
     def render(self, ns: str, lang: str) -> str:
@@ -366,7 +384,7 @@ def _py_name(decl: Decl) -> str:
     return f"{decl.namespace.replace('::', '_')}_{decl.name}"
 
 
-def _expr(x) -> Expr:
+def _expr(x: object) -> Expr:
     if isinstance(x, Expr):
         return x
     if isinstance(x, Constant):
@@ -381,7 +399,7 @@ def relative_name(decl: Decl, ns: str) -> str:
     if decl.namespace == ns:
         return decl.name
     root = "megamoe_rt"
-    rel = decl.namespace[len(root) + 2:] if decl.namespace.startswith(root + "::") else ""
+    rel = decl.namespace[len(root) + 2 :] if decl.namespace.startswith(root + "::") else ""
     return f"{rel}::{decl.name}" if rel else (decl.name if ns.startswith(root) else decl.qualified)
 
 
@@ -402,35 +420,35 @@ class Constant(Decl):
     def __repr__(self) -> str:
         return f"Constant({self.name}={self.value})"
 
-    def _op(self, o, fn, swap=False):
+    def _op(self, o: Value, fn: Callable[[Value, Value], Value], swap: bool = False) -> Value:
         if isinstance(o, Expr):
             return fn(o, _Ref(self)) if swap else fn(_Ref(self), o)
-        o = int(o)
-        return fn(o, self.value) if swap else fn(self.value, o)
+        n = int(o)
+        return fn(n, self.value) if swap else fn(self.value, n)
 
-    def __add__(self, o):
-        return self._op(o, lambda a, b: a + b)
+    def __add__(self, o: Value) -> Value:
+        return self._op(o, operator.add)
 
-    def __radd__(self, o):
-        return self._op(o, lambda a, b: a + b, True)
+    def __radd__(self, o: Value) -> Value:
+        return self._op(o, operator.add, True)
 
-    def __sub__(self, o):
-        return self._op(o, lambda a, b: a - b)
+    def __sub__(self, o: Value) -> Value:
+        return self._op(o, operator.sub)
 
-    def __rsub__(self, o):
-        return self._op(o, lambda a, b: a - b, True)
+    def __rsub__(self, o: Value) -> Value:
+        return self._op(o, operator.sub, True)
 
-    def __mul__(self, o):
-        return self._op(o, lambda a, b: a * b)
+    def __mul__(self, o: Value) -> Value:
+        return self._op(o, operator.mul)
 
-    def __rmul__(self, o):
-        return self._op(o, lambda a, b: a * b, True)
+    def __rmul__(self, o: Value) -> Value:
+        return self._op(o, operator.mul, True)
 
-    def __floordiv__(self, o):
-        return self._op(o, lambda a, b: a // b)
+    def __floordiv__(self, o: Value) -> Value:
+        return self._op(o, operator.floordiv)
 
-    def __rfloordiv__(self, o):
-        return self._op(o, lambda a, b: a // b, True)
+    def __rfloordiv__(self, o: Value) -> Value:
+        return self._op(o, operator.floordiv, True)
 
 
 class Formula(Decl):
@@ -441,14 +459,14 @@ class Formula(Decl):
     values, constants and other formulas are allowed, so both evaluate alike as long as
     values stay within ``returns`` (the tests compare the two)."""
 
-    def __init__(self, fn: Callable[..., object], *, doc: str = "", returns: Scalar = U32):
+    def __init__(self, fn: Callable[..., Value], *, doc: str = "", returns: Scalar = U32):
         self.fn = fn
         self.name = fn.__name__
         self.doc = doc or inspect.getdoc(fn) or ""
         self.returns = returns
         self.args = tuple(inspect.signature(fn).parameters)
 
-    def __call__(self, *args):
+    def __call__(self, *args: Value) -> Value:
         if len(args) != len(self.args):
             raise TypeError(f"{self.name}() takes {len(self.args)} arguments ({', '.join(self.args)})")
         if any(isinstance(a, Expr) for a in args):
@@ -462,9 +480,10 @@ class Formula(Decl):
         return _expr(self.fn(*(_Arg(a) for a in self.args)))
 
 
-def formula(*, doc: str = "", returns: Scalar = U32) -> Callable[[Callable], Formula]:
-    def wrap(fn: Callable) -> Formula:
+def formula(*, doc: str = "", returns: Scalar = U32) -> Callable[[Callable[..., Value]], Formula]:
+    def wrap(fn: Callable[..., Value]) -> Formula:
         return Formula(fn, doc=doc, returns=returns)
+
     return wrap
 
 
@@ -478,8 +497,9 @@ class Header:
     headers, plus ``includes`` for opaque types.
     """
 
-    def __init__(self, name: str, namespace: str, items: Iterable[Decl], *, doc: str, module: str,
-                 includes: Iterable[str] = ()):
+    def __init__(
+        self, name: str, namespace: str, items: Iterable[Decl], *, doc: str, module: str, includes: Iterable[str] = ()
+    ):
         self.name = name
         self.namespace = namespace
         self.items = tuple(items)

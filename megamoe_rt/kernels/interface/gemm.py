@@ -1,81 +1,136 @@
 """The grouped FP8 GEMM (cuda_src/gemm/): parameters, group layouts, epilogues, shared memory."""
 
 from megamoe_rt.kernels.interface.decl import (
-    F32, I32, U8, U32, U64, Constant, Enum, EnumValue, Field, Flag, Flags, Header, Ptr, Struct, formula,
+    F32,
+    I32,
+    U8,
+    U32,
+    U64,
+    Constant,
+    Enum,
+    EnumValue,
+    Field,
+    Flag,
+    Flags,
+    Header,
+    Ptr,
+    Struct,
+    Value,
+    formula,
 )
 
 BLOCK_K = Constant("kBlockK", 128, doc="K per pipeline stage; e4m3: one 128-byte swizzled row")
 SMEM_LIMIT = Constant("kSmemLimit", 232448, doc="opt-in dynamic shared memory per block on sm_90 (227 KiB)")
-SMEM_ALIGN_SLACK = Constant("kSmemAlignSlack", 1024,
-                            doc="the dynamic shared-memory base is only 16-byte aligned; tiles need 1024")
-EPILOGUE_SCRATCH_BYTES = Constant("kEpilogueScratchBytes", 2 * 64 * 4,
-                                  doc="per-row amax exchange between N-split math warpgroups")
+SMEM_ALIGN_SLACK = Constant(
+    "kSmemAlignSlack", 1024, doc="the dynamic shared-memory base is only 16-byte aligned; tiles need 1024"
+)
+EPILOGUE_SCRATCH_BYTES = Constant(
+    "kEpilogueScratchBytes", 2 * 64 * 4, doc="per-row amax exchange between N-split math warpgroups"
+)
 BARRIER_BYTES_PER_STAGE = Constant("kBarrierBytesPerStage", 2 * 8, doc="a full and an empty mbarrier")
 
-GROUP_LAYOUT = Enum("GroupLayout", [
-    EnumValue("kContiguous", "contiguous",
-              "rows of group g at [group_offsets[g], group_offsets[g+1]), starts BLOCK_M-aligned"),
-    EnumValue("kMasked", "masked",
-              "group g owns rows [g * masked_rows, (g + 1) * masked_rows); first masked_counts[g] valid"),
-])
+GROUP_LAYOUT = Enum(
+    "GroupLayout",
+    [
+        EnumValue(
+            "kContiguous",
+            "contiguous",
+            "rows of group g at [group_offsets[g], group_offsets[g+1]), starts BLOCK_M-aligned",
+        ),
+        EnumValue(
+            "kMasked",
+            "masked",
+            "group g owns rows [g * masked_rows, (g + 1) * masked_rows); first masked_counts[g] valid",
+        ),
+    ],
+)
 
-EPILOGUE = Enum("Epilogue", [
-    EnumValue("kStoreBf16", "bf16", "D rows to d + row * d_row_stride_bytes"),
-    EnumValue("kSwigluFp8", "swiglu_fp8", "SwiGLU x row weight, e4m3 requant to d, scales to d_sf"),
-    EnumValue("kScatterBf16", "scatter_bf16", "D rows to the byte address row_dst[row] (0: dropped)"),
-])
+EPILOGUE = Enum(
+    "Epilogue",
+    [
+        EnumValue("kStoreBf16", "bf16", "D rows to d + row * d_row_stride_bytes"),
+        EnumValue("kSwigluFp8", "swiglu_fp8", "SwiGLU x row weight, e4m3 requant to d, scales to d_sf"),
+        EnumValue("kScatterBf16", "scatter_bf16", "D rows to the byte address row_dst[row] (0: dropped)"),
+    ],
+)
 
-FLAGS = Flags("Flags", [
-    Flag("kClamp", 0, "clamp", "clamp gate <= limit, |up| <= limit"),
-    Flag("kPow2Scale", 1, "pow2_scale", "round requant scales up to powers of two"),
-], doc="GemmParams::flags")
+FLAGS = Flags(
+    "Flags",
+    [
+        Flag("kClamp", 0, "clamp", "clamp gate <= limit, |up| <= limit"),
+        Flag("kPow2Scale", 1, "pow2_scale", "round requant scales up to powers of two"),
+    ],
+    doc="GemmParams::flags",
+)
 
-GEMM_PARAMS = Struct("GemmParams", [
-    Field("num_rows", U32, "rows of A (contiguous) or num_groups * masked_rows (masked)"),
-    Field("n", U32, "output columns per group"),
-    Field("k", U32, "reduction length, a multiple of 128"),
-    Field("num_groups", U32),
-    Field("masked_rows", U32, "masked layout: rows per group"),
-    Field("flags", U32, "Flags"),
-    Field("group_offsets", Ptr(I32, const=True), "contiguous: [num_groups + 1]"),
-    Field("group_counts", Ptr(I32, const=True), "contiguous, optional: valid rows per group (nullptr: all)"),
-    Field("masked_counts", Ptr(I32, const=True), "masked: [num_groups]"),
-    Field("sfb", Ptr(F32, const=True), "[num_groups, n / kBSfN, k / 128]"),
-    Field("d", Ptr(U8), "kStoreBf16: bf16 rows; kSwigluFp8: e4m3 rows"),
-    Field("d_row_stride_bytes", U64),
-    Field("d_sf", Ptr(F32), "kSwigluFp8: scales, [n / 2 / gran, d_sf_row_stride] (K-block major)"),
-    Field("d_sf_row_stride", U64, "in floats (>= num_rows)"),
-    Field("row_weight", Ptr(F32, const=True), "kSwigluFp8: per-row top-k weight [num_rows]"),
-    Field("row_dst", Ptr(U64, const=True), "kScatterBf16: per-row destination byte address"),
-    Field("swiglu_limit", F32),
-    Field("pad_", U32),
-], doc="Runtime parameters of the grouped FP8 GEMM. Every offset and stride is computed on the\n"
-       "host and arrives ready to use.")
+GEMM_PARAMS = Struct(
+    "GemmParams",
+    [
+        Field("num_rows", U32, "rows of A (contiguous) or num_groups * masked_rows (masked)"),
+        Field("n", U32, "output columns per group"),
+        Field("k", U32, "reduction length, a multiple of 128"),
+        Field("num_groups", U32),
+        Field("masked_rows", U32, "masked layout: rows per group"),
+        Field("flags", U32, "Flags"),
+        Field("group_offsets", Ptr(I32, const=True), "contiguous: [num_groups + 1]"),
+        Field("group_counts", Ptr(I32, const=True), "contiguous, optional: valid rows per group (nullptr: all)"),
+        Field("masked_counts", Ptr(I32, const=True), "masked: [num_groups]"),
+        Field("sfb", Ptr(F32, const=True), "[num_groups, n / kBSfN, k / 128]"),
+        Field("d", Ptr(U8), "kStoreBf16: bf16 rows; kSwigluFp8: e4m3 rows"),
+        Field("d_row_stride_bytes", U64),
+        Field("d_sf", Ptr(F32), "kSwigluFp8: scales, [n / 2 / gran, d_sf_row_stride] (K-block major)"),
+        Field("d_sf_row_stride", U64, "in floats (>= num_rows)"),
+        Field("row_weight", Ptr(F32, const=True), "kSwigluFp8: per-row top-k weight [num_rows]"),
+        Field("row_dst", Ptr(U64, const=True), "kScatterBf16: per-row destination byte address"),
+        Field("swiglu_limit", F32),
+        Field("pad_", U32),
+    ],
+    doc="Runtime parameters of the grouped FP8 GEMM. Every offset and stride is computed on the\n"
+    "host and arrives ready to use.",
+)
 
 
-@formula(doc="Shared memory of one pipeline stage: A and B tiles and an A-scale slot with room for\n"
-             "64-wide groups, so GEMMs that differ only in A-scale granularity share one carve-up.")
-def stage_bytes(block_m, block_n):
+@formula(
+    doc="Shared memory of one pipeline stage: A and B tiles and an A-scale slot with room for\n"
+    "64-wide groups, so GEMMs that differ only in A-scale granularity share one carve-up."
+)
+def stage_bytes(block_m: Value, block_n: Value) -> Value:
     return block_m * BLOCK_K + block_n * BLOCK_K + (BLOCK_K // 64) * block_m * 4
 
 
 @formula(doc="Bytes TMA delivers per stage (the full barrier's transaction count).")
-def stage_tx_bytes(block_m, block_n, a_sf_gran):
+def stage_tx_bytes(block_m: Value, block_n: Value, a_sf_gran: Value) -> Value:
     return block_m * BLOCK_K + block_n * BLOCK_K + (BLOCK_K // a_sf_gran) * block_m * 4
 
 
 @formula(doc="Shared memory besides the stages: epilogue scratch, barriers, alignment slack.")
-def fixed_smem_bytes(stages):
+def fixed_smem_bytes(stages: Value) -> Value:
     return EPILOGUE_SCRATCH_BYTES + BARRIER_BYTES_PER_STAGE * stages + SMEM_ALIGN_SLACK
 
 
 @formula(doc="Dynamic shared memory of a launch. gemm::Config lays its carve-up out to add up to it.")
-def dynamic_smem_bytes(block_m, block_n, stages):
+def dynamic_smem_bytes(block_m: Value, block_n: Value, stages: Value) -> Value:
     return stages * stage_bytes(block_m, block_n) + fixed_smem_bytes(stages)
 
 
-HEADER = Header("gemm", "megamoe_rt::gemm", [
-    BLOCK_K, SMEM_LIMIT, SMEM_ALIGN_SLACK, EPILOGUE_SCRATCH_BYTES, BARRIER_BYTES_PER_STAGE,
-    GROUP_LAYOUT, EPILOGUE, FLAGS, GEMM_PARAMS,
-    stage_bytes, stage_tx_bytes, fixed_smem_bytes, dynamic_smem_bytes,
-], doc="The grouped FP8 GEMM's parameters, group layouts, epilogues and shared-memory sizes.", module=__name__)
+HEADER = Header(
+    "gemm",
+    "megamoe_rt::gemm",
+    [
+        BLOCK_K,
+        SMEM_LIMIT,
+        SMEM_ALIGN_SLACK,
+        EPILOGUE_SCRATCH_BYTES,
+        BARRIER_BYTES_PER_STAGE,
+        GROUP_LAYOUT,
+        EPILOGUE,
+        FLAGS,
+        GEMM_PARAMS,
+        stage_bytes,
+        stage_tx_bytes,
+        fixed_smem_bytes,
+        dynamic_smem_bytes,
+    ],
+    doc="The grouped FP8 GEMM's parameters, group layouts, epilogues and shared-memory sizes.",
+    module=__name__,
+)

@@ -2,53 +2,89 @@
 fused and expert-parallel parameters."""
 
 from megamoe_rt.kernels.interface.decl import (
-    F32, I32, U8, U16, U32, U64, VOID, Constant, Field, Flag, Flags, Header, Ptr, Struct,
+    F32,
+    I32,
+    U8,
+    U16,
+    U32,
+    U64,
+    VOID,
+    Constant,
+    Field,
+    Flag,
+    Flags,
+    Header,
+    Ptr,
+    Struct,
 )
 
-MAX_LOCAL_EXPERTS = Constant("kMaxLocalExperts", 1024,
-                             doc="the count kernel's shared histogram and the one-block scan hold one entry each")
+MAX_LOCAL_EXPERTS = Constant(
+    "kMaxLocalExperts", 1024, doc="the count kernel's shared histogram and the one-block scan hold one entry each"
+)
 MAX_TOPK = Constant("kMaxTopk", 32, doc="a slot mask holds one bit per top-k slot")
 COUNT_THREADS = Constant("kCountThreads", 256)
 SCAN_THREADS = Constant("kScanThreads", 1024, doc="one block scans every local expert")
 DISPATCH_THREADS = Constant("kDispatchThreads", 256)
 COMBINE_THREADS = Constant("kCombineThreads", 128)
 
-ERROR_FLAGS = Flags("ErrorFlags", [
-    Flag("kExpertIdOutOfRange", 0, "expert_id_out_of_range", "a routed id is outside [-1, num_experts)"),
-    Flag("kPoolOverflow", 1, "pool_overflow", "the routing needs more pool rows than the buffer has"),
-], doc="Bits of MoeParams::error_flags; the host reads them after a call.")
+ERROR_FLAGS = Flags(
+    "ErrorFlags",
+    [
+        Flag("kExpertIdOutOfRange", 0, "expert_id_out_of_range", "a routed id is outside [-1, num_experts)"),
+        Flag("kPoolOverflow", 1, "pool_overflow", "the routing needs more pool rows than the buffer has"),
+    ],
+    doc="Bits of MoeParams::error_flags; the host reads them after a call.",
+)
 
-MOE_PARAMS = Struct("MoeParams", [
-    Field("topk_idx", Ptr(VOID, const=True), "[num_tokens, num_topk], int32 or int64 global expert ids, -1 = empty"),
-    Field("topk_weights", Ptr(F32, const=True), "[num_tokens, num_topk]"),
-    Field("x", Ptr(U8, const=True), "[num_tokens, hidden] e4m3"),
-    Field("x_sf", Ptr(F32, const=True), "[num_tokens, hidden / 128]"),
-    Field("num_tokens", U32),
-    Field("num_topk", U32),
-    Field("hidden", U32),
-    Field("num_experts", U32, "global"),
-    Field("num_local_experts", U32),
-    Field("first_local_expert", U32, "global id of local expert 0"),
-    Field("pool_rows", U32, "capacity of the expert pool"),
-    Field("pool_align", U32, "each expert's rows start on a multiple of this"),
-    Field("token_capacity", U32, "T of the combine buffer [K, T, hidden]"),
-    Field("pad_", U32),
-    Field("expert_counts", Ptr(I32), "[num_local_experts]"),
-    Field("expert_offsets", Ptr(I32), "[num_local_experts + 1]"),
-    Field("expert_cursors", Ptr(I32), "[num_local_experts]"),
-    Field("expert_recv_stats", Ptr(I32), "optional [num_local_experts], += counts every call"),
-    Field("error_flags", Ptr(U32), "ErrorFlags bits"),
-    Field("pool", Ptr(U8), "[pool_rows, hidden] e4m3"),
-    Field("pool_sf", Ptr(F32), "[hidden / 128, pool_rows]"),
-    Field("pool_src", Ptr(I32), "[pool_rows]: token * num_topk + slot"),
-    Field("pool_weight", Ptr(F32), "[pool_rows]"),
-    Field("pool_dst", Ptr(U64), "[pool_rows]: byte address of the row's combine slot"),
-    Field("combine", Ptr(U8), "[num_topk, token_capacity, hidden] bf16"),
-    Field("y", Ptr(U16), "[num_tokens, hidden] bf16 bits"),
-], doc="The routing, dispatch and combine kernels' view of one MoE layer call. Every pointer and\n"
-       "stride is resolved on the host from the buffer layout (megamoe_rt/schedule/layout.py).")
+MOE_PARAMS = Struct(
+    "MoeParams",
+    [
+        Field(
+            "topk_idx", Ptr(VOID, const=True), "[num_tokens, num_topk], int32 or int64 global expert ids, -1 = empty"
+        ),
+        Field("topk_weights", Ptr(F32, const=True), "[num_tokens, num_topk]"),
+        Field("x", Ptr(U8, const=True), "[num_tokens, hidden] e4m3"),
+        Field("x_sf", Ptr(F32, const=True), "[num_tokens, hidden / 128]"),
+        Field("num_tokens", U32),
+        Field("num_topk", U32),
+        Field("hidden", U32),
+        Field("num_experts", U32, "global"),
+        Field("num_local_experts", U32),
+        Field("first_local_expert", U32, "global id of local expert 0"),
+        Field("pool_rows", U32, "capacity of the expert pool"),
+        Field("pool_align", U32, "each expert's rows start on a multiple of this"),
+        Field("token_capacity", U32, "T of the combine buffer [K, T, hidden]"),
+        Field("pad_", U32),
+        Field("expert_counts", Ptr(I32), "[num_local_experts]"),
+        Field("expert_offsets", Ptr(I32), "[num_local_experts + 1]"),
+        Field("expert_cursors", Ptr(I32), "[num_local_experts]"),
+        Field("expert_recv_stats", Ptr(I32), "optional [num_local_experts], += counts every call"),
+        Field("error_flags", Ptr(U32), "ErrorFlags bits"),
+        Field("pool", Ptr(U8), "[pool_rows, hidden] e4m3"),
+        Field("pool_sf", Ptr(F32), "[hidden / 128, pool_rows]"),
+        Field("pool_src", Ptr(I32), "[pool_rows]: token * num_topk + slot"),
+        Field("pool_weight", Ptr(F32), "[pool_rows]"),
+        Field("pool_dst", Ptr(U64), "[pool_rows]: byte address of the row's combine slot"),
+        Field("combine", Ptr(U8), "[num_topk, token_capacity, hidden] bf16"),
+        Field("y", Ptr(U16), "[num_tokens, hidden] bf16 bits"),
+    ],
+    doc="The routing, dispatch and combine kernels' view of one MoE layer call. Every pointer and\n"
+    "stride is resolved on the host from the buffer layout (megamoe_rt/schedule/layout.py).",
+)
 
-HEADER = Header("moe", "megamoe_rt::moe", [
-    MAX_LOCAL_EXPERTS, MAX_TOPK, COUNT_THREADS, SCAN_THREADS, DISPATCH_THREADS, COMBINE_THREADS,
-    ERROR_FLAGS, MOE_PARAMS,
-], doc="Parameters and limits of the routing, dispatch and combine kernels.", module=__name__)
+HEADER = Header(
+    "moe",
+    "megamoe_rt::moe",
+    [
+        MAX_LOCAL_EXPERTS,
+        MAX_TOPK,
+        COUNT_THREADS,
+        SCAN_THREADS,
+        DISPATCH_THREADS,
+        COMBINE_THREADS,
+        ERROR_FLAGS,
+        MOE_PARAMS,
+    ],
+    doc="Parameters and limits of the routing, dispatch and combine kernels.",
+    module=__name__,
+)

@@ -4,18 +4,31 @@ from megamoe_rt.kernels.interface.decl import U32, U64, Field, Header, Opaque, P
 
 _U32X4 = Opaque("ptx::u32x4", include="ptx/ld_st.cuh")
 
-SM_PROBE_PARAMS = Struct("SmProbeParams", [
-    Field("smid", Ptr(U32), "[grid]"),
-    Field("start_ns", Ptr(U64), "[grid]"),
-    Field("end_ns", Ptr(U64), "[grid]"),
-    Field("spin_ns", U64),
-], doc="sm_probe: each block records its SM and %globaltimer at start and end.")
+SM_PROBE_PARAMS = Struct(
+    "SmProbeParams",
+    [
+        Field("smid", Ptr(U32), "[grid]"),
+        Field("start_ns", Ptr(U64), "[grid]"),
+        Field("end_ns", Ptr(U64), "[grid]"),
+        Field("spin_ns", U64),
+    ],
+    doc="sm_probe: each block records its SM and %globaltimer at start and end.",
+)
 
-STREAM_COPY_PARAMS = Struct("StreamCopyParams", [
-    Field("src", Ptr(_U32X4, const=True)),
-    Field("dst", Ptr(_U32X4)),
-    Field("n16", U64, "16-byte words to copy"),
-], doc="stream_copy: a memory-bound workload.")
+STREAM_COPY_PARAMS = Struct(
+    "StreamCopyParams",
+    [
+        Field("src", Ptr(_U32X4, const=True)),
+        Field("dst", Ptr(_U32X4)),
+        Field("n16", U64, "16-byte words to copy"),
+    ],
+    doc="stream_copy: a memory-bound workload.",
+)
 
-HEADER = Header("probe", "megamoe_rt::probe", [SM_PROBE_PARAMS, STREAM_COPY_PARAMS],
-                doc="Parameters of the probe kernels.", module=__name__)
+HEADER = Header(
+    "probe",
+    "megamoe_rt::probe",
+    [SM_PROBE_PARAMS, STREAM_COPY_PARAMS],
+    doc="Parameters of the probe kernels.",
+    module=__name__,
+)

@@ -1,67 +1,138 @@
 """Deadline-bounded waits and the record a timed-out wait leaves (cuda_src/sync/)."""
 
 from megamoe_rt.kernels.interface.decl import (
-    U32, U64, Comment, Constant, Enum, EnumValue, Field, Header, Ptr, Struct,
+    U32,
+    U64,
+    Comment,
+    Constant,
+    Enum,
+    EnumValue,
+    Field,
+    Header,
+    Ptr,
+    Struct,
 )
 
-WAIT_SITE = Enum("WaitSite", [
-    EnumValue("kTest", "test", "tests withholding a signal on purpose", "test signal"),
-    EnumValue("kExpertCountsArrived", "expert_counts_arrived", "all ranks' per-expert counts have landed",
-              "expert counts from all ranks"),
-    EnumValue("kDispatchDone", "dispatch_done", "every peer finished pulling from this rank",
-              "dispatch done on all peers"),
-    EnumValue("kCombineArrived", "combine_arrived",
-              "every peer finished scattering into this rank's combine buffer", "combine partials from all peers"),
-    EnumValue("kL1RowsArrived", "l1_rows_arrived", "fused: a pool block's rows have arrived (L1 may start)",
-              "L1 rows arrived"),
-    EnumValue("kL1OutputPublished", "l1_output_published",
-              "fused: a block's L1 output is published (L2 may start)", "L1 output published"),
-    EnumValue("kRingSlotFree", "ring_slot_free", "fused: a ring slot's L2 reads are done (L1 may overwrite)",
-              "ring slot free"),
-    EnumValue("kStreamChunkReady", "stream_chunk_ready", "streaming: a chunk's route and layout generations match",
-              "stream chunk ready"),
-    EnumValue("kGridBarrier", "grid_barrier", "fused: every block of the grid reached the same phase",
-              "grid barrier"),
-    EnumValue("kPoolSlotFree", "pool_slot_free", "fused: a pool slot's L1 reads are done (dispatch may refill it)",
-              "pool slot free"),
-    EnumValue("kRingOverflow", "ring_overflow",
-              "fused: a single-wave call needs more pool blocks than the ring holds",
-              "single-wave pool fits the ring"),
-], doc="Where a wait happens. Its message names it in the device's report and in the host's\n"
-       "exception (megamoe_rt.runtime.deadlines.WAIT_SITES).",
-   count="kCount", message_fn="wait_site_name", default_message="unknown wait")
+WAIT_SITE = Enum(
+    "WaitSite",
+    [
+        EnumValue("kTest", "test", "tests withholding a signal on purpose", "test signal"),
+        EnumValue(
+            "kExpertCountsArrived",
+            "expert_counts_arrived",
+            "all ranks' per-expert counts have landed",
+            "expert counts from all ranks",
+        ),
+        EnumValue(
+            "kDispatchDone", "dispatch_done", "every peer finished pulling from this rank", "dispatch done on all peers"
+        ),
+        EnumValue(
+            "kCombineArrived",
+            "combine_arrived",
+            "every peer finished scattering into this rank's combine buffer",
+            "combine partials from all peers",
+        ),
+        EnumValue(
+            "kL1RowsArrived",
+            "l1_rows_arrived",
+            "fused: a pool block's rows have arrived (L1 may start)",
+            "L1 rows arrived",
+        ),
+        EnumValue(
+            "kL1OutputPublished",
+            "l1_output_published",
+            "fused: a block's L1 output is published (L2 may start)",
+            "L1 output published",
+        ),
+        EnumValue(
+            "kRingSlotFree",
+            "ring_slot_free",
+            "fused: a ring slot's L2 reads are done (L1 may overwrite)",
+            "ring slot free",
+        ),
+        EnumValue(
+            "kStreamChunkReady",
+            "stream_chunk_ready",
+            "streaming: a chunk's route and layout generations match",
+            "stream chunk ready",
+        ),
+        EnumValue(
+            "kGridBarrier", "grid_barrier", "fused: every block of the grid reached the same phase", "grid barrier"
+        ),
+        EnumValue(
+            "kPoolSlotFree",
+            "pool_slot_free",
+            "fused: a pool slot's L1 reads are done (dispatch may refill it)",
+            "pool slot free",
+        ),
+        EnumValue(
+            "kRingOverflow",
+            "ring_overflow",
+            "fused: a single-wave call needs more pool blocks than the ring holds",
+            "single-wave pool fits the ring",
+        ),
+    ],
+    doc="Where a wait happens. Its message names it in the device's report and in the host's\n"
+    "exception (megamoe_rt.runtime.deadlines.WAIT_SITES).",
+    count="kCount",
+    message_fn="wait_site_name",
+    default_message="unknown wait",
+)
 
 RECORD_EMPTY = Constant("kRecordEmpty", 0, doc="TimeoutRecord::state: nothing recorded")
 RECORD_WRITING = Constant("kRecordWriting", 1, doc="TimeoutRecord::state: the first timed-out thread is writing it")
 RECORD_COMPLETE = Constant("kRecordComplete", 2, doc="TimeoutRecord::state: complete, the host may read it")
 
-TIMEOUT_RECORD = Struct("TimeoutRecord", [
-    Field("state", U32, "kRecordEmpty, kRecordWriting, kRecordComplete (the first timed-out thread wins)"),
-    Field("site", U32, "WaitSite"),
-    Field("block", U32),
-    Field("thread", U32),
-    Field("rank", U32),
-    Field("peer", U32),
-    Field("expected", U64),
-    Field("seen", U64),
-    Field("elapsed_ns", U64),
-], doc="What a timed-out wait leaves in mapped pinned host memory before it traps, so the host\n"
-       "can name the wait even after the trap has made the context unusable.")
+TIMEOUT_RECORD = Struct(
+    "TimeoutRecord",
+    [
+        Field("state", U32, "kRecordEmpty, kRecordWriting, kRecordComplete (the first timed-out thread wins)"),
+        Field("site", U32, "WaitSite"),
+        Field("block", U32),
+        Field("thread", U32),
+        Field("rank", U32),
+        Field("peer", U32),
+        Field("expected", U64),
+        Field("seen", U64),
+        Field("elapsed_ns", U64),
+    ],
+    doc="What a timed-out wait leaves in mapped pinned host memory before it traps, so the host\n"
+    "can name the wait even after the trap has made the context unusable.",
+)
 
-WAIT_CONTEXT = Struct("WaitContext", [
-    Field("timeout_ns", U64, "from the host (MEGAMOE_RT_TIMEOUT_S, default 60 s)"),
-    Field("record", Ptr(TIMEOUT_RECORD), "mapped host memory, may be null"),
-    Field("rank", U32),
-    Field("pad_", U32),
-], doc="What every deadline-bounded wait gets.")
+WAIT_CONTEXT = Struct(
+    "WaitContext",
+    [
+        Field("timeout_ns", U64, "from the host (MEGAMOE_RT_TIMEOUT_S, default 60 s)"),
+        Field("record", Ptr(TIMEOUT_RECORD), "mapped host memory, may be null"),
+        Field("rank", U32),
+        Field("pad_", U32),
+    ],
+    doc="What every deadline-bounded wait gets.",
+)
 
-GRID_BARRIER_WORDS = Struct("GridBarrierWords", [
-    Comment("Sense-reversing: the last block to arrive resets the count and bumps the generation."),
-    Field("count", U32),
-    Field("generation", U32),
-], doc="The words of a grid-wide barrier (sync/grid_barrier.cuh), in the buffer's grid_sync region.")
+GRID_BARRIER_WORDS = Struct(
+    "GridBarrierWords",
+    [
+        Comment("Sense-reversing: the last block to arrive resets the count and bumps the generation."),
+        Field("count", U32),
+        Field("generation", U32),
+    ],
+    doc="The words of a grid-wide barrier (sync/grid_barrier.cuh), in the buffer's grid_sync region.",
+)
 
-HEADER = Header("sync", "megamoe_rt::sync", [
-    WAIT_SITE, RECORD_EMPTY, RECORD_WRITING, RECORD_COMPLETE, TIMEOUT_RECORD, WAIT_CONTEXT, GRID_BARRIER_WORDS,
-], doc="Waits with a deadline: where they happen, what they get and what a timed-out one leaves.",
-   module=__name__)
+HEADER = Header(
+    "sync",
+    "megamoe_rt::sync",
+    [
+        WAIT_SITE,
+        RECORD_EMPTY,
+        RECORD_WRITING,
+        RECORD_COMPLETE,
+        TIMEOUT_RECORD,
+        WAIT_CONTEXT,
+        GRID_BARRIER_WORDS,
+    ],
+    doc="Waits with a deadline: where they happen, what they get and what a timed-out one leaves.",
+    module=__name__,
+)

@@ -53,7 +53,7 @@ struct Config {
     static constexpr u32 kSfaStageStride = (kBlockK / 64) * kBlockM * 4;
     // What TMA delivers per stage, and what the host counts with (generated from one formula).
     static constexpr u32 kStageTxBytes = stage_tx_bytes(kBlockM, kBlockN, kASfGran);
-    static_assert(kStageTxBytes == kSmemABytes + kSmemBBytes + kSmemSfaBytes, "a stage's loads and its expect-tx differ");
+    static_assert(kStageTxBytes == kSmemABytes + kSmemBBytes + kSmemSfaBytes, "a stage's loads and expect-tx differ");
 
     // Carve-up from a 1024-byte aligned base: A stages, B stages (each tile
     // 1024-aligned for the 128-byte swizzle), A-scale stages, epilogue scratch,

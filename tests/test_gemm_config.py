@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from megamoe_rt.jit.paths import cuda_src_dir
 from megamoe_rt.kernels.epilogues import EPILOGUES, get_epilogue
 from megamoe_rt.kernels.gemm import SMEM_LIMIT, GemmConfig
 from megamoe_rt.kernels.gemm_heuristics import candidate_configs, choose_config

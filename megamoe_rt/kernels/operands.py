@@ -21,10 +21,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from megamoe_rt.kernels.interface import gemm as gemm_interface
 from megamoe_rt.runtime.arrays import DeviceArray, as_device_array, check_array
 from megamoe_rt.runtime.tma import TensorMap2D, encode_tensor_map_2d
 
-BLOCK_K = 128      # K elements per pipeline stage: one 128-byte swizzled e4m3 row
+BLOCK_K = gemm_interface.BLOCK_K.value  # K elements per pipeline stage: one 128-byte swizzled e4m3 row
 SCALE_GRANS = (128, 64)
 
 

@@ -1,4 +1,7 @@
-"""The grouped FP8 GEMM (cuda_src/gemm/): parameters, group layouts, epilogues, shared memory."""
+"""The grouped FP8 GEMM (cuda_src/gemm/): parameters, group layouts, flags, shared memory.
+
+Epilogues are policy types registered in megamoe_rt/kernels/epilogues.py, not declared here.
+"""
 
 from megamoe_rt.kernels.interface.decl import (
     F32,
@@ -45,15 +48,6 @@ GROUP_LAYOUT = Enum(
     ],
 )
 
-EPILOGUE = Enum(
-    "Epilogue",
-    [
-        EnumValue("kStoreBf16", "bf16", "D rows to d + row * d_row_stride_bytes"),
-        EnumValue("kSwigluFp8", "swiglu_fp8", "SwiGLU x row weight, e4m3 requant to d, scales to d_sf"),
-        EnumValue("kScatterBf16", "scatter_bf16", "D rows to the byte address row_dst[row] (0: dropped)"),
-    ],
-)
-
 FLAGS = Flags(
     "Flags",
     [
@@ -76,12 +70,12 @@ GEMM_PARAMS = Struct(
         Field("group_counts", Ptr(I32, const=True), "contiguous, optional: valid rows per group (nullptr: all)"),
         Field("masked_counts", Ptr(I32, const=True), "masked: [num_groups]"),
         Field("sfb", Ptr(F32, const=True), "[num_groups, n / kBSfN, k / 128]"),
-        Field("d", Ptr(U8), "kStoreBf16: bf16 rows; kSwigluFp8: e4m3 rows"),
+        Field("d", Ptr(U8), "StoreBf16Epilogue: bf16 rows; SwigluFp8Epilogue: e4m3 rows"),
         Field("d_row_stride_bytes", U64),
-        Field("d_sf", Ptr(F32), "kSwigluFp8: scales, [n / 2 / gran, d_sf_row_stride] (K-block major)"),
+        Field("d_sf", Ptr(F32), "SwigluFp8Epilogue: scales, [n / 2 / gran, d_sf_row_stride] (K-block major)"),
         Field("d_sf_row_stride", U64, "in floats (>= num_rows)"),
-        Field("row_weight", Ptr(F32, const=True), "kSwigluFp8: per-row top-k weight [num_rows]"),
-        Field("row_dst", Ptr(U64, const=True), "kScatterBf16: per-row destination byte address"),
+        Field("row_weight", Ptr(F32, const=True), "SwigluFp8Epilogue: per-row top-k weight [num_rows]"),
+        Field("row_dst", Ptr(U64, const=True), "ScatterBf16Epilogue: per-row destination byte address"),
         Field("swiglu_limit", F32),
         Field("pad_", U32),
     ],
@@ -123,7 +117,6 @@ HEADER = Header(
         EPILOGUE_SCRATCH_BYTES,
         BARRIER_BYTES_PER_STAGE,
         GROUP_LAYOUT,
-        EPILOGUE,
         FLAGS,
         GEMM_PARAMS,
         stage_bytes,
@@ -131,6 +124,6 @@ HEADER = Header(
         fixed_smem_bytes,
         dynamic_smem_bytes,
     ],
-    doc="The grouped FP8 GEMM's parameters, group layouts, epilogues and shared-memory sizes.",
+    doc="The grouped FP8 GEMM's parameters, group layouts, flags and shared-memory sizes.",
     module=__name__,
 )

@@ -103,12 +103,12 @@ class GemmParams(ctypes.Structure):
     group_counts: int  # contiguous, optional: valid rows per group (nullptr: all)
     masked_counts: int  # masked: [num_groups]
     sfb: int  # [num_groups, n / kBSfN, k / 128]
-    d: int  # kStoreBf16: bf16 rows; kSwigluFp8: e4m3 rows
+    d: int  # StoreBf16Epilogue: bf16 rows; SwigluFp8Epilogue: e4m3 rows
     d_row_stride_bytes: int
-    d_sf: int  # kSwigluFp8: scales, [n / 2 / gran, d_sf_row_stride] (K-block major)
+    d_sf: int  # SwigluFp8Epilogue: scales, [n / 2 / gran, d_sf_row_stride] (K-block major)
     d_sf_row_stride: int  # in floats (>= num_rows)
-    row_weight: int  # kSwigluFp8: per-row top-k weight [num_rows]
-    row_dst: int  # kScatterBf16: per-row destination byte address
+    row_weight: int  # SwigluFp8Epilogue: per-row top-k weight [num_rows]
+    row_dst: int  # ScatterBf16Epilogue: per-row destination byte address
     swiglu_limit: float
     pad_: int
 

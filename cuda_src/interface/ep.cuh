@@ -27,12 +27,12 @@ struct EpBankLayout {
 };
 static_assert(sizeof(EpBankLayout) == 24, "EpBankLayout: size differs from megamoe_rt/kernels/interface");
 static_assert(alignof(EpBankLayout) == 4, "EpBankLayout: alignment differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(EpBankLayout, words) == 0, "EpBankLayout::words: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(EpBankLayout, recv_counts) == 4, "EpBankLayout::recv_counts: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(EpBankLayout, recv_offsets) == 8, "EpBankLayout::recv_offsets: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(EpBankLayout, count_ready) == 12, "EpBankLayout::count_ready: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(EpBankLayout, combine_ready) == 16, "EpBankLayout::combine_ready: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(EpBankLayout, pad_) == 20, "EpBankLayout::pad_: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpBankLayout, words, 0, "EpBankLayout::words: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpBankLayout, recv_counts, 4, "EpBankLayout::recv_counts: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpBankLayout, recv_offsets, 8, "EpBankLayout::recv_offsets: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpBankLayout, count_ready, 12, "EpBankLayout::count_ready: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpBankLayout, combine_ready, 16, "EpBankLayout::combine_ready: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpBankLayout, pad_, 20, "EpBankLayout::pad_: offset differs from megamoe_rt/kernels/interface");
 
 // u32 words of one bank (EpBankLayout::words): two [num_ranks][num_local_experts]
 // tables and two [num_ranks] flag rows.
@@ -65,24 +65,24 @@ struct EpParams {
 };
 static_assert(sizeof(EpParams) == 328, "EpParams: size differs from megamoe_rt/kernels/interface");
 static_assert(alignof(EpParams) == 8, "EpParams: alignment differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(EpParams, moe) == 0, "EpParams::moe: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(EpParams, peer_bases) == 168, "EpParams::peer_bases: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(EpParams, off_x) == 176, "EpParams::off_x: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(EpParams, off_x_sf) == 184, "EpParams::off_x_sf: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(EpParams, off_send_list) == 192, "EpParams::off_send_list: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(EpParams, off_combine) == 200, "EpParams::off_combine: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(EpParams, off_banks) == 208, "EpParams::off_banks: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(EpParams, send_counts) == 216, "EpParams::send_counts: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(EpParams, send_offsets) == 224, "EpParams::send_offsets: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(EpParams, send_cursors) == 232, "EpParams::send_cursors: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(EpParams, send_list) == 240, "EpParams::send_list: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(EpParams, src_rows) == 248, "EpParams::src_rows: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(EpParams, banks) == 256, "EpParams::banks: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(EpParams, bank) == 264, "EpParams::bank: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(EpParams, launch_epoch) == 288, "EpParams::launch_epoch: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(EpParams, wait) == 296, "EpParams::wait: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(EpParams, rank) == 320, "EpParams::rank: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(EpParams, num_ranks) == 324, "EpParams::num_ranks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, moe, 0, "EpParams::moe: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, peer_bases, 168, "EpParams::peer_bases: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, off_x, 176, "EpParams::off_x: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, off_x_sf, 184, "EpParams::off_x_sf: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, off_send_list, 192, "EpParams::off_send_list: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, off_combine, 200, "EpParams::off_combine: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, off_banks, 208, "EpParams::off_banks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, send_counts, 216, "EpParams::send_counts: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, send_offsets, 224, "EpParams::send_offsets: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, send_cursors, 232, "EpParams::send_cursors: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, send_list, 240, "EpParams::send_list: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, src_rows, 248, "EpParams::src_rows: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, banks, 256, "EpParams::banks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, bank, 264, "EpParams::bank: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, launch_epoch, 288, "EpParams::launch_epoch: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, wait, 296, "EpParams::wait: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, rank, 320, "EpParams::rank: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, num_ranks, 324, "EpParams::num_ranks: offset differs from megamoe_rt/kernels/interface");
 
 }  // namespace megamoe_rt::ep
 // clang-format on

@@ -48,13 +48,13 @@ struct BankLayout {
 };
 static_assert(sizeof(BankLayout) == 28, "BankLayout: size differs from megamoe_rt/kernels/interface");
 static_assert(alignof(BankLayout) == 4, "BankLayout: alignment differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(BankLayout, words) == 0, "BankLayout::words: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(BankLayout, counts) == 4, "BankLayout::counts: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(BankLayout, cursors) == 8, "BankLayout::cursors: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(BankLayout, arrivals) == 12, "BankLayout::arrivals: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(BankLayout, l1_done) == 16, "BankLayout::l1_done: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(BankLayout, l2_read) == 20, "BankLayout::l2_read: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(BankLayout, ticket) == 24, "BankLayout::ticket: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(BankLayout, words, 0, "BankLayout::words: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(BankLayout, counts, 4, "BankLayout::counts: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(BankLayout, cursors, 8, "BankLayout::cursors: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(BankLayout, arrivals, 12, "BankLayout::arrivals: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(BankLayout, l1_done, 16, "BankLayout::l1_done: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(BankLayout, l2_read, 20, "BankLayout::l2_read: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(BankLayout, ticket, 24, "BankLayout::ticket: offset differs from megamoe_rt/kernels/interface");
 
 // u32 words of one counter bank: counts and cursors per expert, three per-block
 // counters and the ticket (BankLayout on the host).
@@ -120,32 +120,32 @@ struct FusedParams {
 };
 static_assert(sizeof(FusedParams) == 608, "FusedParams: size differs from megamoe_rt/kernels/interface");
 static_assert(alignof(FusedParams) == 8, "FusedParams: alignment differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(FusedParams, moe) == 0, "FusedParams::moe: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(FusedParams, l1) == 168, "FusedParams::l1: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(FusedParams, l2) == 280, "FusedParams::l2: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(FusedParams, wait) == 392, "FusedParams::wait: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(FusedParams, banks) == 416, "FusedParams::banks: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(FusedParams, bank) == 432, "FusedParams::bank: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(FusedParams, launch_epoch) == 464, "FusedParams::launch_epoch: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(FusedParams, grid_barrier) == 472, "FusedParams::grid_barrier: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(FusedParams, ring_blocks) == 480, "FusedParams::ring_blocks: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(FusedParams, max_blocks) == 484, "FusedParams::max_blocks: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(FusedParams, lag_units) == 488, "FusedParams::lag_units: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(FusedParams, group_units) == 492, "FusedParams::group_units: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(FusedParams, table_smem_offset) == 496, "FusedParams::table_smem_offset: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(FusedParams, withhold_block) == 500, "FusedParams::withhold_block: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(FusedParams, trace) == 504, "FusedParams::trace: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(FusedParams, peer_bases) == 512, "FusedParams::peer_bases: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(FusedParams, off_x) == 520, "FusedParams::off_x: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(FusedParams, off_x_sf) == 528, "FusedParams::off_x_sf: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(FusedParams, off_send_list) == 536, "FusedParams::off_send_list: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(FusedParams, off_combine) == 544, "FusedParams::off_combine: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(FusedParams, off_ep_banks) == 552, "FusedParams::off_ep_banks: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(FusedParams, send_list) == 560, "FusedParams::send_list: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(FusedParams, ep_banks) == 568, "FusedParams::ep_banks: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(FusedParams, ep_bank) == 576, "FusedParams::ep_bank: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(FusedParams, rank) == 600, "FusedParams::rank: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(FusedParams, num_ranks) == 604, "FusedParams::num_ranks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, moe, 0, "FusedParams::moe: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, l1, 168, "FusedParams::l1: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, l2, 280, "FusedParams::l2: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, wait, 392, "FusedParams::wait: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, banks, 416, "FusedParams::banks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, bank, 432, "FusedParams::bank: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, launch_epoch, 464, "FusedParams::launch_epoch: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, grid_barrier, 472, "FusedParams::grid_barrier: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, ring_blocks, 480, "FusedParams::ring_blocks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, max_blocks, 484, "FusedParams::max_blocks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, lag_units, 488, "FusedParams::lag_units: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, group_units, 492, "FusedParams::group_units: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, table_smem_offset, 496, "FusedParams::table_smem_offset: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, withhold_block, 500, "FusedParams::withhold_block: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, trace, 504, "FusedParams::trace: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, peer_bases, 512, "FusedParams::peer_bases: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_x, 520, "FusedParams::off_x: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_x_sf, 528, "FusedParams::off_x_sf: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_send_list, 536, "FusedParams::off_send_list: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_combine, 544, "FusedParams::off_combine: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_ep_banks, 552, "FusedParams::off_ep_banks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, send_list, 560, "FusedParams::send_list: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, ep_banks, 568, "FusedParams::ep_banks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, ep_bank, 576, "FusedParams::ep_bank: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, rank, 600, "FusedParams::rank: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, num_ranks, 604, "FusedParams::num_ranks: offset differs from megamoe_rt/kernels/interface");
 
 }  // namespace megamoe_rt::fused
 // clang-format on

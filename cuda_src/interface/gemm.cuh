@@ -49,24 +49,24 @@ struct GemmParams {
 };
 static_assert(sizeof(GemmParams) == 112, "GemmParams: size differs from megamoe_rt/kernels/interface");
 static_assert(alignof(GemmParams) == 8, "GemmParams: alignment differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(GemmParams, num_rows) == 0, "GemmParams::num_rows: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(GemmParams, n) == 4, "GemmParams::n: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(GemmParams, k) == 8, "GemmParams::k: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(GemmParams, num_groups) == 12, "GemmParams::num_groups: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(GemmParams, masked_rows) == 16, "GemmParams::masked_rows: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(GemmParams, flags) == 20, "GemmParams::flags: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(GemmParams, group_offsets) == 24, "GemmParams::group_offsets: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(GemmParams, group_counts) == 32, "GemmParams::group_counts: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(GemmParams, masked_counts) == 40, "GemmParams::masked_counts: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(GemmParams, sfb) == 48, "GemmParams::sfb: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(GemmParams, d) == 56, "GemmParams::d: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(GemmParams, d_row_stride_bytes) == 64, "GemmParams::d_row_stride_bytes: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(GemmParams, d_sf) == 72, "GemmParams::d_sf: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(GemmParams, d_sf_row_stride) == 80, "GemmParams::d_sf_row_stride: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(GemmParams, row_weight) == 88, "GemmParams::row_weight: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(GemmParams, row_dst) == 96, "GemmParams::row_dst: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(GemmParams, swiglu_limit) == 104, "GemmParams::swiglu_limit: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(GemmParams, pad_) == 108, "GemmParams::pad_: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(GemmParams, num_rows, 0, "GemmParams::num_rows: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(GemmParams, n, 4, "GemmParams::n: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(GemmParams, k, 8, "GemmParams::k: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(GemmParams, num_groups, 12, "GemmParams::num_groups: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(GemmParams, masked_rows, 16, "GemmParams::masked_rows: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(GemmParams, flags, 20, "GemmParams::flags: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(GemmParams, group_offsets, 24, "GemmParams::group_offsets: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(GemmParams, group_counts, 32, "GemmParams::group_counts: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(GemmParams, masked_counts, 40, "GemmParams::masked_counts: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(GemmParams, sfb, 48, "GemmParams::sfb: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(GemmParams, d, 56, "GemmParams::d: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(GemmParams, d_row_stride_bytes, 64, "GemmParams::d_row_stride_bytes: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(GemmParams, d_sf, 72, "GemmParams::d_sf: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(GemmParams, d_sf_row_stride, 80, "GemmParams::d_sf_row_stride: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(GemmParams, row_weight, 88, "GemmParams::row_weight: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(GemmParams, row_dst, 96, "GemmParams::row_dst: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(GemmParams, swiglu_limit, 104, "GemmParams::swiglu_limit: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(GemmParams, pad_, 108, "GemmParams::pad_: offset differs from megamoe_rt/kernels/interface");
 
 // Shared memory of one pipeline stage: A and B tiles and an A-scale slot with room for
 // 64-wide groups, so GEMMs that differ only in A-scale granularity share one carve-up.

@@ -17,10 +17,10 @@ struct SmProbeParams {
 };
 static_assert(sizeof(SmProbeParams) == 32, "SmProbeParams: size differs from megamoe_rt/kernels/interface");
 static_assert(alignof(SmProbeParams) == 8, "SmProbeParams: alignment differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(SmProbeParams, smid) == 0, "SmProbeParams::smid: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(SmProbeParams, start_ns) == 8, "SmProbeParams::start_ns: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(SmProbeParams, end_ns) == 16, "SmProbeParams::end_ns: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(SmProbeParams, spin_ns) == 24, "SmProbeParams::spin_ns: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(SmProbeParams, smid, 0, "SmProbeParams::smid: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(SmProbeParams, start_ns, 8, "SmProbeParams::start_ns: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(SmProbeParams, end_ns, 16, "SmProbeParams::end_ns: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(SmProbeParams, spin_ns, 24, "SmProbeParams::spin_ns: offset differs from megamoe_rt/kernels/interface");
 
 // stream_copy: a memory-bound workload.
 struct StreamCopyParams {
@@ -30,9 +30,9 @@ struct StreamCopyParams {
 };
 static_assert(sizeof(StreamCopyParams) == 24, "StreamCopyParams: size differs from megamoe_rt/kernels/interface");
 static_assert(alignof(StreamCopyParams) == 8, "StreamCopyParams: alignment differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(StreamCopyParams, src) == 0, "StreamCopyParams::src: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(StreamCopyParams, dst) == 8, "StreamCopyParams::dst: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(StreamCopyParams, n16) == 16, "StreamCopyParams::n16: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamCopyParams, src, 0, "StreamCopyParams::src: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamCopyParams, dst, 8, "StreamCopyParams::dst: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamCopyParams, n16, 16, "StreamCopyParams::n16: offset differs from megamoe_rt/kernels/interface");
 
 }  // namespace megamoe_rt::probe
 // clang-format on

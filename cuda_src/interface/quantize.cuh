@@ -23,12 +23,12 @@ struct QuantizeParams {
 };
 static_assert(sizeof(QuantizeParams) == 40, "QuantizeParams: size differs from megamoe_rt/kernels/interface");
 static_assert(alignof(QuantizeParams) == 8, "QuantizeParams: alignment differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(QuantizeParams, x) == 0, "QuantizeParams::x: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(QuantizeParams, q) == 8, "QuantizeParams::q: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(QuantizeParams, sf) == 16, "QuantizeParams::sf: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(QuantizeParams, num_groups) == 24, "QuantizeParams::num_groups: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(QuantizeParams, groups_per_row) == 32, "QuantizeParams::groups_per_row: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(QuantizeParams, pad_) == 36, "QuantizeParams::pad_: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(QuantizeParams, x, 0, "QuantizeParams::x: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(QuantizeParams, q, 8, "QuantizeParams::q: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(QuantizeParams, sf, 16, "QuantizeParams::sf: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(QuantizeParams, num_groups, 24, "QuantizeParams::num_groups: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(QuantizeParams, groups_per_row, 32, "QuantizeParams::groups_per_row: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(QuantizeParams, pad_, 36, "QuantizeParams::pad_: offset differs from megamoe_rt/kernels/interface");
 
 // 128 x 128 block weight quantization.
 struct WeightQuantizeParams {
@@ -42,13 +42,13 @@ struct WeightQuantizeParams {
 };
 static_assert(sizeof(WeightQuantizeParams) == 40, "WeightQuantizeParams: size differs from megamoe_rt/kernels/interface");
 static_assert(alignof(WeightQuantizeParams) == 8, "WeightQuantizeParams: alignment differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(WeightQuantizeParams, w) == 0, "WeightQuantizeParams::w: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(WeightQuantizeParams, q) == 8, "WeightQuantizeParams::q: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(WeightQuantizeParams, sf) == 16, "WeightQuantizeParams::sf: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(WeightQuantizeParams, n) == 24, "WeightQuantizeParams::n: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(WeightQuantizeParams, k) == 28, "WeightQuantizeParams::k: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(WeightQuantizeParams, num_blocks) == 32, "WeightQuantizeParams::num_blocks: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(WeightQuantizeParams, pad_) == 36, "WeightQuantizeParams::pad_: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(WeightQuantizeParams, w, 0, "WeightQuantizeParams::w: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(WeightQuantizeParams, q, 8, "WeightQuantizeParams::q: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(WeightQuantizeParams, sf, 16, "WeightQuantizeParams::sf: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(WeightQuantizeParams, n, 24, "WeightQuantizeParams::n: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(WeightQuantizeParams, k, 28, "WeightQuantizeParams::k: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(WeightQuantizeParams, num_blocks, 32, "WeightQuantizeParams::num_blocks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(WeightQuantizeParams, pad_, 36, "WeightQuantizeParams::pad_: offset differs from megamoe_rt/kernels/interface");
 
 }  // namespace megamoe_rt
 // clang-format on

@@ -61,15 +61,15 @@ struct TimeoutRecord {
 };
 static_assert(sizeof(TimeoutRecord) == 48, "TimeoutRecord: size differs from megamoe_rt/kernels/interface");
 static_assert(alignof(TimeoutRecord) == 8, "TimeoutRecord: alignment differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(TimeoutRecord, state) == 0, "TimeoutRecord::state: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(TimeoutRecord, site) == 4, "TimeoutRecord::site: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(TimeoutRecord, block) == 8, "TimeoutRecord::block: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(TimeoutRecord, thread) == 12, "TimeoutRecord::thread: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(TimeoutRecord, rank) == 16, "TimeoutRecord::rank: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(TimeoutRecord, peer) == 20, "TimeoutRecord::peer: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(TimeoutRecord, expected) == 24, "TimeoutRecord::expected: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(TimeoutRecord, seen) == 32, "TimeoutRecord::seen: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(TimeoutRecord, elapsed_ns) == 40, "TimeoutRecord::elapsed_ns: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(TimeoutRecord, state, 0, "TimeoutRecord::state: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(TimeoutRecord, site, 4, "TimeoutRecord::site: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(TimeoutRecord, block, 8, "TimeoutRecord::block: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(TimeoutRecord, thread, 12, "TimeoutRecord::thread: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(TimeoutRecord, rank, 16, "TimeoutRecord::rank: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(TimeoutRecord, peer, 20, "TimeoutRecord::peer: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(TimeoutRecord, expected, 24, "TimeoutRecord::expected: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(TimeoutRecord, seen, 32, "TimeoutRecord::seen: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(TimeoutRecord, elapsed_ns, 40, "TimeoutRecord::elapsed_ns: offset differs from megamoe_rt/kernels/interface");
 
 // What every deadline-bounded wait gets.
 struct WaitContext {
@@ -80,10 +80,10 @@ struct WaitContext {
 };
 static_assert(sizeof(WaitContext) == 24, "WaitContext: size differs from megamoe_rt/kernels/interface");
 static_assert(alignof(WaitContext) == 8, "WaitContext: alignment differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(WaitContext, timeout_ns) == 0, "WaitContext::timeout_ns: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(WaitContext, record) == 8, "WaitContext::record: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(WaitContext, rank) == 16, "WaitContext::rank: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(WaitContext, pad_) == 20, "WaitContext::pad_: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(WaitContext, timeout_ns, 0, "WaitContext::timeout_ns: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(WaitContext, record, 8, "WaitContext::record: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(WaitContext, rank, 16, "WaitContext::rank: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(WaitContext, pad_, 20, "WaitContext::pad_: offset differs from megamoe_rt/kernels/interface");
 
 // The words of a grid-wide barrier (sync/grid_barrier.cuh), in the buffer's grid_sync region.
 struct GridBarrierWords {
@@ -93,8 +93,8 @@ struct GridBarrierWords {
 };
 static_assert(sizeof(GridBarrierWords) == 8, "GridBarrierWords: size differs from megamoe_rt/kernels/interface");
 static_assert(alignof(GridBarrierWords) == 4, "GridBarrierWords: alignment differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(GridBarrierWords, count) == 0, "GridBarrierWords::count: offset differs from megamoe_rt/kernels/interface");
-static_assert(__builtin_offsetof(GridBarrierWords, generation) == 4, "GridBarrierWords::generation: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(GridBarrierWords, count, 0, "GridBarrierWords::count: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(GridBarrierWords, generation, 4, "GridBarrierWords::generation: offset differs from megamoe_rt/kernels/interface");
 
 }  // namespace megamoe_rt::sync
 // clang-format on

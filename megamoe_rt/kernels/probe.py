@@ -23,7 +23,7 @@ WAIT_SPEC = KernelSpec(name="wait_for_signal", source="probe/wait_timeout.cu",
                                ctypes.c_uint64, ctypes.c_uint64))
 
 
-# The fused kernel's task stream dumped tile by tile, for tests/test_task_stream_gpu.py (arguments
+# The fused kernel's task stream dumped tile by tile, for tests/gpu/test_task_stream_gpu.py (arguments
 # and shared memory: the header comment of probe/task_stream_order.cu).
 TASK_STREAM_SPEC = KernelSpec(name="task_stream_order", source="probe/task_stream_order.cu",
                               entry="megamoe_rt::probe::task_stream_order", block_threads=32,

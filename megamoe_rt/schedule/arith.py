@@ -1,7 +1,7 @@
 """Integer rounding helpers shared by the whole package.
 
 A leaf module: it imports nothing from megamoe_rt, so any module may use it without
-creating an import cycle (tests/test_import_graph.py checks the package has none).
+creating an import cycle (tests/cpu/test_import_graph.py checks the package has none).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ same functions to assert its ring size; CPU property tests drive them with rando
 routings.
 
 Each task is a run of GEMM tiles on the device; :func:`task_tiles` is the contract for which
-tiles and in what order. A GPU test (tests/test_task_stream_gpu.py) dumps the order the
+tiles and in what order. A GPU test (tests/gpu/test_task_stream_gpu.py) dumps the order the
 device walk (cuda_src/fused/task_stream.cuh) hands tiles out and checks it against
 :func:`lag_ordered_stream` / :func:`single_wave_stream` expanded by :func:`task_tiles`.
 """
@@ -62,7 +62,7 @@ def task_tiles(task: Task, l1_n_blocks: int, l2_n_blocks: int) -> list[Tile]:
     of the unit's blocks in pool order, then n-block 1, and so on. Consecutive stream
     positions go to concurrently running blocks, so this order has them share each weight
     tile among the unit's row blocks. The fused kernel's walk must produce exactly this
-    (tests/test_task_stream_gpu.py).
+    (tests/gpu/test_task_stream_gpu.py).
     """
     n = l2_n_blocks if task.kind == "l2" else l1_n_blocks
     u = task.unit

@@ -3,7 +3,7 @@ with the checked-in files.
 
 ``python -m megamoe_rt.kernels.interface`` writes ``cuda_src/interface/*.cuh`` and
 ``megamoe_rt/kernels/interface/structs.py``; ``--check`` only reports the files that differ
-(what tests/test_interface.py does).
+(what tests/cpu/test_interface.py does).
 """
 
 from __future__ import annotations

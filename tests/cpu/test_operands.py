@@ -49,7 +49,7 @@ def _problem(g=2, m=256, n=256, k=256, a_gran=128):
     return _arr((m, k)), _arr((m, k // a_gran), "float32"), _arr((g, n, k)), _arr((g, n // 128, k // 128), "float32")
 
 
-# --- the messages the public planners keep (tests/test_gemm_gpu.py checks them on a GPU) ---------
+# --- the messages the public planners keep (tests/gpu/test_gemm_gpu.py checks them on a GPU) ---------
 
 def test_bad_arguments_are_named_before_any_gpu_work():
     a, a_sf, b, b_sf = _problem()

@@ -129,7 +129,7 @@ def test_sweep_runs_a_spec_across_splits(tmp_path):
     import sys
     from pathlib import Path
 
-    spec = Path(__file__).resolve().parent.parent / "graphs" / "membound_vs_gemm.toml"
+    spec = Path(__file__).resolve().parents[2] / "graphs" / "membound_vs_gemm.toml"
     out_json = tmp_path / "sweep.json"
     run = subprocess.run([sys.executable, "-m", "megamoe_rt", "sweep", "--spec", str(spec), "--vary", "gemm=32..64:32",
                           "--reps", "3", "--json", str(out_json)], capture_output=True, text=True, timeout=300)

@@ -8,6 +8,8 @@ from megamoe_rt import CudaError, GpuUnavailableError
 from megamoe_rt.runtime import driver
 from megamoe_rt.runtime.errors import NvrtcError
 
+from helpers.streams import TorchLikeStream
+
 
 def test_cuda_error_carries_call_and_result():
     e = CudaError("cuMemAlloc", "CUDA_ERROR_OUT_OF_MEMORY", 2)
@@ -85,12 +87,6 @@ class _OldProtocol:
     __cuda_stream__ = (0, 55)
 
 
-class _TorchLike:
-    """torch.cuda.Stream / torch.cuda.ExternalStream: the handle is ``.cuda_stream``."""
-
-    def __init__(self, h):
-        self.cuda_stream = h
-        self.device = "cuda:0"
 
 
 class _CupyLike:
@@ -111,8 +107,8 @@ def test_stream_handle_accepts_pytorch_cuda_core_and_bindings_streams():
     from cuda.bindings import driver as cu
 
     core = pytest.importorskip("cuda.core")
-    assert driver.stream_handle(_TorchLike(0x7F00)) == 0x7F00
-    assert driver.stream_handle(_TorchLike(0)) == 0  # torch's default stream
+    assert driver.stream_handle(TorchLikeStream(0x7F00)) == 0x7F00
+    assert driver.stream_handle(TorchLikeStream(0)) == 0  # torch's default stream
     assert driver.stream_handle(_OldProtocol()) == 55
     # Real cuda.core objects: wrapping a foreign handle needs no GPU.
     assert driver.stream_handle(core.Stream.from_handle(0x1234)) == 0x1234
@@ -122,7 +118,7 @@ def test_stream_handle_accepts_pytorch_cuda_core_and_bindings_streams():
 
 
 def test_stream_handle_prefers_the_protocol_over_attributes():
-    class Both(_TorchLike):
+    class Both(TorchLikeStream):
         ptr = 3
 
         def __cuda_stream__(self):
@@ -174,7 +170,7 @@ def test_core_stream_wraps_any_stream_without_a_gpu():
     assert driver.core_stream(0) is core.LEGACY_DEFAULT_STREAM
     assert driver.core_stream(1) is core.LEGACY_DEFAULT_STREAM
     assert driver.core_stream(2) is core.PER_THREAD_DEFAULT_STREAM
-    wrapped = driver.core_stream(_TorchLike(0x9000))
+    wrapped = driver.core_stream(TorchLikeStream(0x9000))
     assert isinstance(wrapped, core.Stream) and wrapped.__cuda_stream__() == (0, 0x9000)
 
 
@@ -287,112 +283,3 @@ def test_owned_streams_events_and_memory_need_a_gpu_and_say_so_in_one_line():
         with pytest.raises(GpuUnavailableError) as info:
             make()
         assert "\n" not in str(info.value)
-
-
-# --- on a GPU: what cuda.core now does for the driver layer ----------------------------------
-
-
-@pytest.mark.gpu
-def test_device_info_matches_the_driver_attributes():
-    from cuda.bindings import driver as cu
-
-    info = driver.device_info(0)
-    dev = driver.call(cu.cuDeviceGet, 0)
-    attr = cu.CUdevice_attribute
-
-    def get(a):
-        return int(driver.call(cu.cuDeviceGetAttribute, a, dev))
-
-    assert info.compute_capability == (get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
-                                       get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR))
-    assert info.sm_count == get(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-    assert info.l2_cache_bytes == get(attr.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
-    assert info.max_smem_per_block_optin == get(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-    assert info.clock_khz == get(attr.CU_DEVICE_ATTRIBUTE_CLOCK_RATE)
-    raw = driver.call(cu.cuDeviceGetName, 256, dev).split(b"\0", 1)[0].decode()
-    assert info.name == raw and info.is_hopper and info.total_memory_bytes > 0
-
-
-@pytest.mark.gpu
-def test_owned_stream_event_and_memory():
-    core = pytest.importorskip("cuda.core")
-    s = driver.Stream()
-    assert isinstance(s.handle, int) and s.handle not in (0, 1, 2)
-    assert driver.stream_handle(s) == s.handle and driver.core_stream(s) is s.core
-    assert isinstance(s.core, core.Stream) and s.core.is_nonblocking
-    mem = driver.DeviceMemory(4096)
-    mem.copy_from_host(bytes(range(256)) * 16)
-    start, end = driver.Event().record(s), driver.Event()
-    mem.memset_u8(0xAB, stream=s, nbytes=128, offset=256)
-    end.record(s)
-    end.synchronize()
-    assert end.done and start.elapsed_ms(end) >= 0.0
-    out = mem.copy_to_host()
-    assert out[:256] == bytes(range(256)) and out[256:384] == b"\xab" * 128 and out[384:512] == bytes(range(128, 256))
-    mem.free()
-    with pytest.raises(ValueError, match="freed"):
-        mem.ptr  # noqa: B018
-    ordered = driver.DeviceMemory(64, stream=s)
-    ordered.memset_u8(1, stream=s)
-    s.synchronize()
-    assert ordered.copy_to_host() == b"\x01" * 64
-    ordered.free()
-    s.close()
-    with pytest.raises(ValueError, match="closed"):
-        driver.stream_handle(s)
-
-
-@pytest.mark.gpu
-def test_elapsed_time_of_an_unrecorded_event_names_the_call():
-    a, b = driver.Event(), driver.Event()
-    with pytest.raises((RuntimeError, CudaError), match="cuEventElapsedTime"):
-        a.elapsed_ms(b)
-
-
-@pytest.mark.gpu
-def test_kernels_launch_on_every_kind_of_stream():
-    cp = pytest.importorskip("cupy")
-    core = pytest.importorskip("cuda.core")
-    from megamoe_rt.kernels.loader import get_kernel
-    from megamoe_rt.kernels.probe import SPEC, SmProbeParams
-
-    k = get_kernel(SPEC, 0)
-    cps = cp.cuda.Stream(non_blocking=True)
-    ours = driver.Stream()
-    kinds = {"int": cps.ptr, "cupy": cps, "torch-like": _TorchLike(cps.ptr), "cuda.core": ours.core,
-             "wrapped": core.Stream.from_handle(cps.ptr), "ours": ours, "none": None}
-    for name, stream in kinds.items():
-        bufs = cp.zeros(4, cp.uint32), cp.zeros(4, cp.uint64), cp.zeros(4, cp.uint64)
-        args = [SmProbeParams(*(int(b.data.ptr) for b in bufs), 1000)]
-        k.launch((4,), (32,), args, stream=stream)
-        driver.synchronize_stream(stream)
-        assert int(bufs[2].min()) > 0, name
-    ours.close()
-
-
-@pytest.mark.gpu
-def test_cuda_core_setup_in_a_new_thread_keeps_the_current_green_context():
-    import threading
-
-    from cuda.bindings import driver as cu
-
-    from megamoe_rt.graph.green import GreenPartitions
-
-    seen = {}
-
-    def body(ctx):
-        try:
-            driver.call(cu.cuCtxSetCurrent, ctx)
-            s = driver.Stream()  # first cuda.core use in this thread
-            seen["current"] = int(driver.call(cu.cuCtxGetCurrent))
-            s.close()
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            seen["error"] = exc
-
-    with GreenPartitions([("a", 16), ("b", "rest")]) as parts:
-        ctx = parts["a"].ctx
-        t = threading.Thread(target=body, args=(ctx,))
-        t.start()
-        t.join()
-        assert "error" not in seen, seen.get("error")
-        assert seen["current"] == int(ctx)

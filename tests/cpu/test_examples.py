@@ -13,7 +13,7 @@ import pytest
 
 from megamoe_rt import reference as ref
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _load(name: str):
@@ -57,11 +57,3 @@ def test_torch_interop_quantizers_are_the_reference_recipe():
     want_q, want_sf = ref.quantize_weight_128x128(w)
     assert np.array_equal(example.host(q).view(np.uint8), want_q.view(np.uint8))
     assert np.array_equal(sf.numpy(), want_sf)
-
-
-@pytest.mark.gpu
-def test_torch_interop_runs_on_a_hopper_gpu():
-    pytest.importorskip("torch")
-    out = _run("torch_interop")
-    assert out.returncode == 0, out.stderr
-    assert "calc_diff vs reference" in out.stdout

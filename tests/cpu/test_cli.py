@@ -95,7 +95,7 @@ def test_bench_module_forwards_to_the_cli_outside_a_launch():
     assert out.returncode == 2 and "nosuch" in out.stderr  # the CLI's own argument check
 
 
-GRAPHS = Path(__file__).resolve().parent.parent / "graphs"
+GRAPHS = Path(__file__).resolve().parents[2] / "graphs"
 
 
 def test_sweep_without_vary_runs_the_spec_once(monkeypatch, capsys):

@@ -8,7 +8,7 @@ import pytest
 
 from megamoe_rt.graph import SpecError, load_spec, parse_spec, plan_partitions, valid_counts
 
-GRAPHS = Path(__file__).resolve().parent.parent / "graphs"
+GRAPHS = Path(__file__).resolve().parents[2] / "graphs"
 
 
 @pytest.mark.parametrize("requests,expected,remainder", [

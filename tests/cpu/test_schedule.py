@@ -114,7 +114,7 @@ def test_a_rank_cannot_run_fewer_cycles_than_it_needs():
         pull_cycles([10, 10], 8, num_cycles=2)
 
 
-# --- the stream expanded to tiles (the device order: tests/test_task_stream_gpu.py) ---------------
+# --- the stream expanded to tiles (the device order: tests/gpu/test_task_stream_gpu.py) ---------------
 
 def _tiles(stream, n1, n2):
     return [t for task in stream for t in task_tiles(task, n1, n2)]

@@ -1,5 +1,5 @@
 """Grouped GEMM configuration: heuristics and the shared-memory budget (CPU). The host and
-device structs are declared once; tests/test_interface.py checks them."""
+device structs are declared once; tests/cpu/test_interface.py checks them."""
 
 from __future__ import annotations
 

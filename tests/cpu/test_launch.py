@@ -14,7 +14,7 @@ from megamoe_rt.ep.launch import RankFailed, spawn
 from tests.helpers import ranks
 
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _env():

@@ -15,7 +15,7 @@ from megamoe_rt.ep import launch
 from megamoe_rt.ep.env import SAFE_ENV
 from megamoe_rt.ep.mpi_context import MPI_ENV_MARKERS, MpiRankContext, under_mpi
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class _FakeComm:

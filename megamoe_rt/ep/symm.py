@@ -154,7 +154,7 @@ class SymmetricBuffer(LaidOutBuffer):
         region, offset = self._locate(name)
         return typed_view(self._bytes(offset, region.nbytes, base=self.peer_base_ptrs[rank]), region)
 
-    def peer_table(self) -> ctypes.Array:
+    def peer_table(self) -> ctypes.Array[ctypes.c_uint64]:
         """Peer base addresses as a ``u64[num_ranks]`` kernel argument."""
         return (ctypes.c_uint64 * len(self.peer_base_ptrs))(*self.peer_base_ptrs)
 

@@ -35,7 +35,7 @@ class Epilogue:
     out_sf_grans: tuple[int, ...] = (128,)
     rule: Rule | None = None
 
-    def problem(self, **config) -> str | None:
+    def problem(self, **config: object) -> str | None:
         """Why a configuration (GemmConfig fields as keywords) cannot use this epilogue, or None."""
         return self.rule(**config) if self.rule is not None else None
 
@@ -57,7 +57,7 @@ def get_epilogue(name: str) -> Epilogue:
         raise ValueError(f"epilogue {name!r} unknown; registered: {', '.join(EPILOGUES)}") from None
 
 
-def _swiglu_rule(*, block_m: int, block_n: int, b_sf_n: int, out_sf_gran: int, **_) -> str | None:
+def _swiglu_rule(*, block_m: int, block_n: int, b_sf_n: int, out_sf_gran: int, **_: object) -> str | None:
     if b_sf_n != 64:
         return "the SwiGLU epilogue needs 64-column B scales (interleaved gate|up halves)"
     if out_sf_gran == 128 and (block_m, block_n) != (64, 256):

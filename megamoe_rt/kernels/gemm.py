@@ -46,7 +46,7 @@ class GemmConfig:
     layout: str = "contiguous"
     epilogue: str = "bf16"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.block_m not in (64, 128) or self.block_n not in (128, 256):
             raise ValueError(f"tile {self.block_m}x{self.block_n}: BLOCK_M must be 64|128 and BLOCK_N 128|256")
         if self.num_math_warpgroups not in (1, 2):
@@ -153,7 +153,7 @@ class PreparedGemm:
     grid: int
     block: int
     cluster: tuple[int, int, int]
-    args: list  # params and tensor maps (ctypes), kept alive with the plan
+    args: list[Any]  # params and tensor maps (ctypes), kept alive with the plan
 
     def run(self, stream: Any = None) -> None:
         if self.grid:
@@ -174,7 +174,7 @@ def prepare_gemm(launch: GemmLaunch, *, device: int, sm_count: int) -> PreparedG
     else:
         slots = sm_count
     grid = min(tiles, slots) * cfg.cluster_n
-    args: list = [launch.params]
+    args: list[Any] = [launch.params]
     if grid:
         args += [t.raw for t in launch.tensor_maps()]
     return PreparedGemm(kernel, grid, cfg.num_threads, (cfg.cluster_n, 1, 1), args)

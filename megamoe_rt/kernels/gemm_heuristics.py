@@ -20,7 +20,7 @@ def _config(bm: int, bn: int, *, a_sf_gran: int, b_sf_n: int, out_sf_gran: int, 
                       out_sf_gran=out_sf_gran, layout=layout, epilogue=epilogue)
 
 
-def _fits(epi: Epilogue, bm: int, bn: int, out_sf_gran: int, **fields) -> bool:
+def _fits(epi: Epilogue, bm: int, bn: int, out_sf_gran: int, **fields: object) -> bool:
     return epi.problem(block_m=bm, block_n=bn, b_sf_n=epi.b_sf_n, out_sf_gran=out_sf_gran, **fields) is None
 
 
@@ -35,9 +35,10 @@ def candidate_configs() -> list[GemmConfig]:
                     continue
                 for a_gran in epi.a_sf_grans:
                     for out_gran in epi.out_sf_grans:
-                        kw = dict(a_sf_gran=a_gran, layout=layout, epilogue=epi.name)
-                        if _fits(epi, bm, bn, out_gran, cluster_n=1, **kw):
-                            out.append(_config(bm, bn, b_sf_n=epi.b_sf_n, out_sf_gran=out_gran, **kw))
+                        if _fits(epi, bm, bn, out_gran, cluster_n=1, a_sf_gran=a_gran, layout=layout,
+                                 epilogue=epi.name):
+                            out.append(_config(bm, bn, a_sf_gran=a_gran, b_sf_n=epi.b_sf_n, out_sf_gran=out_gran,
+                                               layout=layout, epilogue=epi.name))
     return out
 
 
@@ -51,14 +52,14 @@ def choose_config(*, layout: str, epilogue: str, num_rows: int, n: int, k: int, 
       requant groups in the SwiGLU epilogue need the 64x256 tile).
     """
     epi = get_epilogue(epilogue)
-    kw = dict(a_sf_gran=a_sf_gran, b_sf_n=epi.b_sf_n, out_sf_gran=out_sf_gran if epi.requant else 128,
-              layout=layout, epilogue=epilogue)
+    out_gran = out_sf_gran if epi.requant else 128
     bm, bn = _preferred_tile(layout=layout, num_rows=num_rows, n=n, num_groups=num_groups, sm_count=sm_count,
                              masked_rows=masked_rows)
     fields = dict(a_sf_gran=a_sf_gran, layout=layout, epilogue=epilogue, cluster_n=1)
-    if not _fits(epi, bm, bn, kw["out_sf_gran"], **fields):
-        bm, bn = next(t for t in TILES if _fits(epi, *t, kw["out_sf_gran"], **fields))
-    return _config(bm, bn, **kw)
+    if not _fits(epi, bm, bn, out_gran, **fields):
+        bm, bn = next(t for t in TILES if _fits(epi, t[0], t[1], out_gran, **fields))
+    return _config(bm, bn, a_sf_gran=a_sf_gran, b_sf_n=epi.b_sf_n, out_sf_gran=out_gran, layout=layout,
+                   epilogue=epilogue)
 
 
 def _preferred_tile(*, layout: str, num_rows: int, n: int, num_groups: int, sm_count: int,

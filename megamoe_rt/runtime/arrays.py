@@ -221,7 +221,7 @@ def check_array(arr: DeviceArray, name: str, *, dtypes: Iterable[str], ndim: int
     return ldt if ldt in allowed else arr.dtype
 
 
-def require_cupy():
+def require_cupy() -> Any:
     try:
         import cupy
     except ImportError:
@@ -233,11 +233,11 @@ class _StreamHandle:
     def __init__(self, handle: int):
         self._handle = handle
 
-    def __cuda_stream__(self):
+    def __cuda_stream__(self) -> tuple[int, int]:
         return (0, self._handle)
 
 
-def cupy_stream(cupy, handle: int):
+def cupy_stream(cupy: Any, handle: int) -> Any:
     """A CuPy stream object for a raw handle (0: the legacy default stream)."""
     if not handle:
         return cupy.cuda.Stream.null

@@ -81,7 +81,7 @@ class TimeoutRecord:
 _RING_OVERFLOW = decl.WAIT_SITE["kRingOverflow"]
 
 
-def describe(rec) -> str:
+def describe(rec: _RecordFields) -> str:
     if rec.site == _RING_OVERFLOW:
         return (f"megamoe_rt: a single-wave call needs {rec.seen} pool blocks but the ring holds {rec.expected} "
                 f"(block {rec.block}, rank {rec.rank}); num_tokens_bound must cover every rank's token count")

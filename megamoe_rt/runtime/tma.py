@@ -12,7 +12,7 @@ _ELEM_BYTES = {"e4m3": 1, "uint8": 1, "bf16": 2, "float32": 4}
 
 @dataclass(frozen=True)
 class TensorMap2D:
-    raw: ctypes.Array  # 128 opaque bytes as c_uint64 * 16, ready to be a kernel parameter
+    raw: ctypes.Array[ctypes.c_uint64]  # 128 opaque bytes as c_uint64 * 16, ready to be a kernel parameter
 
 
 def validate_2d(ptr: int, dtype: str, *, inner: int, outer: int, row_stride_bytes: int, box_inner: int,

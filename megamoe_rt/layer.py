@@ -23,11 +23,12 @@ import numpy as np
 
 from megamoe_rt.runtime import driver
 from megamoe_rt.runtime.arrays import as_device_array, check_array, cupy_stream, require_cupy
-from megamoe_rt.runtime.buffer import DeviceBuffer
+from megamoe_rt.runtime.buffer import DeviceBuffer, LayerBuffer
 from megamoe_rt.kernels.grouped_gemm import prepare_swiglu_weights
 from megamoe_rt.runtime.deadlines import wait_timeout_ns
 from megamoe_rt.kernels import moe as mk
 from megamoe_rt.modes.base import Call, LayerSpec, Weights, buffer_layout
+from megamoe_rt.ep.group import RankGroup
 from megamoe_rt.modes.registry import mode_names, select_mode
 
 # The names of the execution modes (megamoe_rt.modes.registry.MODES maps them to their classes).
@@ -81,7 +82,7 @@ class MegaMoE:
                  num_max_tokens_per_rank: int, *, swiglu_limit: float | None = None, act_sf_gran: int = 128,
                  pow2_scale: bool = False, track_expert_stats: bool = False, validate_ids: bool = True,
                  debug: bool = False, device: int | None = None, mode: str | None = None,
-                 ring_blocks: int | None = None, timeout_s: float | None = None, group: Any = None):
+                 ring_blocks: int | None = None, timeout_s: float | None = None, group: RankGroup | None = None):
         self.hidden = _positive("hidden", hidden)
         self.intermediate = _positive("intermediate", intermediate)
         self.num_experts = _positive("num_experts", num_experts)
@@ -135,6 +136,7 @@ class MegaMoE:
         self.runner = mode_cls(spec, self.layout)
         self._weights: Weights | None = None
         self._closed = False
+        self.buffer: LayerBuffer
         if self.group is None:
             self.buffer = DeviceBuffer(self.layout, device=self.device)
         else:
@@ -270,7 +272,9 @@ class MegaMoE:
     def _check_bound_on_every_rank(self, bound: int) -> None:
         """Debug mode across ranks: every rank publishes its bound and all compare, so all raise
         or none does (a rank raising alone would leave the others waiting for it)."""
-        seen = [int(self.group.broadcast(str(bound).encode() if self.rank == r else None,
+        group = self.group
+        assert group is not None, "only called across ranks"
+        seen = [int(group.broadcast(str(bound).encode() if self.rank == r else None,
                                          key="num_tokens_bound", root=r)) for r in range(self.num_ranks)]
         if len(set(seen)) > 1:
             raise ValueError(f"num_tokens_bound: ranks passed {seen}; it must be the same on every rank")

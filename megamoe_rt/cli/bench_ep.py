@@ -12,7 +12,9 @@ ceiling measured on these GPUs.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+from collections.abc import Callable
 
 from megamoe_rt.cli.timing import DeviceTimer, bracketed, capture_layer_call
 from megamoe_rt.presets import DEFAULT_EP_RANKS, get_preset
@@ -53,14 +55,15 @@ def bench_moe_ep(ctx, presets: list[str], tokens: list[int], *, modes: list[str]
             ids = args[2]
             remote = int(cp.count_nonzero((ids // local) != ctx.rank))
             stream = cp.cuda.Stream(non_blocking=True)
-            layers, arms = {}, {}
+            layers = {}
+            arms: dict[str, Callable[[], None]] = {}
             for m in modes:
                 layer = MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, t, mode=m, group=ctx)
                 layer.load_weights(*weights)
                 y = cp.empty((t, p.hidden), dtype=cp.uint16)
                 graph = capture_layer_call(layer, args, y, stream)
                 layers[m] = layer
-                arms[m] = lambda g=graph: g.launch(stream=stream)
+                arms[m] = functools.partial(graph.launch, stream=stream)
             with stream:
                 results = bracketed(DeviceTimer(), arms, rounds=rounds)
             mine = {m: results[m].median_us for m in modes}

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import json
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
 
-from megamoe_rt.cli.timing import DeviceTimer, bracketed, capture_layer_call
+from megamoe_rt.cli.timing import HBM_BYTES_PER_S, DeviceTimer, bracketed, capture_layer_call
 from megamoe_rt.presets import DEFAULT_EP_RANKS, get_preset
 from megamoe_rt.schedule.arith import align_up
 
@@ -68,7 +69,7 @@ def _gemm_arms(shape: GemmShape, with_torch: bool) -> tuple[dict[str, Callable[[
 
     plan = plan_grouped_gemm_fp8(a, a_sf_t, b, b_sf, group_offsets=offsets, group_counts=counts, out=out,
                                  check_layout=False, a_sf_kmajor=True)
-    arms = {"megamoe_rt": plan.run}
+    arms: dict[str, Callable[[], None]] = {"megamoe_rt": plan.run}
     if with_torch:
         try:
             import torch
@@ -138,7 +139,7 @@ def bench_gemm(presets: list[str], tokens: list[int], *, with_torch: bool = True
     for shape in gemm_shapes(presets, tokens) + decode_shapes(presets):
         arms, cfg_name = _gemm_arms(shape, with_torch)
         results = bracketed(timer, arms, rounds=rounds)
-        row = {"shape": asdict(shape), "config": cfg_name, "flops": shape.flops, "arms": {}}
+        row: dict[str, Any] = {"shape": asdict(shape), "config": cfg_name, "flops": shape.flops, "arms": {}}
         if shape.stage == "decode":
             row["weight_bytes"] = shape.groups * shape.n * shape.k
             row["weight_read_floor_us"] = row["weight_bytes"] / HBM_BYTES_PER_S * 1e6
@@ -226,14 +227,15 @@ def bench_moe(presets: list[str], tokens: list[int], *, mode: str | list[str] = 
             inp = random_layer_inputs(cp, t, p.hidden, p.intermediate, experts, p.num_topk, seed=t)
             args = (inp["x"], inp["x_sf"], inp["topk_idx"], inp["topk_weights"])
             stream = cp.cuda.Stream(non_blocking=True)
-            layers, graphs, arms = {}, {}, {}
+            layers, graphs = {}, {}
+            arms: dict[str, Callable[[], None]] = {}
             for m in modes:
                 layer = MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, cap, mode=m)
                 layer.load_weights(inp["w1"], inp["w1_sf"], inp["w2"], inp["w2_sf"])
                 y = cp.empty((t, p.hidden), dtype=cp.uint16)
                 graphs[m] = capture_layer_call(layer, args, y, stream, num_tokens_bound=t)
                 layers[m] = layer
-                arms[m] = lambda g=graphs[m]: g.launch(stream=stream)
+                arms[m] = functools.partial(graphs[m].launch, stream=stream)
             with stream:
                 results = bracketed(timer, arms, rounds=rounds)
             pairs = t * p.num_topk
@@ -244,7 +246,7 @@ def bench_moe(presets: list[str], tokens: list[int], *, mode: str | list[str] = 
             for m in modes:
                 res = results[m]
                 layer = layers[m]
-                row = {"preset": name, "tokens": t, "capacity": cap, "mode": m, "experts": experts,
+                row: dict[str, Any] = {"preset": name, "tokens": t, "capacity": cap, "mode": m, "experts": experts,
                        "topk": p.num_topk, "median_us": res.median_us, "band_us": list(res.band_us),
                        "rounds_us": res.rounds_us,
                        "tflops": layer.flops(pairs) / (res.median_us * 1e-6) / 1e12,

@@ -51,7 +51,8 @@ class MpiRankContext:
         del key
         if self.rank == root and not isinstance(value, (bytes, bytearray)):
             raise TypeError(f"broadcast: rank {root} must pass bytes, got {type(value).__name__}")
-        return bytes(self.mpi_comm.bcast(bytes(value) if self.rank == root else None, root=root))
+        payload = bytes(value) if self.rank == root and value is not None else None  # checked above on root
+        return bytes(self.mpi_comm.bcast(payload, root=root))
 
     def barrier(self) -> None:
         self.mpi_comm.Barrier()

@@ -121,7 +121,7 @@ def format_table(rows: list[dict], vary: str | None) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list[dict], vary: str, path: str) -> bool:
+def plot(rows: list[dict], vary: str | None, path: str) -> bool:
     try:
         import matplotlib
 

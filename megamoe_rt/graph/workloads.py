@@ -11,6 +11,7 @@ a block, dynamic shared memory and ctypes arguments.
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass, field
 
 from megamoe_rt.runtime import driver
@@ -42,7 +43,7 @@ def make_workload(node: NodeSpec, device: int) -> Workload:
         n = node.grid
         bufs = [cp.zeros(n, cp.uint32), cp.zeros(n, cp.uint64), cp.zeros(n, cp.uint64)]
         spin = int(node.args.get("spin_ns", 100_000))
-        args = [probe.SmProbeParams(*(int(b.data.ptr) for b in bufs), spin)]
+        args: list[ctypes.Structure] = [probe.SmProbeParams(*(int(b.data.ptr) for b in bufs), spin)]
         return Workload(get_kernel(probe.SPEC, device), node.grid, node.block, 0, args, bufs)
     if node.kernel == "stream_copy":
         nbytes = int(node.args.get("mib", 512)) * 2**20

@@ -60,8 +60,9 @@ def parse_ptxas_report(log: str, lowered_name: str, *, name: str, dynamic_smem_b
             break
     if start is None:
         raise ValueError(f"ptxas report has no entry for {lowered_name!r} (was -Xptxas -v passed?)")
-    frame = (0, 0, 0)
-    regs = barriers = smem = None
+    frame: tuple[int, ...] = (0, 0, 0)
+    regs: int | None = None
+    barriers = smem = 0  # set with regs; unread unless regs is
     in_own_props = False
     for line in lines[start + 1:]:
         if _ENTRY.search(line):

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, cast
 
 from megamoe_rt.kernels import moe as mk
 from megamoe_rt.modes.peers import write_peer_table
+from megamoe_rt.runtime.buffer import LayerBuffer, SymmetricLayerBuffer
 from megamoe_rt.schedule.layout import BufferLayout, symm_buffer_layout
 
 
@@ -124,13 +125,13 @@ class Mode(ABC):
     def __init__(self, spec: LayerSpec, layout: BufferLayout):
         self.spec = spec
         self.layout = layout
-        self.buffer: Any = None
+        self.buffer: LayerBuffer | None = None
         self._moe_fixed: dict[str, int] = {}
 
     # The workspace region the MoE kernels read per-expert received counts from.
     counts_region: str = "expert_recv_counts"
 
-    def bind(self, buffer: Any, *, expert_recv_stats: int = 0) -> None:
+    def bind(self, buffer: LayerBuffer, *, expert_recv_stats: int = 0) -> None:
         """Attach the layer's buffer (laid out by ``self.layout``): resolve every address a call
         uses, and across ranks write the peer table. ``expert_recv_stats``: device address of the
         layer's statistics array (0: none)."""
@@ -147,7 +148,12 @@ class Mode(ABC):
             pool_src=b.ptr("l1_pool_src"), pool_weight=b.ptr("l1_pool_weight"), pool_dst=b.ptr("l1_pool_dst"),
             combine=b.ptr("combine"))
         if s.expert_parallel:
-            write_peer_table(buffer)
+            write_peer_table(cast(SymmetricLayerBuffer, buffer))  # expert-parallel layers bind symmetric buffers
+
+    def bound_buffer(self) -> LayerBuffer:
+        """The buffer :meth:`bind` attached (loads and calls only happen after it)."""
+        assert self.buffer is not None, "the mode is not bound to a buffer"
+        return self.buffer
 
     def moe_params(self, call: Call) -> mk.MoeParams:
         """The routing / dispatch / combine parameters of one call."""

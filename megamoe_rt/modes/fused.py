@@ -13,9 +13,10 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from megamoe_rt.runtime import driver
+from megamoe_rt.runtime.buffer import LayerBuffer, SymmetricLayerBuffer
 from megamoe_rt.runtime.deadlines import TimeoutRecord
 from megamoe_rt.kernels import fused as fk
 from megamoe_rt.kernels.ep import bank_layout as ep_bank_layout
@@ -99,7 +100,7 @@ class FusedSchedules:
 class FusedPlan:
     """One buffer's fused launch: parameters, tensor maps and kernel, resolved once."""
 
-    def __init__(self, buffer: Any, layout: BufferLayout, schedule: FusedSchedule, weights: Weights, *,
+    def __init__(self, buffer: LayerBuffer, layout: BufferLayout, schedule: FusedSchedule, weights: Weights, *,
                  act_sf_gran: int, swiglu_limit: float | None, pow2_scale: bool, sm_count: int, device: int):
         w1p, w1p_sf, w2, w2_sf = weights
         self.layout = layout
@@ -152,7 +153,7 @@ class FusedPlan:
         self.rank = 0
         ep_fields = {}
         if self.expert_parallel:
-            self.rank = buffer.rank
+            self.rank = cast(SymmetricLayerBuffer, buffer).rank  # expert-parallel: a symmetric buffer
             ws = layout.region("workspace").offset
             ep_fields = dict(
                 peer_bases=b.ptr("peer_bases"), off_x=layout.region("x").offset,
@@ -160,7 +161,7 @@ class FusedPlan:
                 off_combine=layout.region("combine").offset,
                 off_ep_banks=ws + layout.workspace_region("ep_banks").offset, send_list=b.ptr("send_list"),
                 ep_banks=b.ptr("ep_banks"), ep_bank=ep_bank_layout(layout.num_ranks, el),
-                rank=buffer.rank, num_ranks=layout.num_ranks)
+                rank=self.rank, num_ranks=layout.num_ranks)
         # Every field of FusedParams but the call's inputs, wait context and order.
         self._fixed = dict(
             l1=self.l1, l2=self.l2, banks=self.banks, bank=self.bank, launch_epoch=b.ptr("launch_epoch"),
@@ -220,13 +221,13 @@ class FusedMode(Mode):
         self.params_transforms: tuple[ParamsTransform, ...] = ()
         self._error_flags = 0
 
-    def bind(self, buffer: Any, *, expert_recv_stats: int = 0) -> None:
+    def bind(self, buffer: LayerBuffer, *, expert_recv_stats: int = 0) -> None:
         super().bind(buffer, expert_recv_stats=expert_recv_stats)
         self._error_flags = buffer.ptr("error_flags")
 
     def load(self, weights: Weights) -> None:
         s = self.spec
-        self.plan = FusedPlan(self.buffer, self.layout, self.schedules.buffer, weights, act_sf_gran=s.act_sf_gran,
+        self.plan = FusedPlan(self.bound_buffer(), self.layout, self.schedules.buffer, weights, act_sf_gran=s.act_sf_gran,
                               swiglu_limit=s.swiglu_limit, pow2_scale=s.pow2_scale, sm_count=s.sm_count,
                               device=s.device)
         if s.expert_parallel:
@@ -234,6 +235,7 @@ class FusedMode(Mode):
 
     def launch_params(self, call: Call) -> fk.FusedParams:
         """The parameter struct of one call's launch."""
+        assert self.plan is not None, "launch before load"
         params = self.plan.params(self.moe_params(call), self.schedules.for_bound(call.bound),
                                   timeout_s=self.spec.timeout_s)
         for transform in self.params_transforms:
@@ -246,7 +248,8 @@ class FusedMode(Mode):
         if self.spec.debug:
             driver.memset_d32_async(self._error_flags, 0, 4, stream)
         if self.spec.expert_parallel:
-            stage_inputs(self.buffer, call.x, call.x_sf, call.num_tokens, stream)
+            stage_inputs(self.bound_buffer(), call.x, call.x_sf, call.num_tokens, stream)
+        assert self.plan is not None, "run before load"
         self.plan.launch(call.idx, self.launch_params(call), stream, programmatic=call.bound <= PDL_MAX_TOKENS)
 
     def memory_notes(self) -> str:

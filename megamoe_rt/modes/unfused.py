@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from megamoe_rt.runtime import driver
+from megamoe_rt.runtime.buffer import LayerBuffer
 from megamoe_rt.runtime.deadlines import TimeoutRecord
 from megamoe_rt.kernels import ep as ek
 from megamoe_rt.kernels import moe as mk
@@ -48,7 +49,7 @@ class UnfusedMode(Mode):
         self._ep_kernels: dict[str, dict[str, Any]] = {}
         self._ep_fixed: dict[str, Any] = {}
 
-    def bind(self, buffer: Any, *, expert_recv_stats: int = 0) -> None:
+    def bind(self, buffer: LayerBuffer, *, expert_recv_stats: int = 0) -> None:
         super().bind(buffer, expert_recv_stats=expert_recv_stats)
         b, lay = buffer, self.layout
         self._flags = b.ptr("error_flags")
@@ -67,7 +68,7 @@ class UnfusedMode(Mode):
                 launch_epoch=b.ptr("launch_epoch"), rank=self.spec.rank, num_ranks=self.spec.num_ranks)
 
     def load(self, weights: Weights) -> None:
-        b, s = self.buffer, self.spec
+        b, s = self.bound_buffer(), self.spec
         common = dict(group_offsets=b.view("expert_pool_offsets"), group_counts=b.view(self.counts_region).reshape(-1),
                       check_layout=False, a_sf_kmajor=True, stream=0)
         l1 = plan_grouped_gemm_swiglu_fp8(
@@ -97,6 +98,7 @@ class UnfusedMode(Mode):
 
     def run(self, call: Call, stream: int) -> None:
         moe = self.moe_params(call)
+        assert self.gemms is not None, "run before load"
         l1, l2 = self.gemms
         s, t = self.spec, call.num_tokens
         if not self.expert_parallel:
@@ -111,7 +113,7 @@ class UnfusedMode(Mode):
             return
         params = ek.EpParams(moe=moe, wait=TimeoutRecord.get().context(s.timeout_s, rank=s.rank), **self._ep_fixed)
         kernels = self.ep_kernels(call.idx)
-        stage_inputs(self.buffer, call.x, call.x_sf, t, stream)
+        stage_inputs(self.bound_buffer(), call.x, call.x_sf, t, stream)
         driver.memset_d32_async(self._send_counts, 0, s.num_experts, stream)
         driver.memset_d32_async(self._send_cursors, 0, s.num_experts, stream)
         driver.memset_d32_async(self._flags, 0, 4, stream)

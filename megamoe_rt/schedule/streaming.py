@@ -147,9 +147,9 @@ class RingModel:
     def done(self) -> bool:
         return self._cons[0] >= self.num_chunks and all(c >= self.num_chunks for c, _ in self._prod)
 
-    def runnable(self) -> list:
+    def runnable(self) -> list[int | str]:
         """Actors that can take a step: rank ids and "consumer"."""
-        out = [r for r in range(self.num_ranks) if self.producer_can_step(r)]
+        out: list[int | str] = [r for r in range(self.num_ranks) if self.producer_can_step(r)]
         if self.consumer_can_step():
             out.append("consumer")
         return out

@@ -16,8 +16,8 @@ import cupy as cp
 import megamoe_rt.kernels.grouped_gemm as gemm
 from megamoe_rt import MegaMoE
 from megamoe_rt.cli.benchmarks import fused_trace, print_fused_trace
-from megamoe_rt.cli.timing import DeviceTimer, bracketed, capture_layer_call
 from megamoe_rt.cli.demo import random_layer_inputs
+from megamoe_rt.cli.timing import DeviceTimer, bracketed, capture_layer_call
 from megamoe_rt.kernels.gemm_heuristics import _config
 from megamoe_rt.presets import get_preset
 from megamoe_rt.testing import fused_schedule_of

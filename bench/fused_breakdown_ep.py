@@ -18,12 +18,12 @@ import sys
 import cupy as cp
 
 from megamoe_rt import MegaMoE
+from megamoe_rt.cli.bench_ep import rank_inputs
 from megamoe_rt.cli.benchmarks import fused_trace, print_fused_trace
 from megamoe_rt.cli.timing import DeviceTimer, bracketed, capture_layer_call
-from megamoe_rt.cli.bench_ep import rank_inputs
 from megamoe_rt.ep.launch import context_from_env
-from megamoe_rt.presets import DEFAULT_EP_RANKS, get_preset
 from megamoe_rt.ep.symm import NvshmemRuntime
+from megamoe_rt.presets import DEFAULT_EP_RANKS, get_preset
 from megamoe_rt.testing import fused_schedule_of
 
 

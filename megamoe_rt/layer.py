@@ -21,15 +21,15 @@ from typing import Any
 
 import numpy as np
 
+from megamoe_rt.ep.group import RankGroup
+from megamoe_rt.kernels import moe as mk
+from megamoe_rt.kernels.grouped_gemm import prepare_swiglu_weights
+from megamoe_rt.modes.base import Call, LayerSpec, Weights, buffer_layout
+from megamoe_rt.modes.registry import mode_names, select_mode
 from megamoe_rt.runtime import driver
 from megamoe_rt.runtime.arrays import as_device_array, check_array, cupy_stream, require_cupy
 from megamoe_rt.runtime.buffer import DeviceBuffer, LayerBuffer
-from megamoe_rt.kernels.grouped_gemm import prepare_swiglu_weights
 from megamoe_rt.runtime.deadlines import wait_timeout_ns
-from megamoe_rt.kernels import moe as mk
-from megamoe_rt.modes.base import Call, LayerSpec, Weights, buffer_layout
-from megamoe_rt.ep.group import RankGroup
-from megamoe_rt.modes.registry import mode_names, select_mode
 
 # The names of the execution modes (megamoe_rt.modes.registry.MODES maps them to their classes).
 MODES = mode_names()

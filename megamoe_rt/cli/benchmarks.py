@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 from megamoe_rt.cli.timing import HBM_BYTES_PER_S, DeviceTimer, bracketed, capture_layer_call
 from megamoe_rt.presets import DEFAULT_EP_RANKS, get_preset
@@ -44,8 +45,8 @@ def _gemm_arms(shape: GemmShape, with_torch: bool) -> tuple[dict[str, Callable[[
     import cupy as cp
     import numpy as np
 
-    from megamoe_rt.kernels.grouped_gemm import GROUP_ALIGN, plan_grouped_gemm_fp8
     from megamoe_rt.kernels.gemm_heuristics import choose_config
+    from megamoe_rt.kernels.grouped_gemm import GROUP_ALIGN, plan_grouped_gemm_fp8
     from megamoe_rt.kernels.quantize import quantize_fp8
     from megamoe_rt.runtime import driver
 
@@ -103,10 +104,10 @@ def _decode_arms(shape: GemmShape) -> tuple[dict[str, Callable[[], None]], str]:
     """Masked layout, every group full: the decode-sized L1 call, bound by reading the weights."""
     import cupy as cp
 
-    from megamoe_rt.runtime import driver
-    from megamoe_rt.kernels.grouped_gemm import plan_grouped_gemm_fp8
     from megamoe_rt.kernels.gemm_heuristics import choose_config
+    from megamoe_rt.kernels.grouped_gemm import plan_grouped_gemm_fp8
     from megamoe_rt.kernels.quantize import quantize_fp8
+    from megamoe_rt.runtime import driver
 
     g, m, n, k = shape.groups, shape.rows_per_group, shape.n, shape.k
     a, a_sf = quantize_fp8(cp.random.standard_normal((g * m, k), dtype=cp.float32))

@@ -10,7 +10,7 @@ import json
 import os
 import platform
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 
 class UsageError(Exception):
@@ -55,8 +55,8 @@ def _nvshmem_status() -> str:
 
 def cmd_info(args) -> int:
     from megamoe_rt import __version__
-    from megamoe_rt.runtime import driver
     from megamoe_rt.jit import CubinCache, include_dirs
+    from megamoe_rt.runtime import driver
 
     rows: list[tuple[str, str]] = [
         ("megamoe_rt", __version__),
@@ -70,7 +70,7 @@ def cmd_info(args) -> int:
     try:
         from megamoe_rt.jit import nvrtc_version
 
-        rows.append(("nvrtc", "%d.%d" % nvrtc_version()))
+        rows.append(("nvrtc", "{}.{}".format(*nvrtc_version())))
     except Exception as exc:
         rows.append(("nvrtc", f"unavailable ({type(exc).__name__})"))
     for name, path in include_dirs().items():
@@ -79,7 +79,7 @@ def cmd_info(args) -> int:
     cache = CubinCache()
     rows.append(("cache", f"{cache.directory} ({len(cache.entries())} entries)"))
     ver = driver.driver_version()
-    rows.append(("driver", "CUDA %d.%d" % ver if ver else "not found"))
+    rows.append(("driver", "CUDA {}.{}".format(*ver) if ver else "not found"))
     devices = []
     if ver:
         try:
@@ -92,7 +92,7 @@ def cmd_info(args) -> int:
     if not devices:
         print("gpus" + " " * (width - 2) + "none")
     for d in devices:
-        cc = "%d.%d" % d.compute_capability
+        cc = "{}.{}".format(*d.compute_capability)
         mark = "" if d.is_hopper else "  (not sm_90: GPU paths unavailable)"
         print(f"gpu {d.ordinal}: {d.name}, {d.sm_count} SMs, compute capability {cc}, "
               f"{d.total_memory_bytes / 2**30:.0f} GiB, L2 {d.l2_cache_bytes / 2**20:.0f} MiB{mark}")
@@ -103,9 +103,9 @@ def cmd_info(args) -> int:
 
 
 def cmd_plan(args) -> int:
+    from megamoe_rt.presets import get_preset
     from megamoe_rt.schedule.layout import symm_buffer_layout
     from megamoe_rt.schedule.plan import fused_schedule
-    from megamoe_rt.presets import get_preset
 
     try:
         preset = get_preset(args.preset)

@@ -20,9 +20,10 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Client, Listener
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from megamoe_rt.ep.env import SAFE_ENV
 from megamoe_rt.ep.group import RankGroup
@@ -191,7 +192,7 @@ def _rank_main(fn, rank, world, address, key, args, results):
         out = fn(ctx, *args)
         pickle.dumps(out)  # a result the queue cannot carry is this rank's error, not a silent hang
         results.put((rank, "ok", out))
-    except BaseException as exc:  # noqa: BLE001 - everything a rank raises is reported
+    except BaseException as exc:
         results.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
         sys.exit(1)
 

@@ -35,7 +35,7 @@ def _nvshmem():
 class NvshmemRuntime:
     """NVSHMEM in this process, bound to the rank's GPU; one per process."""
 
-    _active: "NvshmemRuntime | None" = None
+    _active: NvshmemRuntime | None = None
 
     def __init__(self, ctx: RankGroup, *, heap_bytes: int = 0):
         import numpy as np
@@ -65,7 +65,7 @@ class NvshmemRuntime:
         self._buffers: list[SymmetricBuffer] = []
 
     @classmethod
-    def initialize(cls, ctx: RankGroup, *, heap_bytes: int = 0) -> "NvshmemRuntime":
+    def initialize(cls, ctx: RankGroup, *, heap_bytes: int = 0) -> NvshmemRuntime:
         """The process's runtime, created on first use from the launcher context; ``heap_bytes``
         sizes the symmetric heap then (``NVSHMEM_SYMMETRIC_SIZE``, unless already set)."""
         if cls._active is None:

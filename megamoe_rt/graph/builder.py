@@ -5,8 +5,9 @@ instantiation, replay and kernel-parameter updates between replays."""
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from megamoe_rt.runtime import driver
 

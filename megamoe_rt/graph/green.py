@@ -10,11 +10,12 @@ that directly; kernel nodes take the partition's ``CUcontext`` and launches its 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
-from megamoe_rt.runtime import driver
 from megamoe_rt.graph.partition import Request, plan_partitions
+from megamoe_rt.runtime import driver
 
 
 def _cu():
@@ -130,7 +131,7 @@ class GreenPartitions:
                     continue
                 try:
                     driver.call(fn, handle)
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     first_error = first_error or exc
         self.partitions.clear()
         driver.ensure_context(self.device)

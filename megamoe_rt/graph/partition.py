@@ -8,10 +8,10 @@ granularity; SMs no partition takes are the remainder.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence, Union
 
-Request = Union[int, str]
+Request = int | str
 
 
 @dataclass(frozen=True)

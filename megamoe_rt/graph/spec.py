@@ -17,9 +17,10 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from megamoe_rt.graph.partition import PartitionPlan, plan_partitions
 from megamoe_rt.kernels.interface import gemm as gemm_interface

@@ -14,8 +14,8 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass, field
 
-from megamoe_rt.runtime import driver
 from megamoe_rt.graph.spec import NodeSpec, SpecError
+from megamoe_rt.runtime import driver
 from megamoe_rt.schedule.arith import align_up
 
 KNOWN = ("sm_probe", "stream_copy", "fp8_gemm")

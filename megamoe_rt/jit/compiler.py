@@ -23,10 +23,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from megamoe_rt.runtime.errors import NvrtcError
 from megamoe_rt.jit.cache import CubinCache
 from megamoe_rt.jit.paths import cuda_src_dir, header_set_version, include_dirs, missing_header_message
 from megamoe_rt.jit.resources import KernelResources, parse_ptxas_report, ptxas_entry_names
+from megamoe_rt.runtime.errors import NvrtcError
 
 ARCH = "sm_90a"
 CXX_STD = "c++17"
@@ -92,7 +92,7 @@ def _program_log(nvrtc, prog) -> str:
     return buf.rstrip(b"\0").decode(errors="replace")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def nvrtc_version() -> tuple[int, int]:
     nvrtc = _nvrtc()
     major, minor = _check(nvrtc, "nvrtcVersion", nvrtc.nvrtcVersion())

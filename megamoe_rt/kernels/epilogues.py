@@ -12,8 +12,8 @@ its variants (``megamoe-rt compile --all``, the CPU suite) and :class:`GemmConfi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 # A reason a tile configuration does not suit the epilogue, or None. Called with the
 # GemmConfig fields as keywords: block_m, block_n, b_sf_n, out_sf_gran, a_sf_gran, layout,

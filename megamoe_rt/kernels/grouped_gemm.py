@@ -18,14 +18,15 @@ Two group layouts:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
+from megamoe_rt.kernels import gemm as k
+from megamoe_rt.kernels.gemm_heuristics import choose_config
+from megamoe_rt.kernels.operands import Fp8Operand, ScaleFactors, activation_operand, kmajor_rows, weight_operand
 from megamoe_rt.runtime import driver
 from megamoe_rt.runtime.arrays import DeviceArray, as_device_array, check_array, cupy_stream, require_cupy
-from megamoe_rt.kernels.gemm_heuristics import choose_config
-from megamoe_rt.kernels import gemm as k
-from megamoe_rt.kernels.operands import Fp8Operand, ScaleFactors, activation_operand, kmajor_rows, weight_operand
 
 GROUP_ALIGN = 128  # contiguous-layout group starts; valid for every tile shape
 

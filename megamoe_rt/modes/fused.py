@@ -11,13 +11,10 @@ only fills in its inputs and looks up its schedule (lag or single wave, from ``n
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, cast
 
-from megamoe_rt.runtime import driver
-from megamoe_rt.runtime.buffer import LayerBuffer, SymmetricLayerBuffer
-from megamoe_rt.runtime.deadlines import TimeoutRecord
 from megamoe_rt.kernels import fused as fk
 from megamoe_rt.kernels.ep import bank_layout as ep_bank_layout
 from megamoe_rt.kernels.gemm import FLAG_CLAMP, FLAG_POW2_SCALE, GemmParams
@@ -26,6 +23,9 @@ from megamoe_rt.kernels.moe import MoeParams
 from megamoe_rt.kernels.operands import Fp8Operand, ScaleFactors
 from megamoe_rt.modes.base import Call, LayerSpec, LayoutNeeds, Mode, Weights, buffer_layout
 from megamoe_rt.modes.peers import stage_inputs
+from megamoe_rt.runtime import driver
+from megamoe_rt.runtime.buffer import LayerBuffer, SymmetricLayerBuffer
+from megamoe_rt.runtime.deadlines import TimeoutRecord
 from megamoe_rt.schedule.layout import BufferLayout
 from megamoe_rt.schedule.plan import FusedSchedule, fused_schedule, live_blocks_upper_bound, single_wave_fits
 

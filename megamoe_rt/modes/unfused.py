@@ -13,15 +13,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from megamoe_rt.runtime import driver
-from megamoe_rt.runtime.buffer import LayerBuffer
-from megamoe_rt.runtime.deadlines import TimeoutRecord
 from megamoe_rt.kernels import ep as ek
 from megamoe_rt.kernels import moe as mk
 from megamoe_rt.kernels.grouped_gemm import plan_grouped_gemm_fp8, plan_grouped_gemm_swiglu_fp8
 from megamoe_rt.kernels.loader import get_kernel
 from megamoe_rt.modes.base import Call, LayerSpec, LayoutNeeds, Mode, Weights
 from megamoe_rt.modes.peers import stage_inputs
+from megamoe_rt.runtime import driver
+from megamoe_rt.runtime.buffer import LayerBuffer
+from megamoe_rt.runtime.deadlines import TimeoutRecord
 from megamoe_rt.schedule.layout import BufferLayout
 
 POOL_ALIGN = 128  # expert ranges in the pool start on GEMM-tile boundaries

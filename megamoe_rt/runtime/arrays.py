@@ -10,8 +10,9 @@ JAX) are read zero-copy. Every array a kernel sees is described by a
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -208,10 +209,9 @@ def check_array(arr: DeviceArray, name: str, *, dtypes: Iterable[str], ndim: int
         raise TypeError(f"{name}: dtype {arr.dtype} (shape {arr.shape}) is not supported; expected one of {', '.join(allowed)}")
     if ndim is not None and arr.ndim != ndim:
         raise ValueError(f"{name}: expected a {ndim}-d array, got shape {arr.shape}")
-    if shape is not None:
-        if len(shape) != arr.ndim or any(s is not None and s != a for s, a in zip(shape, arr.shape)):
-            want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
-            raise ValueError(f"{name}: expected shape {want}, got {list(arr.shape)} ({arr.dtype})")
+    if shape is not None and (len(shape) != arr.ndim or any(s is not None and s != a for s, a in zip(shape, arr.shape))):
+        want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+        raise ValueError(f"{name}: expected shape {want}, got {list(arr.shape)} ({arr.dtype})")
     if contiguous and not arr.is_c_contiguous():
         raise ValueError(f"{name}: expected a C-contiguous array, got shape {arr.shape} with byte strides {arr.strides}")
     if device is not None and arr.device is not None and arr.device != device:

@@ -47,7 +47,7 @@ class TimeoutRecord:
     kernels that cannot printf (wgmma kernels) name the wait that failed. One per process.
     """
 
-    _instance: "TimeoutRecord | None" = None
+    _instance: TimeoutRecord | None = None
 
     def __init__(self) -> None:
         cu = driver._cu()
@@ -60,7 +60,7 @@ class TimeoutRecord:
         self._fields = _RecordFields.from_address(self.host_ptr)
 
     @classmethod
-    def get(cls) -> "TimeoutRecord":
+    def get(cls) -> TimeoutRecord:
         if cls._instance is None:
             cls._instance = TimeoutRecord()
             driver.register_fault_explainer(cls.pending_message)

@@ -16,8 +16,9 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from megamoe_rt.runtime.errors import CudaError as CudaError  # re-exported: raised by every call here
 from megamoe_rt.runtime.errors import GpuUnavailableError as GpuUnavailableError
@@ -220,7 +221,7 @@ class DeviceInfo:
         return self.compute_capability == HOPPER_CC
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def device_info(ordinal: int = 0) -> DeviceInfo:
     """What the kernels and heuristics need to know about a device (no context is created).
 
@@ -270,7 +271,7 @@ def require_hopper(ordinal: int | None = None) -> DeviceInfo:
         ordinal = current_device()
     info = device_info(ordinal)
     if not info.is_hopper:
-        cc = "%d.%d" % info.compute_capability
+        cc = "{}.{}".format(*info.compute_capability)
         raise GpuUnavailableError(
             f"device {ordinal} ({info.name}) has compute capability {cc}; megamoe_rt kernels need sm_90 (H100/H200)"
         )
@@ -484,7 +485,7 @@ class Event:
         """The ``cuda.core.Event``."""
         return self._event
 
-    def record(self, stream: Any = None) -> "Event":
+    def record(self, stream: Any = None) -> Event:
         # Recorded through the driver so that any stream stream_handle accepts will do.
         call(_cu().cuEventRecord, self._event.handle, stream_handle(stream))
         return self
@@ -497,7 +498,7 @@ class Event:
         """True once the work recorded before the event has finished."""
         return bool(core_call("cuEventQuery", lambda: self._event.is_done))
 
-    def elapsed_ms(self, end: "Event") -> float:
+    def elapsed_ms(self, end: Event) -> float:
         """Milliseconds from this event to ``end`` (both recorded and complete)."""
         return float(core_call("cuEventElapsedTime", lambda: end._event - self._event))
 

@@ -16,7 +16,13 @@ from dataclasses import dataclass
 from megamoe_rt.kernels.interface import ep as ep_interface
 from megamoe_rt.kernels.interface import fused as fused_interface
 from megamoe_rt.schedule.arith import align_up
-from megamoe_rt.schedule.plan import _require_choice, _require_int, align_tokens, fused_schedule, pool_blocks_upper_bound
+from megamoe_rt.schedule.plan import (
+    _require_choice,
+    _require_int,
+    align_tokens,
+    fused_schedule,
+    pool_blocks_upper_bound,
+)
 
 __all__ = [
     "DTYPE_SIZES",

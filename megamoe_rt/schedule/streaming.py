@@ -22,8 +22,8 @@ payload of another generation and no producer overwrites an unconsumed slot.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 EPOCH_SHIFT = 32
 SEQ_MASK = (1 << EPOCH_SHIFT) - 1

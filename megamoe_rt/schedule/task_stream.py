@@ -22,8 +22,8 @@ device walk (cuda_src/fused/task_stream.cuh) hands tiles out and checks it again
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from megamoe_rt.schedule.plan import LAG_GROUP_UNITS, RING_MARGIN_BLOCKS, UNIT_BLOCKS
 

@@ -21,7 +21,7 @@ def test_plan_prints_region_table_for_pro():
     out = run_cli("plan", "--preset", "pro", "--tokens", "8192", "--ranks", "8")
     assert out.returncode == 0, out.stderr
     layout = symm_buffer_layout(7168, 3072, 384, 6, 8192, 8)
-    for name, nbytes, mib in layout.report():
+    for name, _nbytes, mib in layout.report():
         line = next(l for l in out.stdout.splitlines() if l.split() and l.split()[0] == name)
         assert f"{mib:.2f}" in line
     assert f"{layout.total_bytes / 2**20:.2f}" in out.stdout

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from helpers.streams import TorchLikeStream
 
 from megamoe_rt import CudaError, GpuUnavailableError
 from megamoe_rt.runtime import driver
 from megamoe_rt.runtime.errors import NvrtcError
-
-from helpers.streams import TorchLikeStream
 
 
 def test_cuda_error_carries_call_and_result():

@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megamoe_rt.modes.fused import BLOCK_M, FusedSchedules, buffer_schedule, call_schedule
 from megamoe_rt.kernels import fused as fk
+from megamoe_rt.modes.fused import BLOCK_M, FusedSchedules, buffer_schedule, call_schedule
+from megamoe_rt.presets import get_preset
 from megamoe_rt.schedule.layout import symm_buffer_layout
 from megamoe_rt.schedule.plan import live_blocks_upper_bound, pool_blocks_upper_bound
-from megamoe_rt.presets import get_preset
 from megamoe_rt.schedule.task_stream import check_stream, lag_ordered_stream
 
 

@@ -7,11 +7,11 @@ import stat
 
 import pytest
 
-from megamoe_rt.runtime.errors import NvrtcError
 from megamoe_rt.jit import CubinCache, KernelSpec, compile_kernel, parse_ptxas_report
 from megamoe_rt.jit import compiler as jit_compiler
 from megamoe_rt.jit.sass import dump_sass, find_cuobjdump, sass_opcodes
 from megamoe_rt.kernels.registry import all_kernel_specs
+from megamoe_rt.runtime.errors import NvrtcError
 
 ALL_SPECS = all_kernel_specs()
 

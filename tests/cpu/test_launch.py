@@ -13,7 +13,6 @@ import pytest
 from megamoe_rt.ep.launch import RankFailed, spawn
 from tests.helpers import ranks
 
-
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

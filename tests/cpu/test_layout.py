@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from megamoe_rt.presets import get_preset
 from megamoe_rt.schedule.layout import BufferLayout, symm_buffer_layout
 from megamoe_rt.schedule.plan import fused_schedule, pool_blocks_upper_bound
-from megamoe_rt.presets import get_preset
 
 # Independent of the module's own table on purpose.
 DTYPE_BYTES = {"e4m3": 1, "uint8": 1, "bf16": 2, "int32": 4, "uint32": 4,
@@ -155,8 +155,8 @@ def test_flash_full_pool_sizes():
 
     for name, nbytes in expected.items():
         assert lay.region(name).nbytes == nbytes, name
-    assert (T, H, I, K) == (lay.num_max_tokens_per_rank, lay.hidden,
-                            lay.intermediate, lay.num_topk)
+    assert (lay.num_max_tokens_per_rank, lay.hidden,
+                            lay.intermediate, lay.num_topk) == (T, H, I, K)
 
     # Hand sum: each region rounded up to 1024, in buffer order.
     total = (

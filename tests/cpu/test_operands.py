@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from megamoe_rt.kernels import grouped_gemm
 from megamoe_rt.kernels import operands as ops
 from megamoe_rt.kernels.gemm import GemmConfig, GemmLaunch, GemmParams
-from megamoe_rt.kernels import grouped_gemm
 from megamoe_rt.runtime.arrays import ELEMENT_SIZE, DeviceArray
 
 _next_ptr = [0x7F0000000000]

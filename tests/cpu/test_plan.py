@@ -9,8 +9,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megamoe_rt.schedule.plan import LAG_GROUP_UNITS, TOKEN_ALIGN, FusedSchedule, align_tokens, estimated_units, fused_schedule, lag_units, live_blocks_upper_bound, num_cycles, num_cycles_across_ranks, pool_blocks_upper_bound, single_wave_fits
 from megamoe_rt.presets import DEFAULT_EP_RANKS, PRESETS, get_preset
+from megamoe_rt.schedule.plan import (
+    LAG_GROUP_UNITS,
+    TOKEN_ALIGN,
+    FusedSchedule,
+    align_tokens,
+    estimated_units,
+    fused_schedule,
+    lag_units,
+    live_blocks_upper_bound,
+    num_cycles,
+    num_cycles_across_ranks,
+    pool_blocks_upper_bound,
+    single_wave_fits,
+)
 
 # --------------------------------------------------------------------------
 # presets

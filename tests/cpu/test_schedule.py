@@ -7,8 +7,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from megamoe_rt.schedule.plan import LAG_GROUP_UNITS, UNIT_BLOCKS, fused_schedule, lag_units
-from megamoe_rt.schedule.task_stream import (RingViolation, Task, check_stream, expert_units, lag_ordered_stream,
-                                             ring_blocks_for, single_wave_stream, task_tiles)
+from megamoe_rt.schedule.task_stream import (
+    RingViolation,
+    Task,
+    check_stream,
+    expert_units,
+    lag_ordered_stream,
+    ring_blocks_for,
+    single_wave_stream,
+    task_tiles,
+)
 
 blocks_lists = st.lists(st.integers(min_value=0, max_value=40), min_size=1, max_size=48)
 

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from helpers.streams import TorchLikeStream
 
 from megamoe_rt import CudaError
 from megamoe_rt.runtime import driver
-
-from helpers.streams import TorchLikeStream
-
 
 # --- on a GPU: what cuda.core now does for the driver layer ----------------------------------
 
@@ -107,7 +105,7 @@ def test_cuda_core_setup_in_a_new_thread_keeps_the_current_green_context():
             s = driver.Stream()  # first cuda.core use in this thread
             seen["current"] = int(driver.call(cu.cuCtxGetCurrent))
             s.close()
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             seen["error"] = exc
 
     with GreenPartitions([("a", 16), ("b", "rest")]) as parts:

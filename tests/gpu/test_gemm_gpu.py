@@ -10,7 +10,12 @@ import numpy as np
 import pytest
 
 from megamoe_rt import reference as ref
-from megamoe_rt.kernels.grouped_gemm import GROUP_ALIGN, grouped_gemm_fp8, grouped_gemm_swiglu_fp8, prepare_swiglu_weights
+from megamoe_rt.kernels.grouped_gemm import (
+    GROUP_ALIGN,
+    grouped_gemm_fp8,
+    grouped_gemm_swiglu_fp8,
+    prepare_swiglu_weights,
+)
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")

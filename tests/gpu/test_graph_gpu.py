@@ -27,16 +27,16 @@ def _args(bufs, spin=SPIN_NS):
 
 
 def _kernel():
-    from megamoe_rt.runtime import driver
     from megamoe_rt.kernels.loader import get_kernel
     from megamoe_rt.kernels.probe import SPEC
+    from megamoe_rt.runtime import driver
 
     return get_kernel(SPEC, driver.current_device())
 
 
 def test_partition_granularity_is_queried_and_splits_match():
-    from megamoe_rt.runtime import driver
     from megamoe_rt.graph.green import GreenPartitions, partition_granularity
+    from megamoe_rt.runtime import driver
 
     g = partition_granularity(0)
     assert g == 8  # Hopper
@@ -104,8 +104,8 @@ def test_dependency_serialises_and_params_update_between_replays():
 def test_stream_capture_from_a_green_context_stream_keeps_the_partition():
     from cuda.bindings import driver as cu
 
-    from megamoe_rt.runtime import driver
     from megamoe_rt.graph.green import GreenPartitions
+    from megamoe_rt.runtime import driver
 
     k = _kernel()
     bufs = _probe_buffers(GRID)

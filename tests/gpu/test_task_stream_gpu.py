@@ -15,8 +15,15 @@ import numpy as np
 import pytest
 
 from megamoe_rt.schedule.plan import fused_schedule
-from megamoe_rt.schedule.task_stream import (Task, check_stream, expert_units, lag_ordered_stream, ring_blocks_for,
-                                             single_wave_stream, task_tiles)
+from megamoe_rt.schedule.task_stream import (
+    Task,
+    check_stream,
+    expert_units,
+    lag_ordered_stream,
+    ring_blocks_for,
+    single_wave_stream,
+    task_tiles,
+)
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")

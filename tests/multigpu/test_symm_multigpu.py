@@ -51,11 +51,11 @@ def _signal(ctx, withhold):
     import cupy as cp
     from cuda.bindings import driver as cu
 
-    from megamoe_rt.runtime import driver
-    from megamoe_rt.runtime.deadlines import TimeoutRecord
+    from megamoe_rt.ep.symm import NvshmemRuntime, SymmetricBuffer
     from megamoe_rt.kernels.loader import get_kernel
     from megamoe_rt.kernels.probe import WAIT_SPEC
-    from megamoe_rt.ep.symm import NvshmemRuntime, SymmetricBuffer
+    from megamoe_rt.runtime import driver
+    from megamoe_rt.runtime.deadlines import TimeoutRecord
 
     cp.cuda.Device(ctx.device).use()
     rt = NvshmemRuntime.initialize(ctx)

@@ -39,7 +39,7 @@ class MpiRankContext:
         self.world_size = int(comm.Get_size())
         # The rank among the ranks on this host, in rank order.
         hosts = comm.allgather(socket.gethostname())
-        self._local_rank = hosts[:self.rank].count(hosts[self.rank])
+        self._local_rank = hosts[: self.rank].count(hosts[self.rank])
 
     @property
     def device(self) -> int:
@@ -56,4 +56,3 @@ class MpiRankContext:
 
     def barrier(self) -> None:
         self.mpi_comm.Barrier()
-

@@ -84,5 +84,4 @@ def header_set_version(name: str) -> str:
 
 def missing_header_message(name: str) -> str:
     wheel = _WHEEL_FOR[name][0]
-    return (f"the {name} headers were not found in any installed wheel; install {wheel} "
-            f"(pip install 'megamoe-rt[cu13]')")
+    return f"the {name} headers were not found in any installed wheel; install {wheel} (pip install 'megamoe-rt[cu13]')"

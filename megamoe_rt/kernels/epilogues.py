@@ -23,11 +23,11 @@ Rule = Callable[..., "str | None"]
 
 @dataclass(frozen=True)
 class Epilogue:
-    name: str                  # GemmConfig.epilogue, and the variant names
-    cxx_type: str              # the policy type
-    header: str                # its header, relative to cuda_src/
-    b_sf_n: int = 128          # B scales per 64 or 128 output columns in the variants built
-    requant: bool = False      # writes e4m3 with its own scales in groups of out_sf_gran
+    name: str  # GemmConfig.epilogue, and the variant names
+    cxx_type: str  # the policy type
+    header: str  # its header, relative to cuda_src/
+    b_sf_n: int = 128  # B scales per 64 or 128 output columns in the variants built
+    requant: bool = False  # writes e4m3 with its own scales in groups of out_sf_gran
     # What compile --all and the heuristics build: group layouts, A-scale granularities and
     # (when requant) the requant groups.
     layouts: tuple[str, ...] = ("contiguous", "masked")
@@ -68,7 +68,23 @@ def _swiglu_rule(*, block_m: int, block_n: int, b_sf_n: int, out_sf_gran: int, *
 
 register(Epilogue("bf16", "megamoe_rt::gemm::StoreBf16Epilogue", "gemm/epilogue_bf16.cuh"))
 # Built for the contiguous layout only: the MoE layer scatters from its contiguous pools.
-register(Epilogue("scatter_bf16", "megamoe_rt::gemm::ScatterBf16Epilogue", "gemm/epilogue_scatter_bf16.cuh",
-                  layouts=("contiguous",)))
-register(Epilogue("swiglu_fp8", "megamoe_rt::gemm::SwigluFp8Epilogue", "gemm/epilogue_swiglu_fp8.cuh", b_sf_n=64,
-                  requant=True, a_sf_grans=(128,), out_sf_grans=(64, 128), rule=_swiglu_rule))
+register(
+    Epilogue(
+        "scatter_bf16",
+        "megamoe_rt::gemm::ScatterBf16Epilogue",
+        "gemm/epilogue_scatter_bf16.cuh",
+        layouts=("contiguous",),
+    )
+)
+register(
+    Epilogue(
+        "swiglu_fp8",
+        "megamoe_rt::gemm::SwigluFp8Epilogue",
+        "gemm/epilogue_swiglu_fp8.cuh",
+        b_sf_n=64,
+        requant=True,
+        a_sf_grans=(128,),
+        out_sf_grans=(64, 128),
+        rule=_swiglu_rule,
+    )
+)

@@ -46,13 +46,15 @@ def _kmajor_scales(cupy: Any, rows: int, sf_cols: int) -> DeviceArray:
     return as_device_array(t, "a_sf (k-major copy)")
 
 
-def _check_config(cfg: k.GemmConfig, *, layout: str, epilogue: str, a_sf_gran: int, n: int,
-                  out_sf_gran: int | None = None) -> None:
+def _check_config(
+    cfg: k.GemmConfig, *, layout: str, epilogue: str, a_sf_gran: int, n: int, out_sf_gran: int | None = None
+) -> None:
     if not isinstance(cfg, k.GemmConfig):
         raise TypeError(f"config: expected a GemmConfig, got {type(cfg).__name__}")
     if (cfg.layout, cfg.epilogue, cfg.a_sf_gran) != (layout, epilogue, a_sf_gran):
-        raise ValueError(f"config: {cfg.name} does not match layout={layout}, epilogue={epilogue}, "
-                         f"a_sf_gran={a_sf_gran}")
+        raise ValueError(
+            f"config: {cfg.name} does not match layout={layout}, epilogue={epilogue}, a_sf_gran={a_sf_gran}"
+        )
     if out_sf_gran is not None and cfg.out_sf_gran != out_sf_gran:
         raise ValueError(f"config: {cfg.name} requantizes in groups of {cfg.out_sf_gran}, the call asks {out_sf_gran}")
     if n % (cfg.block_n * cfg.cluster_n):
@@ -67,8 +69,15 @@ def _group_layout(group_offsets: Any, group_counts: Any, masked_counts: Any) -> 
     return "contiguous" if group_offsets is not None else "masked"
 
 
-def _set_groups(p: k.GemmParams, layout: str, group_offsets: Any, group_counts: Any, masked_counts: Any,
-                groups: int, dev: int | None) -> None:
+def _set_groups(
+    p: k.GemmParams,
+    layout: str,
+    group_offsets: Any,
+    group_counts: Any,
+    masked_counts: Any,
+    groups: int,
+    dev: int | None,
+) -> None:
     if layout == "contiguous":
         p.group_offsets = _check_groups("group_offsets", group_offsets, groups + 1, dev).ptr
         if group_counts is not None:
@@ -115,10 +124,22 @@ def grouped_gemm_fp8(a: Any, a_sf: Any, b: Any, b_sf: Any, **kwargs: Any) -> Any
     return plan_grouped_gemm_fp8(a, a_sf, b, b_sf, **kwargs).run()
 
 
-def plan_grouped_gemm_fp8(a: Any, a_sf: Any, b: Any, b_sf: Any, *, group_offsets: Any = None, group_counts: Any = None,
-                     masked_counts: Any = None, out: Any = None, row_dst: Any = None, stream: Any = None,
-                     check_layout: bool = True, a_sf_kmajor: bool = False, config: k.GemmConfig | None = None
-                          ) -> GroupedGemmPlan:
+def plan_grouped_gemm_fp8(
+    a: Any,
+    a_sf: Any,
+    b: Any,
+    b_sf: Any,
+    *,
+    group_offsets: Any = None,
+    group_counts: Any = None,
+    masked_counts: Any = None,
+    out: Any = None,
+    row_dst: Any = None,
+    stream: Any = None,
+    check_layout: bool = True,
+    a_sf_kmajor: bool = False,
+    config: k.GemmConfig | None = None,
+) -> GroupedGemmPlan:
     """Validate and resolve a grouped FP8 GEMM call into a :class:`GroupedGemmPlan`.
 
     a: e4m3 (uint8) ``[M, K]`` (contiguous) or ``[G, M_max, K]`` (masked).
@@ -146,9 +167,17 @@ def plan_grouped_gemm_fp8(a: Any, a_sf: Any, b: Any, b_sf: Any, *, group_offsets
     # block is never handed out while earlier work on another stream still uses it.
     with cupy.cuda.Device(info.ordinal), cupy_stream(cupy, sh):
         epilogue = "scatter_bf16" if row_dst is not None else "bf16"
-        cfg = config or choose_config(layout=layout, epilogue=epilogue, num_rows=rows, n=n, k=kk, num_groups=groups,
-                                      sm_count=info.sm_count, masked_rows=_masked_rows(ao),
-                                      a_sf_gran=_scales(ao).gran_k)
+        cfg = config or choose_config(
+            layout=layout,
+            epilogue=epilogue,
+            num_rows=rows,
+            n=n,
+            k=kk,
+            num_groups=groups,
+            sm_count=info.sm_count,
+            masked_rows=_masked_rows(ao),
+            a_sf_gran=_scales(ao).gran_k,
+        )
         _check_config(cfg, layout=layout, epilogue=epilogue, a_sf_gran=_scales(ao).gran_k, n=n)
         p = _params(ao, bo, flags=0)
         _set_groups(p, layout, group_offsets, group_counts, masked_counts, groups, dev)
@@ -181,12 +210,29 @@ def _masked_rows(a: Fp8Operand) -> int:
 
 def _params(a: Fp8Operand, b: Fp8Operand, **fields: Any) -> k.GemmParams:
     """The shape fields of the launch parameters, from its operands."""
-    return k.GemmParams(num_rows=a.total_rows, n=b.rows, k=b.k, num_groups=b.groups, masked_rows=_masked_rows(a),
-                        sfb=_scales(b).ptr, **fields)
+    return k.GemmParams(
+        num_rows=a.total_rows,
+        n=b.rows,
+        k=b.k,
+        num_groups=b.groups,
+        masked_rows=_masked_rows(a),
+        sfb=_scales(b).ptr,
+        **fields,
+    )
 
 
-def _plan(cupy: Any, info: driver.DeviceInfo, cfg: k.GemmConfig, p: k.GemmParams, a: Fp8Operand, b: Fp8Operand,
-          a_sf_obj: Any, check_layout: bool, result: Any, sh: int) -> GroupedGemmPlan:
+def _plan(
+    cupy: Any,
+    info: driver.DeviceInfo,
+    cfg: k.GemmConfig,
+    p: k.GemmParams,
+    a: Fp8Operand,
+    b: Fp8Operand,
+    a_sf_obj: Any,
+    check_layout: bool,
+    result: Any,
+    sh: int,
+) -> GroupedGemmPlan:
     rows = a.total_rows
     if rows == 0:
         return GroupedGemmPlan(k.PreparedGemm(None, 0, 0, (1, 1, 1), []), None, result, sh)
@@ -209,7 +255,6 @@ def _plan(cupy: Any, info: driver.DeviceInfo, cfg: k.GemmConfig, p: k.GemmParams
     gemm = k.prepare_gemm(launch, device=info.ordinal, sm_count=info.sm_count)
     check = k.prepare_layout_check(launch, device=info.ordinal) if check_layout else None
     return GroupedGemmPlan(gemm, check, result, sh, refresh, keep=keep + (_scales(a).array,))
-
 
 
 # --- L1 with the fused SwiGLU / requant epilogue ------------------------------------------
@@ -247,11 +292,26 @@ def grouped_gemm_swiglu_fp8(a: Any, a_sf: Any, w1p: Any, w1p_sf: Any, row_weight
     return plan_grouped_gemm_swiglu_fp8(a, a_sf, w1p, w1p_sf, row_weight, **kwargs).run()
 
 
-def plan_grouped_gemm_swiglu_fp8(a: Any, a_sf: Any, w1p: Any, w1p_sf: Any, row_weight: Any, *, group_offsets: Any = None,
-                            group_counts: Any = None, masked_counts: Any = None, act_sf_gran: int = 128,
-                            swiglu_limit: float | None = None, pow2_scale: bool = False, out: Any = None,
-                            out_sf: Any = None, stream: Any = None, check_layout: bool = True,
-                            config: k.GemmConfig | None = None, a_sf_kmajor: bool = False) -> GroupedGemmPlan:
+def plan_grouped_gemm_swiglu_fp8(
+    a: Any,
+    a_sf: Any,
+    w1p: Any,
+    w1p_sf: Any,
+    row_weight: Any,
+    *,
+    group_offsets: Any = None,
+    group_counts: Any = None,
+    masked_counts: Any = None,
+    act_sf_gran: int = 128,
+    swiglu_limit: float | None = None,
+    pow2_scale: bool = False,
+    out: Any = None,
+    out_sf: Any = None,
+    stream: Any = None,
+    check_layout: bool = True,
+    config: k.GemmConfig | None = None,
+    a_sf_kmajor: bool = False,
+) -> GroupedGemmPlan:
     """L1 GEMM with the SwiGLU x weight -> e4m3 epilogue.
 
     ``w1p``/``w1p_sf`` come from :func:`prepare_swiglu_weights`. ``row_weight`` float32 ``[rows]``
@@ -268,8 +328,7 @@ def plan_grouped_gemm_swiglu_fp8(a: Any, a_sf: Any, w1p: Any, w1p_sf: Any, row_w
     bo = weight_operand(w1p, w1p_sf, name="w1p", sf_name="w1p_sf", sf_rows=SWIGLU_HALF, stream=sh)
     if bo.rows % 256:
         raise ValueError(f"w1p: N = 2I = {bo.rows} (shape {list(bo.shape)}) must be a multiple of 256")
-    ao = activation_operand(a, a_sf, weights=bo, masked=layout == "masked", kmajor=a_sf_kmajor, grans=(128,),
-                            stream=sh)
+    ao = activation_operand(a, a_sf, weights=bo, masked=layout == "masked", kmajor=a_sf_kmajor, grans=(128,), stream=sh)
     groups, two_i, kk, dev = bo.groups, bo.rows, bo.k, bo.device
     inter = two_i // 2
     rows, lead = ao.total_rows, ao.shape[:-1]
@@ -286,12 +345,29 @@ def plan_grouped_gemm_swiglu_fp8(a: Any, a_sf: Any, w1p: Any, w1p_sf: Any, row_w
         check_array(qa, "out", dtypes=("e4m3",), shape=lead + (inter,), device=dev, align=2)
         sfo = as_device_array(sf, "out_sf")
         check_array(sfo, "out_sf", dtypes=("float32",), shape=(inter // act_sf_gran, rows_pad), device=dev, align=4)
-        cfg = config or choose_config(layout=layout, epilogue="swiglu_fp8", num_rows=rows, n=two_i, k=kk,
-                                      num_groups=groups, sm_count=info.sm_count, masked_rows=_masked_rows(ao),
-                                      out_sf_gran=act_sf_gran)
+        cfg = config or choose_config(
+            layout=layout,
+            epilogue="swiglu_fp8",
+            num_rows=rows,
+            n=two_i,
+            k=kk,
+            num_groups=groups,
+            sm_count=info.sm_count,
+            masked_rows=_masked_rows(ao),
+            out_sf_gran=act_sf_gran,
+        )
         _check_config(cfg, layout=layout, epilogue="swiglu_fp8", a_sf_gran=128, n=two_i, out_sf_gran=act_sf_gran)
         flags = (k.FLAG_CLAMP if swiglu_limit is not None else 0) | (k.FLAG_POW2_SCALE if pow2_scale else 0)
-        p = _params(ao, bo, flags=flags, d=qa.ptr, d_row_stride_bytes=inter, d_sf=sfo.ptr, d_sf_row_stride=rows_pad,
-                    row_weight=rw.ptr, swiglu_limit=float(swiglu_limit or 0.0))
+        p = _params(
+            ao,
+            bo,
+            flags=flags,
+            d=qa.ptr,
+            d_row_stride_bytes=inter,
+            d_sf=sfo.ptr,
+            d_sf_row_stride=rows_pad,
+            row_weight=rw.ptr,
+            swiglu_limit=float(swiglu_limit or 0.0),
+        )
         _set_groups(p, layout, group_offsets, group_counts, masked_counts, groups, dev)
         return _plan(cupy, info, cfg, p, ao, bo, a_sf, check_layout, (q, sf), sh)

@@ -112,6 +112,7 @@ def quantize_weight_fp8(w: Any, *, stream: Any = None) -> tuple[Any, Any]:
 
     num_blocks = groups * (n // GROUP) * (k // GROUP)
     params = WeightQuantizeParams(wa.ptr, int(q.data.ptr), int(sf.data.ptr), n, k, num_blocks, 0)
-    get_kernel(_weight_spec(dtype), info.ordinal).launch((min(num_blocks, info.sm_count * 8),),
-                                                         (_WEIGHT_THREADS,), [params], stream=sh)
+    get_kernel(_weight_spec(dtype), info.ordinal).launch(
+        (min(num_blocks, info.sm_count * 8),), (_WEIGHT_THREADS,), [params], stream=sh
+    )
     return q, sf

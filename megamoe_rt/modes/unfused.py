@@ -59,24 +59,49 @@ class UnfusedMode(Mode):
             self._send_counts, self._send_cursors = b.ptr("ep_send_counts"), b.ptr("ep_send_cursors")
             # Every field of EpParams but the call's MoeParams and wait context.
             self._ep_fixed = dict(
-                peer_bases=b.ptr("peer_bases"), off_x=lay.region("x").offset, off_x_sf=lay.region("x_sf").offset,
-                off_send_list=lay.region("send_list").offset, off_combine=lay.region("combine").offset,
+                peer_bases=b.ptr("peer_bases"),
+                off_x=lay.region("x").offset,
+                off_x_sf=lay.region("x_sf").offset,
+                off_send_list=lay.region("send_list").offset,
+                off_combine=lay.region("combine").offset,
                 off_banks=ws + lay.workspace_region("ep_banks").offset,
-                send_counts=self._send_counts, send_offsets=b.ptr("ep_send_offsets"),
-                send_cursors=self._send_cursors, send_list=b.ptr("send_list"), src_rows=b.ptr("ep_src_rows"),
-                banks=b.ptr("ep_banks"), bank=ek.bank_layout(self.spec.num_ranks, lay.num_local_experts),
-                launch_epoch=b.ptr("launch_epoch"), rank=self.spec.rank, num_ranks=self.spec.num_ranks)
+                send_counts=self._send_counts,
+                send_offsets=b.ptr("ep_send_offsets"),
+                send_cursors=self._send_cursors,
+                send_list=b.ptr("send_list"),
+                src_rows=b.ptr("ep_src_rows"),
+                banks=b.ptr("ep_banks"),
+                bank=ek.bank_layout(self.spec.num_ranks, lay.num_local_experts),
+                launch_epoch=b.ptr("launch_epoch"),
+                rank=self.spec.rank,
+                num_ranks=self.spec.num_ranks,
+            )
 
     def load(self, weights: Weights) -> None:
         b, s = self.bound_buffer(), self.spec
-        common = dict(group_offsets=b.view("expert_pool_offsets"), group_counts=b.view(self.counts_region).reshape(-1),
-                      check_layout=False, a_sf_kmajor=True, stream=0)
+        common = dict(
+            group_offsets=b.view("expert_pool_offsets"),
+            group_counts=b.view(self.counts_region).reshape(-1),
+            check_layout=False,
+            a_sf_kmajor=True,
+            stream=0,
+        )
         l1 = plan_grouped_gemm_swiglu_fp8(
-            b.view("l1_pool"), b.view("l1_pool_sf"), weights.w1p, weights.w1p_sf, b.view("l1_pool_weight"),
-            act_sf_gran=s.act_sf_gran, swiglu_limit=s.swiglu_limit, pow2_scale=s.pow2_scale,
-            out=b.view("l2_pool"), out_sf=b.view("l2_pool_sf"), **common)
-        l2 = plan_grouped_gemm_fp8(b.view("l2_pool"), b.view("l2_pool_sf"), weights.w2, weights.w2_sf,
-                                   row_dst=b.view("l1_pool_dst"), **common)
+            b.view("l1_pool"),
+            b.view("l1_pool_sf"),
+            weights.w1p,
+            weights.w1p_sf,
+            b.view("l1_pool_weight"),
+            act_sf_gran=s.act_sf_gran,
+            swiglu_limit=s.swiglu_limit,
+            pow2_scale=s.pow2_scale,
+            out=b.view("l2_pool"),
+            out_sf=b.view("l2_pool_sf"),
+            **common,
+        )
+        l2 = plan_grouped_gemm_fp8(
+            b.view("l2_pool"), b.view("l2_pool_sf"), weights.w2, weights.w2_sf, row_dst=b.view("l1_pool_dst"), **common
+        )
         self.gemms = (l1, l2)
         if self.expert_parallel:
             self.ep_kernels("int32")  # int64 ids load at their first call
@@ -117,8 +142,9 @@ class UnfusedMode(Mode):
         driver.memset_d32_async(self._send_counts, 0, s.num_experts, stream)
         driver.memset_d32_async(self._send_cursors, 0, s.num_experts, stream)
         driver.memset_d32_async(self._flags, 0, 4, stream)
-        ek.launch_before_gemms(kernels, params, pairs=t * s.num_topk, pool_rows=self.layout.pool_rows,
-                               sm_count=s.sm_count, stream=stream)
+        ek.launch_before_gemms(
+            kernels, params, pairs=t * s.num_topk, pool_rows=self.layout.pool_rows, sm_count=s.sm_count, stream=stream
+        )
         l1.run(stream)
         l2.run(stream)
         ek.launch_finish(kernels, params, stream)

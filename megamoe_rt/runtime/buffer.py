@@ -15,8 +15,15 @@ from typing import Any, Protocol, runtime_checkable
 from megamoe_rt.runtime.arrays import require_cupy
 from megamoe_rt.schedule.layout import BufferLayout, Region
 
-_CUPY_DTYPES = {"e4m3": "uint8", "uint8": "uint8", "bf16": "uint16", "float32": "float32", "int32": "int32",
-                "uint32": "uint32", "uint64": "uint64"}
+_CUPY_DTYPES = {
+    "e4m3": "uint8",
+    "uint8": "uint8",
+    "bf16": "uint16",
+    "float32": "float32",
+    "int32": "int32",
+    "uint32": "uint32",
+    "uint64": "uint64",
+}
 
 
 @runtime_checkable
@@ -103,4 +110,4 @@ class DeviceBuffer(LaidOutBuffer):
         self.base_ptr = int(self._mem.data.ptr)
 
     def _bytes(self, offset: int, nbytes: int) -> Any:
-        return self._mem[offset:offset + nbytes]
+        return self._mem[offset : offset + nbytes]

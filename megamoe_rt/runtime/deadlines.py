@@ -83,8 +83,12 @@ _RING_OVERFLOW = decl.WAIT_SITE["kRingOverflow"]
 
 def describe(rec: _RecordFields) -> str:
     if rec.site == _RING_OVERFLOW:
-        return (f"megamoe_rt: a single-wave call needs {rec.seen} pool blocks but the ring holds {rec.expected} "
-                f"(block {rec.block}, rank {rec.rank}); num_tokens_bound must cover every rank's token count")
+        return (
+            f"megamoe_rt: a single-wave call needs {rec.seen} pool blocks but the ring holds {rec.expected} "
+            f"(block {rec.block}, rank {rec.rank}); num_tokens_bound must cover every rank's token count"
+        )
     site = WAIT_SITES[rec.site] if rec.site < len(WAIT_SITES) else f"site {rec.site}"
-    return (f"megamoe_rt: wait '{site}' timed out after {rec.elapsed_ns * 1e-9:.2f} s: block {rec.block} "
-            f"thread {rec.thread}, rank {rec.rank}, peer {rec.peer}, expected >= {rec.expected}, saw {rec.seen}")
+    return (
+        f"megamoe_rt: wait '{site}' timed out after {rec.elapsed_ns * 1e-9:.2f} s: block {rec.block} "
+        f"thread {rec.thread}, rank {rec.rank}, peer {rec.peer}, expected >= {rec.expected}, saw {rec.seen}"
+    )

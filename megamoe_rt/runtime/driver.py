@@ -35,9 +35,7 @@ def _cu() -> Any:
     try:
         from cuda.bindings import driver
     except ImportError as exc:  # cuda-bindings is a base dependency; say so plainly
-        raise GpuUnavailableError(
-            f"cuda-bindings is not importable ({exc}); install megamoe-rt[cu13]"
-        ) from None
+        raise GpuUnavailableError(f"cuda-bindings is not importable ({exc}); install megamoe-rt[cu13]") from None
     return driver
 
 
@@ -106,9 +104,7 @@ def _core() -> Any:
     try:
         import cuda.core as core
     except ImportError as exc:
-        raise GpuUnavailableError(
-            f"cuda-core is not importable ({exc}); install megamoe-rt[cu13]"
-        ) from None
+        raise GpuUnavailableError(f"cuda-core is not importable ({exc}); install megamoe-rt[cu13]") from None
     try:
         have = tuple(int(p) for p in core.__version__.split(".")[:2])
     except (AttributeError, ValueError):  # a development build: trust it
@@ -238,8 +234,14 @@ def device_info(ordinal: int = 0) -> DeviceInfo:
 
     def read(dev: Any) -> tuple[Any, ...]:
         p = dev.properties
-        return (dev.name, tuple(dev.compute_capability), p.multiprocessor_count, p.l2_cache_size,
-                p.max_shared_memory_per_block_optin, p.clock_rate)
+        return (
+            dev.name,
+            tuple(dev.compute_capability),
+            p.multiprocessor_count,
+            p.l2_cache_size,
+            p.max_shared_memory_per_block_optin,
+            p.clock_rate,
+        )
 
     name, cc, sm_count, l2, smem_optin, clock = core_call("cuDeviceGetName/cuDeviceGetAttribute", read, dev)
     raw = call(cu.cuDeviceGet, ordinal)
@@ -511,8 +513,9 @@ def memset_d32_async(ptr: int, value: int, count: int, stream: Any = None) -> No
         call(_cu().cuMemsetD32Async, ptr, value & 0xFFFFFFFF, count, stream_handle(stream))
 
 
-def memcpy_2d_async(dst: int, dst_pitch: int, src: int, src_pitch: int, width_bytes: int, rows: int,
-                    stream: Any = None) -> None:
+def memcpy_2d_async(
+    dst: int, dst_pitch: int, src: int, src_pitch: int, width_bytes: int, rows: int, stream: Any = None
+) -> None:
     """Device-to-device copy of ``rows`` rows of ``width_bytes`` between pitched layouts."""
     if not rows or not width_bytes:
         return
@@ -606,9 +609,16 @@ class DeviceMemory:
 # --- modules and launches -----------------------------------------------------------
 
 
-def _launch_config(grid: Sequence[int], block: Sequence[int], smem: int, stream: int, *,
-                   cluster: Sequence[int] | None = None, cooperative: bool = False,
-                   programmatic: bool = False) -> Any:
+def _launch_config(
+    grid: Sequence[int],
+    block: Sequence[int],
+    smem: int,
+    stream: int,
+    *,
+    cluster: Sequence[int] | None = None,
+    cooperative: bool = False,
+    programmatic: bool = False,
+) -> Any:
     cu = _cu()
     cfg = cu.CUlaunchConfig()
     cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
@@ -670,9 +680,19 @@ class LoadedKernel:
         attr = getattr(cu.CUfunction_attribute, f"CU_FUNC_ATTRIBUTE_{name.upper()}")
         return int(call(cu.cuFuncGetAttribute, attr, self.function))
 
-    def launch(self, grid: Sequence[int], block: Sequence[int], args: Sequence[ctypes._SimpleCData[Any] | ctypes.Structure],
-               *, stream: Any = None, smem_bytes: int | None = None, cluster: Sequence[int] | None = None,
-               in_stream_context: bool = False, cooperative: bool = False, programmatic: bool = False) -> None:
+    def launch(
+        self,
+        grid: Sequence[int],
+        block: Sequence[int],
+        args: Sequence[ctypes._SimpleCData[Any] | ctypes.Structure],
+        *,
+        stream: Any = None,
+        smem_bytes: int | None = None,
+        cluster: Sequence[int] | None = None,
+        in_stream_context: bool = False,
+        cooperative: bool = False,
+        programmatic: bool = False,
+    ) -> None:
         """Launch with ``args`` given as ctypes objects in parameter order.
 
         ``cluster``: thread-block-cluster shape; the grid must be a multiple of it.
@@ -694,8 +714,9 @@ class LoadedKernel:
         if cluster is None and not cooperative and not programmatic:
             call(cu.cuLaunchKernel, func, *g, *b, smem, stream_handle(stream), ctypes.addressof(ptrs), 0)
             return
-        cfg = _launch_config(g, b, smem, stream_handle(stream), cluster=cluster, cooperative=cooperative,
-                             programmatic=programmatic)
+        cfg = _launch_config(
+            g, b, smem, stream_handle(stream), cluster=cluster, cooperative=cooperative, programmatic=programmatic
+        )
         call(cu.cuLaunchKernelEx, cfg, func, ctypes.addressof(ptrs), 0)
 
     def max_active_clusters(self, block: Sequence[int], cluster: Sequence[int], smem_bytes: int | None = None) -> int:

@@ -86,8 +86,6 @@ class _OldProtocol:
     __cuda_stream__ = (0, 55)
 
 
-
-
 class _CupyLike:
     ptr = 99
 
@@ -224,6 +222,7 @@ def test_a_kernel_fault_from_cuda_core_carries_the_timeout_record():
     CUDAError = _core_cuda_error()
     driver.register_fault_explainer(_explain_trap)
     try:
+
         def trapped():
             raise CUDAError("CUDA_ERROR_LAUNCH_FAILED: unspecified launch failure")
 
@@ -254,8 +253,16 @@ def test_the_cuda_core_api_we_use_is_there():
     import inspect
 
     core = pytest.importorskip("cuda.core")
-    for name in ("name", "compute_capability", "properties", "set_current", "create_stream", "create_event",
-                 "allocate", "device_id"):
+    for name in (
+        "name",
+        "compute_capability",
+        "properties",
+        "set_current",
+        "create_stream",
+        "create_event",
+        "allocate",
+        "device_id",
+    ):
         assert hasattr(core.Device, name), name
     props = importlib.import_module("cuda.core._device").DeviceProperties
     for name in ("multiprocessor_count", "l2_cache_size", "max_shared_memory_per_block_optin", "clock_rate"):

@@ -21,8 +21,9 @@ def _run(model: RingModel, choices) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(ranks=st.integers(1, 4), slots=st.integers(1, 4), chunks=st.integers(0, 12), calls=st.integers(1, 3),
-       data=st.data())
+@given(
+    ranks=st.integers(1, 4), slots=st.integers(1, 4), chunks=st.integers(0, 12), calls=st.integers(1, 3), data=st.data()
+)
 def test_no_stale_reads_no_lost_payloads_across_wraps_and_replays(ranks, slots, chunks, calls, data):
     model = RingModel(ranks, slots, chunks, epoch=7)
     for call in range(calls):

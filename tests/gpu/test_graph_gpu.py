@@ -75,8 +75,10 @@ def test_graph_nodes_stay_in_their_partitions_and_overlap():
     s_r, e_r = int(cp.asnumpy(right[1]).min()), int(cp.asnumpy(right[2]).max())
     overlap = min(e_l, e_r) - max(s_l, s_r)
     assert overlap > 0.5 * min(e_l - s_l, e_r - s_r), (s_l, e_l, s_r, e_r)
-    print(f"left used {len(sm_l)} SMs, right {len(sm_r)} SMs, overlap {overlap / 1e3:.0f} us of "
-          f"{(e_l - s_l) / 1e3:.0f}/{(e_r - s_r) / 1e3:.0f} us")
+    print(
+        f"left used {len(sm_l)} SMs, right {len(sm_r)} SMs, overlap {overlap / 1e3:.0f} us of "
+        f"{(e_l - s_l) / 1e3:.0f}/{(e_r - s_r) / 1e3:.0f} us"
+    )
 
 
 def test_dependency_serialises_and_params_update_between_replays():
@@ -131,8 +133,25 @@ def test_sweep_runs_a_spec_across_splits(tmp_path):
 
     spec = Path(__file__).resolve().parents[2] / "graphs" / "membound_vs_gemm.toml"
     out_json = tmp_path / "sweep.json"
-    run = subprocess.run([sys.executable, "-m", "megamoe_rt", "sweep", "--spec", str(spec), "--vary", "gemm=32..64:32",
-                          "--reps", "3", "--json", str(out_json)], capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "megamoe_rt",
+            "sweep",
+            "--spec",
+            str(spec),
+            "--vary",
+            "gemm=32..64:32",
+            "--reps",
+            "3",
+            "--json",
+            str(out_json),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     rows = json.loads(out_json.read_text())["rows"]
     assert [r["value"] for r in rows] == [32, 64]

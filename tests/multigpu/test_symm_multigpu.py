@@ -64,9 +64,15 @@ def _signal(ctx, withhold):
         seen = cp.zeros(1, cp.uint64)
         kernel = get_kernel(WAIT_SPEC, ctx.device)
         # Any zeroed u64 word of the symmetric buffer serves as the signal: the first send-list entry.
-        args = [ctypes.c_uint64(buf.ptr("send_list")), ctypes.c_uint64(7), ctypes.c_uint64(500_000_000),
-                ctypes.c_uint32(0), ctypes.c_uint32(1), ctypes.c_uint64(int(seen.data.ptr)),
-                ctypes.c_uint64(TimeoutRecord.get().device_ptr)]
+        args = [
+            ctypes.c_uint64(buf.ptr("send_list")),
+            ctypes.c_uint64(7),
+            ctypes.c_uint64(500_000_000),
+            ctypes.c_uint32(0),
+            ctypes.c_uint32(1),
+            ctypes.c_uint64(int(seen.data.ptr)),
+            ctypes.c_uint64(TimeoutRecord.get().device_ptr),
+        ]
         kernel.launch((1,), (32,), args)  # waits for rank 1's store while the host moves on
         ctx.barrier()
         driver.call(cu.cuCtxSynchronize)  # raises CudaError naming the wait when it traps

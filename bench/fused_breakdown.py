@@ -16,8 +16,8 @@ import cupy as cp
 import megamoe_rt.kernels.grouped_gemm as gemm
 from megamoe_rt import MegaMoE
 from megamoe_rt.cli.benchmarks import fused_trace, print_fused_trace
-from megamoe_rt.cli.timing import DeviceTimer, bracketed, capture_layer_call
 from megamoe_rt.cli.demo import random_layer_inputs
+from megamoe_rt.cli.timing import DeviceTimer, bracketed, capture_layer_call
 from megamoe_rt.kernels.gemm_heuristics import _config
 from megamoe_rt.presets import get_preset
 from megamoe_rt.testing import fused_schedule_of
@@ -44,8 +44,15 @@ def main(preset: str, tokens: int) -> None:
 
     def l2_on_64x256(**kw):
         if kw["epilogue"] == "scatter_bf16":
-            return _config(64, 256, a_sf_gran=kw.get("a_sf_gran", 128), b_sf_n=128, out_sf_gran=128,
-                           layout=kw["layout"], epilogue=kw["epilogue"])
+            return _config(
+                64,
+                256,
+                a_sf_gran=kw.get("a_sf_gran", 128),
+                b_sf_n=128,
+                out_sf_gran=128,
+                layout=kw["layout"],
+                epilogue=kw["epilogue"],
+            )
         return heuristic(**kw)
 
     gemm.choose_config = l2_on_64x256
@@ -57,8 +64,10 @@ def main(preset: str, tokens: int) -> None:
         results = bracketed(DeviceTimer(), arms, rounds=1)
     pairs = tokens * p.num_topk
     for name, r in results.items():
-        print(f"{preset} T={tokens} {name:>18}: {r.median_us:8.1f} us  "
-              f"{layers[name].flops(pairs) / r.median_us / 1e6:7.1f} TFLOP/s")
+        print(
+            f"{preset} T={tokens} {name:>18}: {r.median_us:8.1f} us  "
+            f"{layers[name].flops(pairs) / r.median_us / 1e6:7.1f} TFLOP/s"
+        )
 
     layer = layers["fused"]
     print_fused_trace(f"fused trace ({fused_schedule_of(layer)})", fused_trace(layer, args, stream))

@@ -18,12 +18,12 @@ import sys
 import cupy as cp
 
 from megamoe_rt import MegaMoE
+from megamoe_rt.cli.bench_ep import rank_inputs
 from megamoe_rt.cli.benchmarks import fused_trace, print_fused_trace
 from megamoe_rt.cli.timing import DeviceTimer, bracketed, capture_layer_call
-from megamoe_rt.cli.bench_ep import rank_inputs
 from megamoe_rt.ep.launch import context_from_env
-from megamoe_rt.presets import DEFAULT_EP_RANKS, get_preset
 from megamoe_rt.ep.symm import NvshmemRuntime
+from megamoe_rt.presets import DEFAULT_EP_RANKS, get_preset
 from megamoe_rt.testing import fused_schedule_of
 
 
@@ -38,7 +38,7 @@ def main(preset: str, tokens: int, routing: str = "uniform") -> None:
     args, weights = rank_inputs(cp, ctx.rank, tokens, p.hidden, p.intermediate, experts, local, p.num_topk, tokens)
     if routing == "local":
         logits = cp.random.RandomState(tokens + ctx.rank).standard_normal((tokens, local), dtype=cp.float32)
-        own = cp.argsort(-logits, axis=1)[:, :p.num_topk].astype(cp.int32) + ctx.rank * local
+        own = cp.argsort(-logits, axis=1)[:, : p.num_topk].astype(cp.int32) + ctx.rank * local
         args = (*args[:2], own, args[3])
     stream = cp.cuda.Stream(non_blocking=True)
     layers, arms = {}, {}
@@ -51,8 +51,11 @@ def main(preset: str, tokens: int, routing: str = "uniform") -> None:
     with stream:
         results = bracketed(DeviceTimer(), arms, rounds=1)
     pairs = tokens * p.num_topk
-    lines = [f"rank {ctx.rank} {preset} T={tokens}/rank EP{ctx.world_size} {routing} {m:>8}: {r.median_us:8.1f} us  "
-             f"{layers[m].flops(pairs) / r.median_us / 1e6:7.1f} TFLOP/s" for m, r in results.items()]
+    lines = [
+        f"rank {ctx.rank} {preset} T={tokens}/rank EP{ctx.world_size} {routing} {m:>8}: {r.median_us:8.1f} us  "
+        f"{layers[m].flops(pairs) / r.median_us / 1e6:7.1f} TFLOP/s"
+        for m, r in results.items()
+    ]
     ctx.barrier()
     events = fused_trace(layers["fused"], args, stream)
     ctx.barrier()

@@ -1,4 +1,5 @@
 """One launch of the flash L1 8192 grouped GEMM (128x128 tiles), for Nsight Compute."""
+
 import cupy as cp
 import numpy as np
 
@@ -12,7 +13,8 @@ b, _ = quantize_fp8(cp.random.standard_normal((g * n, k), dtype=cp.float32))
 a_sf_t = cp.random.uniform(0.5, 1.5, size=(k // 128, rows)).astype(cp.float32)
 b_sf = cp.full((g, n // 128, k // 128), 1 / 64, dtype=cp.float32)
 offsets = cp.asarray(np.arange(g + 1, dtype=np.int32) * m)
-plan = plan_grouped_gemm_fp8(a, a_sf_t, b.reshape(g, n, k), b_sf, group_offsets=offsets, check_layout=False,
-                             a_sf_kmajor=True)
+plan = plan_grouped_gemm_fp8(
+    a, a_sf_t, b.reshape(g, n, k), b_sf, group_offsets=offsets, check_layout=False, a_sf_kmajor=True
+)
 plan.run()
 cp.cuda.Device().synchronize()

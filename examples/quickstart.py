@@ -24,14 +24,16 @@ topk_weights = (topk_weights / topk_weights.sum(axis=1, keepdims=True)).astype(c
 
 # Expert weights (gate rows then up rows in w1), quantized with 128x128 block scales.
 w1, w1_sf = megamoe_rt.quantize_weight_fp8(
-    cp.random.standard_normal((experts, 2 * intermediate, hidden), dtype=cp.float32) / np.float32(hidden ** 0.5))
+    cp.random.standard_normal((experts, 2 * intermediate, hidden), dtype=cp.float32) / np.float32(hidden**0.5)
+)
 w2, w2_sf = megamoe_rt.quantize_weight_fp8(
-    cp.random.standard_normal((experts, hidden, intermediate), dtype=cp.float32) / np.float32(intermediate ** 0.5))
+    cp.random.standard_normal((experts, hidden, intermediate), dtype=cp.float32) / np.float32(intermediate**0.5)
+)
 
 layer = megamoe_rt.MegaMoE(hidden, intermediate, experts, topk, num_max_tokens_per_rank=tokens)
 layer.load_weights(w1, w1_sf, w2, w2_sf)
-y_bits = layer(x, x_sf, topk_idx, topk_weights)          # bf16 bits, [tokens, hidden]
-y = (y_bits.astype(cp.uint32) << 16).view(cp.float32)    # as float32 for inspection
+y_bits = layer(x, x_sf, topk_idx, topk_weights)  # bf16 bits, [tokens, hidden]
+y = (y_bits.astype(cp.uint32) << 16).view(cp.float32)  # as float32 for inspection
 
 print("y", y.shape, "mean |y|", float(cp.abs(y).mean()))
 print(layer.memory_report())

@@ -82,16 +82,16 @@ def main() -> int:
     with torch.no_grad():
         # The model side: bf16 hidden states and a softmax/top-k router (torch.topk gives int64 ids).
         hidden_states = torch.randn(tokens, hidden, device=device).to(torch.bfloat16)
-        router = (torch.randn(hidden, experts, device=device) / hidden ** 0.5).to(torch.bfloat16)
+        router = (torch.randn(hidden, experts, device=device) / hidden**0.5).to(torch.bfloat16)
         logits = (hidden_states @ router).float()
-        top_logits, topk_idx = torch.topk(logits, topk, dim=-1)               # int64 [T, K]
-        topk_weights = torch.softmax(top_logits, dim=-1).contiguous()         # float32 [T, K]
-        topk_idx[:8, -1] = -1                                                  # -1: an empty slot
+        top_logits, topk_idx = torch.topk(logits, topk, dim=-1)  # int64 [T, K]
+        topk_weights = torch.softmax(top_logits, dim=-1).contiguous()  # float32 [T, K]
+        topk_idx[:8, -1] = -1  # -1: an empty slot
 
-        x, x_sf = quantize_rows(hidden_states)                                # float8_e4m3fn, float32
+        x, x_sf = quantize_rows(hidden_states)  # float8_e4m3fn, float32
         # Expert weights: w1 holds the gate rows, then the up rows.
-        w1, w1_sf = quantize_blocks(torch.randn(experts, 2 * intermediate, hidden, device=device) / hidden ** 0.5)
-        w2, w2_sf = quantize_blocks(torch.randn(experts, hidden, intermediate, device=device) / intermediate ** 0.5)
+        w1, w1_sf = quantize_blocks(torch.randn(experts, 2 * intermediate, hidden, device=device) / hidden**0.5)
+        w2, w2_sf = quantize_blocks(torch.randn(experts, hidden, intermediate, device=device) / intermediate**0.5)
 
         native_fp8 = dlpack_carries_fp8(device)
         if not native_fp8:
@@ -101,20 +101,29 @@ def main() -> int:
             """A float8 tensor as the layer takes it: itself, or its raw e4m3 codes (still zero-copy)."""
             return t if native_fp8 else t.view(torch.uint8)
 
-        layer = megamoe_rt.MegaMoE(hidden, intermediate, experts, topk, num_max_tokens_per_rank=tokens,
-                                   device=device.index)
+        layer = megamoe_rt.MegaMoE(
+            hidden, intermediate, experts, topk, num_max_tokens_per_rank=tokens, device=device.index
+        )
         layer.load_weights(fp8(w1), w1_sf, fp8(w2), w2_sf)
         # Same stream as the torch work above, so no extra synchronisation is needed either way.
         stream = torch.cuda.current_stream().cuda_stream
-        y_bits = layer(fp8(x), x_sf, topk_idx, topk_weights, stream=stream)   # CuPy uint16 [T, H]
+        y_bits = layer(fp8(x), x_sf, topk_idx, topk_weights, stream=stream)  # CuPy uint16 [T, H]
         # int16 carries the same bits and every PyTorch release takes it through DLPack.
-        y = torch.from_dlpack(y_bits.view(cp.int16)).view(torch.bfloat16)    # the same memory, as bf16
+        y = torch.from_dlpack(y_bits.view(cp.int16)).view(torch.bfloat16)  # the same memory, as bf16
         assert y.data_ptr() == y_bits.data.ptr and tuple(y.shape) == (tokens, hidden)
 
         # Check a sample of tokens against the NumPy reference on the very same quantized inputs.
         sample = np.sort(np.random.default_rng(0).choice(tokens, check_tokens, replace=False))
-        y_ref = ref.moe_forward(host(x)[sample], host(x_sf)[sample], host(topk_idx)[sample],
-                                host(topk_weights)[sample], host(w1), host(w1_sf), host(w2), host(w2_sf))
+        y_ref = ref.moe_forward(
+            host(x)[sample],
+            host(x_sf)[sample],
+            host(topk_idx)[sample],
+            host(topk_weights)[sample],
+            host(w1),
+            host(w1_sf),
+            host(w2),
+            host(w2_sf),
+        )
         diff = ref.calc_diff(y.float().cpu().numpy()[sample], y_ref.astype(np.float32))
     print(f"y: {tuple(y.shape)} {y.dtype} on {y.device}; calc_diff vs reference on {check_tokens} tokens: {diff:.2e}")
     if not diff < 1e-3:

@@ -22,9 +22,11 @@ first = ctx.rank * local
 # Every rank draws the same global expert weights and loads its own slice of them.
 rs = cp.random.RandomState(1234)
 w1, w1_sf = megamoe_rt.quantize_weight_fp8(
-    rs.standard_normal((experts, 2 * intermediate, hidden), dtype=cp.float32) / np.float32(hidden ** 0.5))
+    rs.standard_normal((experts, 2 * intermediate, hidden), dtype=cp.float32) / np.float32(hidden**0.5)
+)
 w2, w2_sf = megamoe_rt.quantize_weight_fp8(
-    rs.standard_normal((experts, hidden, intermediate), dtype=cp.float32) / np.float32(intermediate ** 0.5))
+    rs.standard_normal((experts, hidden, intermediate), dtype=cp.float32) / np.float32(intermediate**0.5)
+)
 
 # This rank's tokens and their routing over all experts (global ids).
 rng = cp.random.RandomState(ctx.rank)
@@ -33,11 +35,14 @@ logits = rng.standard_normal((tokens, experts), dtype=cp.float32)
 topk_idx = cp.argsort(-logits, axis=1)[:, :topk].astype(cp.int32)
 topk_weights = cp.full((tokens, topk), 1.0 / topk, dtype=cp.float32)
 
+
 def run(mode):
-    layer = megamoe_rt.MegaMoE(hidden, intermediate, experts, topk, num_max_tokens_per_rank=tokens, mode=mode,
-                               group=ctx)
-    layer.load_weights(w1[first:first + local], w1_sf[first:first + local], w2[first:first + local],
-                       w2_sf[first:first + local])
+    layer = megamoe_rt.MegaMoE(
+        hidden, intermediate, experts, topk, num_max_tokens_per_rank=tokens, mode=mode, group=ctx
+    )
+    layer.load_weights(
+        w1[first : first + local], w1_sf[first : first + local], w2[first : first + local], w2_sf[first : first + local]
+    )
     y_bits = layer(x, x_sf, topk_idx, topk_weights)
     layer.close()  # collective: every rank frees its symmetric buffer together
     return (y_bits.astype(cp.uint32) << 16).view(cp.float32)  # bf16 bits -> float32
@@ -45,7 +50,9 @@ def run(mode):
 
 y = run(None)  # the default: one fused persistent kernel per rank
 y_unfused = run("unfused")  # separate kernels, same protocol
-print(f"rank {ctx.rank}: experts {first}..{first + local - 1}, y {y.shape}, mean |y| {float(cp.abs(y).mean()):.4f}, "
-      f"fused vs unfused max |diff| {float(cp.abs(y - y_unfused).max()):.2e}")
+print(
+    f"rank {ctx.rank}: experts {first}..{first + local - 1}, y {y.shape}, mean |y| {float(cp.abs(y).mean()):.4f}, "
+    f"fused vs unfused max |diff| {float(cp.abs(y - y_unfused).max()):.2e}"
+)
 
 NvshmemRuntime.initialize(ctx).finalize()  # collective: NVSHMEM torn down on every rank

@@ -21,14 +21,15 @@ from typing import Any
 
 import numpy as np
 
-from megamoe_rt.runtime import driver
-from megamoe_rt.runtime.arrays import as_device_array, check_array, cupy_stream, require_cupy
-from megamoe_rt.runtime.buffer import DeviceBuffer
-from megamoe_rt.kernels.grouped_gemm import prepare_swiglu_weights
-from megamoe_rt.runtime.deadlines import wait_timeout_ns
+from megamoe_rt.ep.group import RankGroup
 from megamoe_rt.kernels import moe as mk
+from megamoe_rt.kernels.grouped_gemm import prepare_swiglu_weights
 from megamoe_rt.modes.base import Call, LayerSpec, Weights, buffer_layout
 from megamoe_rt.modes.registry import mode_names, select_mode
+from megamoe_rt.runtime import driver
+from megamoe_rt.runtime.arrays import as_device_array, check_array, cupy_stream, require_cupy
+from megamoe_rt.runtime.buffer import DeviceBuffer, LayerBuffer
+from megamoe_rt.runtime.deadlines import wait_timeout_ns
 
 # The names of the execution modes (megamoe_rt.modes.registry.MODES maps them to their classes).
 MODES = mode_names()
@@ -77,11 +78,26 @@ class MegaMoE:
     the calls, which the test and profiling hooks of :mod:`megamoe_rt.testing` act on.
     """
 
-    def __init__(self, hidden: int, intermediate: int, num_experts: int, num_topk: int,
-                 num_max_tokens_per_rank: int, *, swiglu_limit: float | None = None, act_sf_gran: int = 128,
-                 pow2_scale: bool = False, track_expert_stats: bool = False, validate_ids: bool = True,
-                 debug: bool = False, device: int | None = None, mode: str | None = None,
-                 ring_blocks: int | None = None, timeout_s: float | None = None, group: Any = None):
+    def __init__(
+        self,
+        hidden: int,
+        intermediate: int,
+        num_experts: int,
+        num_topk: int,
+        num_max_tokens_per_rank: int,
+        *,
+        swiglu_limit: float | None = None,
+        act_sf_gran: int = 128,
+        pow2_scale: bool = False,
+        track_expert_stats: bool = False,
+        validate_ids: bool = True,
+        debug: bool = False,
+        device: int | None = None,
+        mode: str | None = None,
+        ring_blocks: int | None = None,
+        timeout_s: float | None = None,
+        group: RankGroup | None = None,
+    ):
         self.hidden = _positive("hidden", hidden)
         self.intermediate = _positive("intermediate", intermediate)
         self.num_experts = _positive("num_experts", num_experts)
@@ -101,10 +117,20 @@ class MegaMoE:
         if world > 1 and self.num_experts % world:
             raise ValueError(f"num_experts={num_experts}: expected a multiple of the {world} ranks")
         rank = 0 if group is None else int(group.rank)
-        spec = LayerSpec(self.hidden, self.intermediate, self.num_experts, self.num_topk,
-                         self.num_max_tokens_per_rank, num_ranks=world, rank=rank, act_sf_gran=act_sf_gran,
-                         swiglu_limit=None if swiglu_limit is None else float(swiglu_limit),
-                         pow2_scale=bool(pow2_scale), debug=bool(debug), timeout_s=timeout_s)
+        spec = LayerSpec(
+            self.hidden,
+            self.intermediate,
+            self.num_experts,
+            self.num_topk,
+            self.num_max_tokens_per_rank,
+            num_ranks=world,
+            rank=rank,
+            act_sf_gran=act_sf_gran,
+            swiglu_limit=None if swiglu_limit is None else float(swiglu_limit),
+            pow2_scale=bool(pow2_scale),
+            debug=bool(debug),
+            timeout_s=timeout_s,
+        )
         mode_cls = select_mode(mode, spec, ring_blocks=ring_blocks)
         self.mode = mode_cls.name
         self.timeout_s = timeout_s
@@ -135,6 +161,7 @@ class MegaMoE:
         self.runner = mode_cls(spec, self.layout)
         self._weights: Weights | None = None
         self._closed = False
+        self.buffer: LayerBuffer
         if self.group is None:
             self.buffer = DeviceBuffer(self.layout, device=self.device)
         else:
@@ -149,8 +176,9 @@ class MegaMoE:
         with cupy.cuda.Device(self.device):
             if self.group is None:
                 self.buffer.view("workspace").fill(0)
-            self.expert_recv_stats = (cupy.zeros(self.num_local_experts, dtype=cupy.int32)
-                                      if track_expert_stats else None)
+            self.expert_recv_stats = (
+                cupy.zeros(self.num_local_experts, dtype=cupy.int32) if track_expert_stats else None
+            )
             cupy.cuda.Device(self.device).synchronize()
         stats = self.expert_recv_stats
         self.runner.bind(self.buffer, expert_recv_stats=0 if stats is None else int(stats.data.ptr))
@@ -168,8 +196,12 @@ class MegaMoE:
             raise RuntimeError("MegaMoE: the layer was closed")
         cupy = require_cupy()
         e, h, i = self.num_local_experts, self.hidden, self.intermediate
-        expect = {"w1": (e, 2 * i, h), "w1_sf": (e, 2 * i // 128, h // 128),
-                  "w2": (e, h, i), "w2_sf": (e, h // 128, i // 128)}
+        expect = {
+            "w1": (e, 2 * i, h),
+            "w1_sf": (e, 2 * i // 128, h // 128),
+            "w2": (e, h, i),
+            "w2_sf": (e, h // 128, i // 128),
+        }
         arrays = {}
         with cupy.cuda.Device(self.device):
             for name, arr in (("w1", w1), ("w1_sf", w1_sf), ("w2", w2), ("w2_sf", w2_sf)):
@@ -195,14 +227,26 @@ class MegaMoE:
         d = as_device_array(arr, name)
         check_array(d, name, dtypes=("float32",) if is_sf else ("e4m3",), shape=shape, align=16, device=device)
         if d.dtype == "e4m3":  # a native float8 DLPack tensor: view its bytes
-            return cupy.ndarray(shape, dtype=cupy.uint8,
-                                memptr=cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(d.ptr, d.nbytes, d.owner), 0))
+            return cupy.ndarray(
+                shape,
+                dtype=cupy.uint8,
+                memptr=cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(d.ptr, d.nbytes, d.owner), 0),
+            )
         return cupy.ascontiguousarray(cupy.asarray(arr))
 
     # --- call ----------------------------------------------------------------------------
 
-    def __call__(self, x: Any, x_sf: Any, topk_idx: Any, topk_weights: Any, *, out: Any = None,
-                 stream: Any = None, num_tokens_bound: int | None = None):
+    def __call__(
+        self,
+        x: Any,
+        x_sf: Any,
+        topk_idx: Any,
+        topk_weights: Any,
+        *,
+        out: Any = None,
+        stream: Any = None,
+        num_tokens_bound: int | None = None,
+    ):
         """Run the layer; returns ``y`` (bf16 bits as uint16, ``[T, H]``).
 
         ``x`` e4m3 (uint8) ``[T, H]``, ``x_sf`` float32 ``[T, H/128]``, ``topk_idx`` int32/int64
@@ -227,14 +271,16 @@ class MegaMoE:
         if xa.shape[1] != h:
             raise ValueError(f"x: expected shape [T, {h}], got {list(xa.shape)}")
         if t > self.num_max_tokens_per_rank:
-            raise ValueError(f"x: {t} tokens exceed the layer's capacity "
-                             f"(num_max_tokens_per_rank={self.num_max_tokens_per_rank})")
+            raise ValueError(
+                f"x: {t} tokens exceed the layer's capacity (num_max_tokens_per_rank={self.num_max_tokens_per_rank})"
+            )
         bound = self._check_bound(num_tokens_bound, t)
         sfa = as_device_array(x_sf, "x_sf", stream=sh)
         check_array(sfa, "x_sf", dtypes=("float32",), shape=(t, h // 128), device=self.device, align=4)
         ia = as_device_array(topk_idx, "topk_idx", stream=sh)
-        idx = check_array(ia, "topk_idx", dtypes=("int32", "int64"), shape=(t, k), device=self.device,
-                          align=ia.itemsize)
+        idx = check_array(
+            ia, "topk_idx", dtypes=("int32", "int64"), shape=(t, k), device=self.device, align=ia.itemsize
+        )
         wa = as_device_array(topk_weights, "topk_weights", stream=sh)
         check_array(wa, "topk_weights", dtypes=("float32",), shape=(t, k), device=self.device, align=4)
         cupy = require_cupy()
@@ -270,8 +316,12 @@ class MegaMoE:
     def _check_bound_on_every_rank(self, bound: int) -> None:
         """Debug mode across ranks: every rank publishes its bound and all compare, so all raise
         or none does (a rank raising alone would leave the others waiting for it)."""
-        seen = [int(self.group.broadcast(str(bound).encode() if self.rank == r else None,
-                                         key="num_tokens_bound", root=r)) for r in range(self.num_ranks)]
+        group = self.group
+        assert group is not None, "only called across ranks"
+        seen = [
+            int(group.broadcast(str(bound).encode() if self.rank == r else None, key="num_tokens_bound", root=r))
+            for r in range(self.num_ranks)
+        ]
         if len(set(seen)) > 1:
             raise ValueError(f"num_tokens_bound: ranks passed {seen}; it must be the same on every rank")
 
@@ -282,8 +332,10 @@ class MegaMoE:
             raise TypeError(f"num_tokens_bound: expected an int or None, got {type(num_tokens_bound).__name__}")
         bound = int(num_tokens_bound)
         if not t <= bound <= self.num_max_tokens_per_rank:
-            raise ValueError(f"num_tokens_bound={bound}: expected at least this call's {t} tokens and at most "
-                             f"the capacity num_max_tokens_per_rank={self.num_max_tokens_per_rank}")
+            raise ValueError(
+                f"num_tokens_bound={bound}: expected at least this call's {t} tokens and at most "
+                f"the capacity num_max_tokens_per_rank={self.num_max_tokens_per_rank}"
+            )
         return max(bound, 1)
 
     # --- reports -------------------------------------------------------------------------

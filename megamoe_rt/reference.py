@@ -94,9 +94,7 @@ def _check_array(name: str, arr, dtypes, ndim=None, layout: str = "") -> np.ndar
         kind = f"{type(arr).__module__}.{type(arr).__qualname__}"
         raise TypeError(f"{name}: expected a numpy.ndarray, got {kind}")
     if arr.dtype not in dtypes:
-        raise TypeError(
-            f"{name}: expected dtype {_dtype_names(dtypes)}, got {_describe(arr)}"
-        )
+        raise TypeError(f"{name}: expected dtype {_dtype_names(dtypes)}, got {_describe(arr)}")
     if ndim is not None:
         ok = arr.ndim >= ndim[0] if isinstance(ndim, tuple) else arr.ndim == ndim
         if not ok:
@@ -107,16 +105,12 @@ def _check_array(name: str, arr, dtypes, ndim=None, layout: str = "") -> np.ndar
 def _check_shape(name: str, arr: np.ndarray, expected, layout: str) -> None:
     expected = tuple(int(d) for d in expected)
     if tuple(arr.shape) != expected:
-        raise ValueError(
-            f"{name}: expected shape {layout} = {expected}, got {_describe(arr)}"
-        )
+        raise ValueError(f"{name}: expected shape {layout} = {expected}, got {_describe(arr)}")
 
 
 def _check_multiple(name: str, arr: np.ndarray, dim_name: str, value: int, of: int) -> None:
     if value <= 0 or value % of:
-        raise ValueError(
-            f"{name}: {dim_name} must be a positive multiple of {of}, got {_describe(arr)}"
-        )
+        raise ValueError(f"{name}: {dim_name} must be a positive multiple of {of}, got {_describe(arr)}")
 
 
 def _check_finite(name: str, arr: np.ndarray) -> None:
@@ -315,9 +309,7 @@ def swiglu(gate, up, limit=None) -> np.ndarray:
     gate = _check_array("gate", gate, _FLOAT_INPUTS).astype(np.float32)
     up = _check_array("up", up, _FLOAT_INPUTS).astype(np.float32)
     if gate.shape != up.shape:
-        raise ValueError(
-            f"up: expected the same shape as gate {tuple(gate.shape)}, got {_describe(up)}"
-        )
+        raise ValueError(f"up: expected the same shape as gate {tuple(gate.shape)}, got {_describe(up)}")
     lim = _check_limit("limit", limit)
     if lim is not None:
         gate = np.minimum(gate, lim)
@@ -349,8 +341,7 @@ def _check_moe_inputs(x, x_sf, topk_idx, topk_weights, w1, w1_sf, w2, w2_sf):
     e, two_i, w1_h = w1.shape
     if two_i % 2 or (two_i // 2) % BLOCK_K or two_i == 0 or w1_h != h:
         raise ValueError(
-            f"w1: expected shape [E, 2I, H] with I a positive multiple of 128 and H={h}, "
-            f"got {_describe(w1)}"
+            f"w1: expected shape [E, 2I, H] with I a positive multiple of 128 and H={h}, got {_describe(w1)}"
         )
     i = two_i // 2
     _check_array("w1_sf", w1_sf, (_F32,), 3, "[E, 2I/128, H/128]")
@@ -373,8 +364,7 @@ def _check_moe_inputs(x, x_sf, topk_idx, topk_weights, w1, w1_sf, w2, w2_sf):
     # Weights of empty slots are never read, so only valid ones must be finite.
     if not np.all(np.isfinite(topk_weights[valid])):
         raise ValueError(
-            f"topk_weights: expected finite weights on valid slots, got NaN/Inf "
-            f"({_describe(topk_weights)})"
+            f"topk_weights: expected finite weights on valid slots, got NaN/Inf ({_describe(topk_weights)})"
         )
     return t, h, k, e, i
 

@@ -22,8 +22,15 @@ from megamoe_rt.kernels import fused as fk
 from megamoe_rt.modes.fused import CallSchedule, FusedMode, ParamsTransform
 from megamoe_rt.schedule.plan import FusedSchedule
 
-__all__ = ["force_call_schedule", "fused_runner", "fused_schedule_of", "params_transform", "trace_buffer",
-           "trace_into", "withhold_block"]
+__all__ = [
+    "force_call_schedule",
+    "fused_runner",
+    "fused_schedule_of",
+    "params_transform",
+    "trace_buffer",
+    "trace_into",
+    "withhold_block",
+]
 
 
 def fused_runner(layer: Any) -> FusedMode:

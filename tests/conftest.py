@@ -8,7 +8,7 @@ import os
 import pytest
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def hopper_gpu_count() -> int:
     from megamoe_rt.runtime import driver
 

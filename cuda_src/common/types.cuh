@@ -26,6 +26,4 @@ static_assert(sizeof(u16) == 2 && sizeof(u32) == 4 && sizeof(u64) == 8, "unexpec
 #define MEGAMOE_RT_ASSERT_OFFSET(type, field, offset, message) static_assert(true, message)
 #endif
 
-namespace megamoe_rt {
-
-}  // namespace megamoe_rt
+namespace megamoe_rt {}  // namespace megamoe_rt

@@ -21,8 +21,8 @@
 
 #include "common/types.cuh"
 #include "ep/params.cuh"
-#include "moe/params.cuh"
 #include "ep/pull_row.cuh"
+#include "moe/params.cuh"
 #include "moe/route_count.cuh"
 #include "ptx/ld_st.cuh"
 #include "sync/deadline_wait.cuh"
@@ -147,7 +147,10 @@ __global__ void __launch_bounds__(kThreads) ep_dispatch(const __grid_constant__ 
         u32 lo = 0, hi = el;
         while (hi - lo > 1) {
             const u32 mid = (lo + hi) / 2;
-            if (static_cast<u32>(m.expert_offsets[mid]) <= row) lo = mid; else hi = mid;
+            if (static_cast<u32>(m.expert_offsets[mid]) <= row)
+                lo = mid;
+            else
+                hi = mid;
         }
         const i32* src_rows = p.src_rows + lo * (p.num_ranks + 1);
         if (static_cast<i32>(row) >= src_rows[p.num_ranks]) continue;  // padding

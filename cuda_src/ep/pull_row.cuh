@@ -12,11 +12,11 @@ namespace megamoe_rt::ep {
 
 // Where a source rank's regions are, as this rank maps them.
 struct SourceRegions {
-    u64 base;            // the source rank's buffer
-    u64 off_x;           // [T, H] e4m3
-    u64 off_x_sf;        // [T, H / 128] float
-    u64 off_send_list;   // [T * K] (weight bits << 32) | (token * K + slot)
-    u64 off_combine;     // [K, T, H] bf16
+    u64 base;           // the source rank's buffer
+    u64 off_x;          // [T, H] e4m3
+    u64 off_x_sf;       // [T, H / 128] float
+    u64 off_send_list;  // [T * K] (weight bits << 32) | (token * K + slot)
+    u64 off_combine;    // [K, T, H] bf16
 };
 
 // 16-byte vectors per lane in flight while a row is pulled: 7 keeps the fused kernel's

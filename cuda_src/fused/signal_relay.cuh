@@ -22,12 +22,12 @@ struct SignalRelay {
     static constexpr u32 kDepth = 16;
     static constexpr u32 kBytes = kDepth * (8 + 8 + 4);
     static_assert(kBytes == kRelayBytes, "the host reserves kRelayBytes (interface/fused.cuh) for the relay");
-    static constexpr u32 kProxyFence = 1u << 31;   // the counter publishes rows TMA will read
+    static constexpr u32 kProxyFence = 1u << 31;  // the counter publishes rows TMA will read
     static constexpr u32 kStop = 0xFFFFFFFFu;
 
-    u64* full;      // [kDepth] the leader's post is in
-    u64* empty;     // [kDepth] the relay is done with it
-    u32* entries;   // [kDepth]: word offset of the counter in the bank, | kProxyFence
+    u64* full;     // [kDepth] the leader's post is in
+    u64* empty;    // [kDepth] the relay is done with it
+    u32* entries;  // [kDepth]: word offset of the counter in the bank, | kProxyFence
 
     __device__ __forceinline__ explicit SignalRelay(u8* base)
         : full(reinterpret_cast<u64*>(base)), empty(full + kDepth), entries(reinterpret_cast<u32*>(empty + kDepth)) {}

@@ -65,7 +65,7 @@ struct RoutingTables {
     u16* unit_first;  // [max_blocks]
     u16* unit_info;   // [max_blocks]
     u32* scalars;     // [0] units, [1] blocks, [2] pool overflow, [3] launch epoch
-    TileQueue tiles;     // first in the region: mbarriers need 8-byte alignment
+    TileQueue tiles;  // first in the region: mbarriers need 8-byte alignment
     SignalRelay relay;
 
     __device__ __forceinline__ RoutingTables(u8* base, u32 num_local_experts, u32 max_blocks)
@@ -101,8 +101,8 @@ __device__ __forceinline__ void trace(const FusedParams& p, TraceEvent event) {
 // worst-case block count within kMaxBlocks.
 static_assert(kMaxBlocks <= 0xFFFFu, "block and unit counts are packed 16 bits each");
 __device__ __forceinline__ void build_tables(const FusedParams& p, const u32* counts, const RoutingTables& tab) {
-    build_unit_table<kBlockM>(counts, p.moe.num_local_experts, p.max_blocks, tab.row_begin, tab.row_end,
-                              tab.unit_first, tab.unit_info, tab.scalars);
+    build_unit_table<kBlockM>(counts, p.moe.num_local_experts, p.max_blocks, tab.row_begin, tab.row_end, tab.unit_first,
+                              tab.unit_info, tab.scalars);
 }
 
 // Across ranks: pool row `row` of `expert` comes from the source rank whose range holds it
@@ -116,8 +116,8 @@ __device__ __forceinline__ void pull_row_from_source(const FusedParams& p, const
     u32 s = 0;
     while (static_cast<i32>(row) >= src_rows[s + 1]) ++s;
     const u32* own = ep_own_bank(p, tab.scalars[3] & 1);
-    const u32 pos = own[p.ep_bank.recv_offsets + s * m.num_local_experts + expert] +
-                    (row - static_cast<u32>(src_rows[s]));
+    const u32 pos =
+        own[p.ep_bank.recv_offsets + s * m.num_local_experts + expert] + (row - static_cast<u32>(src_rows[s]));
     const ep::SourceRegions regions{p.peer_bases[s], p.off_x, p.off_x_sf, p.off_send_list, p.off_combine};
     ep::pull_row(m, regions, s, pos, row, slot_row, lane);
 }
@@ -150,13 +150,13 @@ __device__ __forceinline__ void dispatch_rows(const FusedParams& p, const Routin
         if constexpr (kEp) {
             pull_row_from_source(p, tab, expert, row, slot_row, lane);
         } else {
-        const u32 token = static_cast<u32>(m.pool_src[row]) / m.num_topk;
-        const ptx::u32x4* src = reinterpret_cast<const ptx::u32x4*>(m.x + static_cast<u64>(token) * m.hidden);
-        ptx::u32x4* dst = reinterpret_cast<ptx::u32x4*>(m.pool + static_cast<u64>(slot_row) * m.hidden);
+            const u32 token = static_cast<u32>(m.pool_src[row]) / m.num_topk;
+            const ptx::u32x4* src = reinterpret_cast<const ptx::u32x4*>(m.x + static_cast<u64>(token) * m.hidden);
+            ptx::u32x4* dst = reinterpret_cast<ptx::u32x4*>(m.pool + static_cast<u64>(slot_row) * m.hidden);
 #pragma unroll 4
-        for (u32 v = lane; v < m.hidden / 16; v += 32) dst[v] = ptx::ld_global_nc_v4_u32(src + v);
-        for (u32 j = lane; j < sf_cols; j += 32)
-            m.pool_sf[static_cast<u64>(j) * m.pool_rows + slot_row] = m.x_sf[static_cast<u64>(token) * sf_cols + j];
+            for (u32 v = lane; v < m.hidden / 16; v += 32) dst[v] = ptx::ld_global_nc_v4_u32(src + v);
+            for (u32 j = lane; j < sf_cols; j += 32)
+                m.pool_sf[static_cast<u64>(j) * m.pool_rows + slot_row] = m.x_sf[static_cast<u64>(token) * sf_cols + j];
         }
         // The rows are read by TMA (the async proxy) in another block.
         ptx::fence_proxy_async_global();
@@ -363,10 +363,9 @@ __device__ __forceinline__ gemm::Tile ring_tile(const FusedParams& p, const Rout
 }
 
 template <u32 kStages, u32 kActSfGran>
-__device__ __forceinline__ void produce_tiles(const FusedParams& p, const RoutingTables& tab, u8* smem, const ptx::TmaDescriptor* tma_l1_a,
-                                              const ptx::TmaDescriptor* tma_l1_b,
-                                              const ptx::TmaDescriptor* tma_l1_sfa,
-                                              const ptx::TmaDescriptor* tma_l2_a,
+__device__ __forceinline__ void produce_tiles(const FusedParams& p, const RoutingTables& tab, u8* smem,
+                                              const ptx::TmaDescriptor* tma_l1_a, const ptx::TmaDescriptor* tma_l1_b,
+                                              const ptx::TmaDescriptor* tma_l1_sfa, const ptx::TmaDescriptor* tma_l2_a,
                                               const ptx::TmaDescriptor* tma_l2_b,
                                               const ptx::TmaDescriptor* tma_l2_sfa) {
     using L1 = L1Config<kStages, kActSfGran>;
@@ -392,13 +391,11 @@ __device__ __forceinline__ void produce_tiles(const FusedParams& p, const Routin
         if (!s.l2) {
             // Past the first ring pass the rows themselves wait on a freed slot: a derived wait.
             sync::wait_ge_acquire_gpu_u32(bank + p.bank.arrivals + s.block, tile.rows, sync::WaitSite::kL1RowsArrived,
-                                          p.wait, s.block,
-                                          s.block >= p.ring_blocks ? sync::kDerivedWaitShift : 0u);
+                                          p.wait, s.block, s.block >= p.ring_blocks ? sync::kDerivedWaitShift : 0u);
             // The epilogue of this tile overwrites the activation slot of block - ring_blocks.
             if (s.block >= p.ring_blocks)
                 sync::wait_ge_acquire_gpu_u32(bank + p.bank.l2_read + s.block - p.ring_blocks, n2,
-                                              sync::WaitSite::kRingSlotFree, p.wait, s.block,
-                                              sync::kDerivedWaitShift);
+                                              sync::WaitSite::kRingSlotFree, p.wait, s.block, sync::kDerivedWaitShift);
             ptx::fence_proxy_async_global();
             tile.b_row0 = s.expert * p.l1.n + tile.n0;
             gemm::produce_tile<L1>(tile, p.l1.k / L1::kBlockK, sm1, st, tma_l1_a, tma_l1_b, tma_l1_sfa, 0);
@@ -454,17 +451,18 @@ __device__ __forceinline__ void compute_tiles(const FusedParams& p, const Routin
 
 template <u32 kStages, u32 kActSfGran, typename IdxT, bool kEp>
 __global__ void __launch_bounds__(kNumThreads, 1)
-sm90_fp8_fused_moe(const __grid_constant__ FusedParams p, const __grid_constant__ ptx::TmaDescriptor tma_l1_a,
-                   const __grid_constant__ ptx::TmaDescriptor tma_l1_b,
-                   const __grid_constant__ ptx::TmaDescriptor tma_l1_sfa,
-                   const __grid_constant__ ptx::TmaDescriptor tma_l2_a,
-                   const __grid_constant__ ptx::TmaDescriptor tma_l2_b,
-                   const __grid_constant__ ptx::TmaDescriptor tma_l2_sfa) {
+    sm90_fp8_fused_moe(const __grid_constant__ FusedParams p, const __grid_constant__ ptx::TmaDescriptor tma_l1_a,
+                       const __grid_constant__ ptx::TmaDescriptor tma_l1_b,
+                       const __grid_constant__ ptx::TmaDescriptor tma_l1_sfa,
+                       const __grid_constant__ ptx::TmaDescriptor tma_l2_a,
+                       const __grid_constant__ ptx::TmaDescriptor tma_l2_b,
+                       const __grid_constant__ ptx::TmaDescriptor tma_l2_sfa) {
     using L1 = L1Config<kStages, kActSfGran>;
     using L2 = L2Config<kStages, kActSfGran>;
     static_assert(L1::kSmemBytes == L2::kSmemBytes && L1::kOffBarriers == L2::kOffBarriers,
                   "L1 and L2 tiles must share one shared-memory carve-up");
-    static_assert(L1::kNumThreads == kNumThreads && L2::kNumThreads == kNumThreads, "one producer + two math warpgroups");
+    static_assert(L1::kNumThreads == kNumThreads && L2::kNumThreads == kNumThreads,
+                  "one producer + two math warpgroups");
     // The host puts the routing tables at tile_smem_bytes(kStages) (FusedParams::table_smem_offset).
     static_assert(L1::kSmemBytes == tile_smem_bytes(kStages), "the GEMM carve-up differs from the host's size");
     const moe::MoeParams& m = p.moe;
@@ -524,8 +522,8 @@ sm90_fp8_fused_moe(const __grid_constant__ FusedParams p, const __grid_constant_
         }
         if (tab.overflow()) return;
         if (threadIdx.x == 0) {
-            produce_tiles<kStages, kActSfGran>(p, tab, smem, &tma_l1_a, &tma_l1_b, &tma_l1_sfa, &tma_l2_a,
-                                               &tma_l2_b, &tma_l2_sfa);
+            produce_tiles<kStages, kActSfGran>(p, tab, smem, &tma_l1_a, &tma_l1_b, &tma_l1_sfa, &tma_l2_a, &tma_l2_b,
+                                               &tma_l2_sfa);
             trace(p, kTraceProducerDone);
         } else if (threadIdx.x == kRelayThread) {
             tab.relay.run(tab.bank(p));

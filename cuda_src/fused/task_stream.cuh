@@ -31,17 +31,20 @@ struct UnitTable {
 };
 
 struct StreamTile {
-    bool l2;       // L2 (down projection) tile, else L1 (gate|up + SwiGLU)
-    u32 block;     // pool block, in [0, total blocks)
-    u32 expert;    // local expert
-    u32 n_block;   // n-block within the GEMM's N
+    bool l2;      // L2 (down projection) tile, else L1 (gate|up + SwiGLU)
+    u32 block;    // pool block, in [0, total blocks)
+    u32 expert;   // local expert
+    u32 n_block;  // n-block within the GEMM's N
 };
 
 class LagOrderedStream {
   public:
     __device__ __forceinline__ LagOrderedStream(const UnitTable& units, u32 lag, u32 group, u32 l1_n_blocks,
                                                 u32 l2_n_blocks)
-        : units_(units), lag_(static_cast<i32>(lag)), group_(static_cast<i32>(group)), n1_(l1_n_blocks),
+        : units_(units),
+          lag_(static_cast<i32>(lag)),
+          group_(static_cast<i32>(group)),
+          n1_(l1_n_blocks),
           n2_(l2_n_blocks) {}
 
     // Tile `t` of the stream; false past its end. Calls must come with non-decreasing t.

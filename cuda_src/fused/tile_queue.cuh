@@ -22,9 +22,9 @@ struct TileQueue {
     static constexpr u32 kBytes = kDepth * (8 + 8 + 4);
     static_assert(kBytes == kTileQueueBytes, "the host reserves kTileQueueBytes (interface/fused.cuh) for the queue");
 
-    u64* full;      // [kDepth] one arrival: the producer's ticket is in
-    u64* empty;     // [kDepth] one arrival per math warp: the ticket was read
-    u32* tickets;   // [kDepth]
+    u64* full;     // [kDepth] one arrival: the producer's ticket is in
+    u64* empty;    // [kDepth] one arrival per math warp: the ticket was read
+    u32* tickets;  // [kDepth]
 
     __device__ __forceinline__ explicit TileQueue(u8* base)
         : full(reinterpret_cast<u64*>(base)), empty(full + kDepth), tickets(reinterpret_cast<u32*>(empty + kDepth)) {}

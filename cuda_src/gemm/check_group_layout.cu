@@ -16,8 +16,10 @@ __global__ void check_group_layout(const __grid_constant__ GemmParams p, u32 blo
         for (u32 g = 0; g <= p.num_groups; ++g) {
             const i32 off = p.group_offsets[g];
             if (off < prev || off % static_cast<i32>(block_m) != 0 || static_cast<u32>(off) > p.num_rows) {
-                printf("megamoe_rt grouped GEMM: group_offsets[%u] = %d is invalid (must be non-decreasing, "
-                       "a multiple of %u and <= %u rows)\n", g, off, block_m, p.num_rows);
+                printf(
+                    "megamoe_rt grouped GEMM: group_offsets[%u] = %d is invalid (must be non-decreasing, "
+                    "a multiple of %u and <= %u rows)\n",
+                    g, off, block_m, p.num_rows);
                 __trap();
             }
             if (g < p.num_groups && p.group_counts != nullptr && p.group_counts[g] < 0) {

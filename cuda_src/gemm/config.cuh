@@ -17,11 +17,11 @@ template <u32 kBlockM_, u32 kBlockN_, u32 kStages_, u32 kASfGran_, u32 kBSfN_, u
 struct Config {
     static constexpr u32 kBlockM = kBlockM_;
     static constexpr u32 kBlockN = kBlockN_;
-    static constexpr u32 kBlockK = gemm::kBlockK;    // e4m3: one 128-byte swizzled row
+    static constexpr u32 kBlockK = gemm::kBlockK;  // e4m3: one 128-byte swizzled row
     static constexpr u32 kStages = kStages_;
-    static constexpr u32 kASfGran = kASfGran_;       // A scales per 64 or 128 K elements
-    static constexpr u32 kBSfN = kBSfN_;             // B scales per 64 or 128 output columns
-    static constexpr u32 kOutSfGran = kOutSfGran_;   // SwiGLU epilogue: requant group along the output
+    static constexpr u32 kASfGran = kASfGran_;      // A scales per 64 or 128 K elements
+    static constexpr u32 kBSfN = kBSfN_;            // B scales per 64 or 128 output columns
+    static constexpr u32 kOutSfGran = kOutSfGran_;  // SwiGLU epilogue: requant group along the output
     // CTAs per cluster along N: a pair computes neighbouring n-blocks of one m-block and
     // each loads half of the shared A tile, multicast to both (half the A traffic). The
     // host builds only kClusterN == 1 until the peer waits below carry a deadline.

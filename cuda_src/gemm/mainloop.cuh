@@ -66,7 +66,8 @@ __device__ __forceinline__ void produce_tile(const Tile& tile, u32 num_k_blocks,
                 sm.a(st.stage) + cta_rank * kHalfRows * Cfg::kBlockK, tma_a, full, k0,
                 static_cast<i32>(tile.a_row0 + cta_rank * kHalfRows), static_cast<u16>(0b11));
         } else {
-            ptx::cp_async_bulk_tensor_2d_global_to_shared(sm.a(st.stage), tma_a, full, k0, static_cast<i32>(tile.a_row0));
+            ptx::cp_async_bulk_tensor_2d_global_to_shared(sm.a(st.stage), tma_a, full, k0,
+                                                          static_cast<i32>(tile.a_row0));
         }
         ptx::cp_async_bulk_tensor_2d_global_to_shared(sm.b(st.stage), tma_b, full, k0, static_cast<i32>(tile.b_row0));
         ptx::cp_async_bulk_tensor_2d_global_to_shared(sm.sfa(st.stage), tma_sfa, full, static_cast<i32>(tile.a_row0),
@@ -137,7 +138,8 @@ __device__ __forceinline__ void release_stage(const SharedStorage<Cfg>& sm, u32 
                                               u32 cta_rank) {
     __syncwarp();
     ptx::mbarrier_arrive_shared_if(sm.empty(stage), mt.lane == 0);
-    if constexpr (Cfg::kClusterN == 2) ptx::mbarrier_arrive_shared_cluster_remote_if(sm.empty(stage), cta_rank ^ 1, mt.lane == 0);
+    if constexpr (Cfg::kClusterN == 2)
+        ptx::mbarrier_arrive_shared_cluster_remote_if(sm.empty(stage), cta_rank ^ 1, mt.lane == 0);
 }
 
 template <class Cfg>
@@ -148,7 +150,8 @@ __device__ __forceinline__ void consume_tile(const GemmParams& p, const Tile& ti
 #pragma unroll
     for (int i = 0; i < 64; ++i) out[i] = 0.0f;
     const u32 sfb_per_group = p.n / Cfg::kBSfN;
-    const float* sfb = p.sfb + (static_cast<u64>(tile.group) * sfb_per_group + mt.col0(tile) / Cfg::kBSfN) * num_k_blocks;
+    const float* sfb =
+        p.sfb + (static_cast<u64>(tile.group) * sfb_per_group + mt.col0(tile) / Cfg::kBSfN) * num_k_blocks;
     const u32 a_offset = mt.wg_m * Cfg::kWgTileM * Cfg::kBlockK;
     const u32 b_offset = mt.wg_n * Cfg::kWgTileN * Cfg::kBlockK;
     constexpr u32 kSteps = Cfg::kSfaRowsPerStage;

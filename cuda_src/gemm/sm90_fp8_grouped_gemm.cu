@@ -27,9 +27,9 @@ template <u32 kBlockM, u32 kBlockN, u32 kStages, u32 kASfGran, u32 kBSfN, u32 kO
           GroupLayout kLayout, class Epilogue>
 __global__ void __launch_bounds__(
     Config<kBlockM, kBlockN, kStages, kASfGran, kBSfN, kOutSfGran, kClusterN, kLayout, Epilogue>::kNumThreads, 1)
-sm90_fp8_grouped_gemm(const __grid_constant__ GemmParams p, const __grid_constant__ ptx::TmaDescriptor tma_a,
-                      const __grid_constant__ ptx::TmaDescriptor tma_b,
-                      const __grid_constant__ ptx::TmaDescriptor tma_sfa) {
+    sm90_fp8_grouped_gemm(const __grid_constant__ GemmParams p, const __grid_constant__ ptx::TmaDescriptor tma_a,
+                          const __grid_constant__ ptx::TmaDescriptor tma_b,
+                          const __grid_constant__ ptx::TmaDescriptor tma_sfa) {
     using Cfg = Config<kBlockM, kBlockN, kStages, kASfGran, kBSfN, kOutSfGran, kClusterN, kLayout, Epilogue>;
     extern __shared__ u8 smem_raw[];
     const u32 raw_addr = ptx::smem_addr_u32(smem_raw);

@@ -17,12 +17,12 @@ namespace megamoe_rt::gemm {
 struct Tile {
     bool valid;
     u32 group;
-    u32 row0;        // first row of the per-row metadata (top-k weight, scatter address)
-    u32 a_row0;      // first row of A and its scales
-    u32 d_row0;      // first row of D and its scales
-    u32 rows;        // valid rows in this tile (<= BLOCK_M)
-    u32 n0;          // first output column within the group
-    u32 b_row0;      // first row of B viewed as [num_groups * n, k]
+    u32 row0;    // first row of the per-row metadata (top-k weight, scatter address)
+    u32 a_row0;  // first row of A and its scales
+    u32 d_row0;  // first row of D and its scales
+    u32 rows;    // valid rows in this tile (<= BLOCK_M)
+    u32 n0;      // first output column within the group
+    u32 b_row0;  // first row of B viewed as [num_groups * n, k]
 };
 
 // With clusters of kClusterN CTAs along N, a "tile" index names one m-block and
@@ -55,7 +55,10 @@ struct TileScheduler {
             u32 lo = 0, hi = p.num_groups;
             while (hi - lo > 1) {
                 const u32 mid = (lo + hi) / 2;
-                if (static_cast<u32>(ptx::ld_global_nc_s32(p.group_offsets + mid)) <= row0) lo = mid; else hi = mid;
+                if (static_cast<u32>(ptx::ld_global_nc_s32(p.group_offsets + mid)) <= row0)
+                    lo = mid;
+                else
+                    hi = mid;
             }
             const u32 start = static_cast<u32>(ptx::ld_global_nc_s32(p.group_offsets + lo));
             if (row0 < start) return tile;  // rows before the first group belong to none

@@ -12,8 +12,7 @@ namespace megamoe_rt::probe {
 __global__ void sm_probe(const __grid_constant__ SmProbeParams p) {
     if (threadIdx.x != 0) return;
     const u64 start = ptx::globaltimer_ns();
-    while (ptx::globaltimer_ns() - start < p.spin_ns) {
-    }
+    while (ptx::globaltimer_ns() - start < p.spin_ns) {}
     p.smid[blockIdx.x] = ptx::smid();
     p.start_ns[blockIdx.x] = start;
     p.end_ns[blockIdx.x] = ptx::globaltimer_ns();

@@ -25,8 +25,8 @@
 namespace megamoe_rt::probe {
 
 __global__ void __launch_bounds__(32, 1)
-task_stream_order(const u32* blocks_per_expert, u32 num_experts, u32 max_blocks, u32 lag, u32 group,
-                  u32 l1_n_blocks, u32 l2_n_blocks, u32* tiles, u32 capacity, u32* info) {
+    task_stream_order(const u32* blocks_per_expert, u32 num_experts, u32 max_blocks, u32 lag, u32 group,
+                      u32 l1_n_blocks, u32 l2_n_blocks, u32* tiles, u32 capacity, u32* info) {
     extern __shared__ __align__(16) u8 smem[];
     i32* row_begin = reinterpret_cast<i32*>(smem);
     i32* row_end = row_begin + num_experts + 1;

@@ -15,9 +15,7 @@ __device__ __forceinline__ u16 cvt_rn_satfinite_e4m3x2_f32(float lo, float hi) {
 }
 
 // bf16 bits to fp32: exact, a bf16 is the upper half of an fp32.
-__device__ __forceinline__ float bf16_bits_to_f32(u16 bits) {
-    return __uint_as_float(static_cast<u32>(bits) << 16);
-}
+__device__ __forceinline__ float bf16_bits_to_f32(u16 bits) { return __uint_as_float(static_cast<u32>(bits) << 16); }
 
 }  // namespace megamoe_rt::ptx
 

@@ -5,29 +5,32 @@
 
 namespace megamoe_rt::ptx {
 
-struct u32x4 { u32 x, y, z, w; };
-struct u32x2 { u32 x, y; };
+struct u32x4 {
+    u32 x, y, z, w;
+};
+struct u32x2 {
+    u32 x, y;
+};
 
 // Read-only (non-coherent) 16-byte load: only for data no thread of this
 // launch writes.
 __device__ __forceinline__ u32x4 ld_global_nc_v4_u32(const void* ptr) {
     u32x4 v;
-    asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr));
+    asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr));
     return v;
 }
 
 __device__ __forceinline__ void st_global_v4_b32(void* ptr, u32x4 v) {
-    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" :: "l"(ptr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(ptr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                  : "memory");
 }
 
 __device__ __forceinline__ void st_global_v2_u32(void* ptr, u32x2 v) {
-    asm volatile("st.global.v2.u32 [%0], {%1, %2};" :: "l"(ptr), "r"(v.x), "r"(v.y) : "memory");
+    asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(ptr), "r"(v.x), "r"(v.y) : "memory");
 }
 
 __device__ __forceinline__ void st_global_f32(float* ptr, float v) {
-    asm volatile("st.global.f32 [%0], %1;" :: "l"(ptr), "f"(v) : "memory");
+    asm volatile("st.global.f32 [%0], %1;" ::"l"(ptr), "f"(v) : "memory");
 }
 
 }  // namespace megamoe_rt::ptx
@@ -131,8 +134,6 @@ __device__ __forceinline__ u32 atom_add_acq_rel_gpu_u32(u32* ptr, u32 v) {
 
 // Orders this thread's generic-proxy global accesses with async-proxy (TMA) accesses:
 // rows written with st.global and later loaded by TMA need it on both sides of the flag.
-__device__ __forceinline__ void fence_proxy_async_global() {
-    asm volatile("fence.proxy.async.global;" ::: "memory");
-}
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
 
 }  // namespace megamoe_rt::ptx

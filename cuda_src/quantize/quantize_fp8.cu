@@ -15,20 +15,19 @@
 namespace megamoe_rt {
 
 // QuantizeParams, kGroupSize and kQuantizeThreads: interface/quantize.cuh (generated).
-constexpr int kElemsPerThread = 8;                                             // one 16-byte bf16 load
+constexpr int kElemsPerThread = 8;                                                // one 16-byte bf16 load
 constexpr int kThreadsPerGroup = static_cast<int>(kGroupSize) / kElemsPerThread;  // 16: half a warp
 
 template <bool kInputBf16>
-__global__ void __launch_bounds__(kQuantizeThreads)
-quantize_fp8_1x128(const __grid_constant__ QuantizeParams p) {
+__global__ void __launch_bounds__(kQuantizeThreads) quantize_fp8_1x128(const __grid_constant__ QuantizeParams p) {
     const u32 lane = threadIdx.x % 32;
     const u32 sub = threadIdx.x % kThreadsPerGroup;
     // A warp takes two consecutive groups per step (one per half-warp) and the
     // whole warp iterates together, so the shuffles below can name all 32 lanes.
     const u64 warps_per_step = static_cast<u64>(gridDim.x) * (kQuantizeThreads / 32);
 
-    for (u64 pair = (static_cast<u64>(blockIdx.x) * kQuantizeThreads + threadIdx.x) / 32;
-         pair * 2 < p.num_groups; pair += warps_per_step) {
+    for (u64 pair = (static_cast<u64>(blockIdx.x) * kQuantizeThreads + threadIdx.x) / 32; pair * 2 < p.num_groups;
+         pair += warps_per_step) {
         const u64 g = pair * 2 + lane / kThreadsPerGroup;
         const bool active = g < p.num_groups;
         const u64 elem = g * kGroupSize + sub * kElemsPerThread;
@@ -67,8 +66,10 @@ quantize_fp8_1x128(const __grid_constant__ QuantizeParams p) {
         u32 packed[2];
 #pragma unroll
         for (int w = 0; w < 2; ++w) {
-            const u16 lo = ptx::cvt_rn_satfinite_e4m3x2_f32(__fdiv_rn(v[4 * w + 0], scale), __fdiv_rn(v[4 * w + 1], scale));
-            const u16 hi = ptx::cvt_rn_satfinite_e4m3x2_f32(__fdiv_rn(v[4 * w + 2], scale), __fdiv_rn(v[4 * w + 3], scale));
+            const u16 lo =
+                ptx::cvt_rn_satfinite_e4m3x2_f32(__fdiv_rn(v[4 * w + 0], scale), __fdiv_rn(v[4 * w + 1], scale));
+            const u16 hi =
+                ptx::cvt_rn_satfinite_e4m3x2_f32(__fdiv_rn(v[4 * w + 2], scale), __fdiv_rn(v[4 * w + 3], scale));
             packed[w] = static_cast<u32>(lo) | (static_cast<u32>(hi) << 16);
         }
         if (active) {

@@ -17,12 +17,12 @@ static_assert(kWeightQuantThreads * kColsPerThread == 128 * 128, "one thread per
 
 template <bool kInputBf16>
 __global__ void __launch_bounds__(kWeightQuantThreads)
-quantize_fp8_128x128(const __grid_constant__ WeightQuantizeParams p) {
+    quantize_fp8_128x128(const __grid_constant__ WeightQuantizeParams p) {
     __shared__ float warp_amax[kWeightQuantThreads / 32];
     const u32 kb_count = p.k / 128;
     const u32 nb_count = p.n / 128;
-    const u32 row = threadIdx.x / 4;                       // 0..127 within the block
-    const u32 col0 = (threadIdx.x % 4) * kColsPerThread;   // 0, 32, 64, 96
+    const u32 row = threadIdx.x / 4;                      // 0..127 within the block
+    const u32 col0 = (threadIdx.x % 4) * kColsPerThread;  // 0, 32, 64, 96
     for (u32 blk = blockIdx.x; blk < p.num_blocks; blk += gridDim.x) {
         const u32 kb = blk % kb_count;
         const u32 nb = (blk / kb_count) % nb_count;

@@ -27,10 +27,11 @@ __device__ __forceinline__ void fail_wait(WaitSite site, const WaitContext& ctx,
 
 __device__ __noinline__ void report_wait_timeout(WaitSite site, const WaitContext& ctx, u32 peer, u64 expected,
                                                  u64 seen) {
-    printf("megamoe_rt: wait '%s' timed out after %.1f s: block %u thread %u, rank %u, peer %u, "
-           "expected >= %llu, saw %llu\n",
-           wait_site_name(site), static_cast<double>(ctx.timeout_ns) * 1e-9, blockIdx.x, threadIdx.x, ctx.rank, peer,
-           static_cast<unsigned long long>(expected), static_cast<unsigned long long>(seen));
+    printf(
+        "megamoe_rt: wait '%s' timed out after %.1f s: block %u thread %u, rank %u, peer %u, "
+        "expected >= %llu, saw %llu\n",
+        wait_site_name(site), static_cast<double>(ctx.timeout_ns) * 1e-9, blockIdx.x, threadIdx.x, ctx.rank, peer,
+        static_cast<unsigned long long>(expected), static_cast<unsigned long long>(seen));
     fail_wait(site, ctx, peer, expected, seen, ctx.timeout_ns);
 }
 
@@ -95,17 +96,15 @@ __device__ __forceinline__ u32 wait_acquire_gpu_u32(const u32* word, Done done, 
 }
 
 __device__ __forceinline__ u32 wait_ge_acquire_gpu_u32(const u32* word, u32 expected, WaitSite site,
-                                                       const WaitContext& ctx, u32 peer = 0,
-                                                       u32 deadline_shift = 0) {
-    return wait_acquire_gpu_u32(word, [expected](u32 v) { return v >= expected; }, expected, site, ctx, peer,
-                                deadline_shift);
+                                                       const WaitContext& ctx, u32 peer = 0, u32 deadline_shift = 0) {
+    return wait_acquire_gpu_u32(
+        word, [expected](u32 v) { return v >= expected; }, expected, site, ctx, peer, deadline_shift);
 }
 
 // Waits until *word >= expected (acquire, system scope: a peer rank's store) in a kernel that
 // cannot printf (wgmma): on timeout it records and traps, like wait_acquire_gpu_u32.
 __device__ __forceinline__ u32 wait_ge_acquire_sys_u32_quiet(const u32* word, u32 expected, WaitSite site,
-                                                             const WaitContext& ctx, u32 peer,
-                                                             u32 deadline_shift = 0) {
+                                                             const WaitContext& ctx, u32 peer, u32 deadline_shift = 0) {
     const u64 timeout_ns = ctx.timeout_ns << deadline_shift;
     u32 seen = ptx::ld_acquire_sys_u32(word);
     if (seen >= expected) return seen;
@@ -126,8 +125,8 @@ __device__ __forceinline__ u32 wait_ge_acquire_sys_u32_quiet(const u32* word, u3
 }
 
 // Deadline shifts of derived waits (see wait_acquire_gpu_u32).
-constexpr u32 kDerivedWaitShift = 1;   // waits on work that itself waits (published L1 output, freed slots)
-constexpr u32 kBarrierWaitShift = 2;   // grid barriers: downstream of everything
-constexpr u32 kPeerStallShift = 3;     // a peer's end of launch: behind its own grid barriers
+constexpr u32 kDerivedWaitShift = 1;  // waits on work that itself waits (published L1 output, freed slots)
+constexpr u32 kBarrierWaitShift = 2;  // grid barriers: downstream of everything
+constexpr u32 kPeerStallShift = 3;    // a peer's end of launch: behind its own grid barriers
 
 }  // namespace megamoe_rt::sync

@@ -21,8 +21,9 @@ __device__ __forceinline__ void grid_barrier_acq_rel_gpu(GridBarrierWords* words
         ptx::st_relaxed_gpu_u32(&words->count, 0);
         ptx::st_release_gpu_u32(&words->generation, gen + 1);
     } else {
-        wait_acquire_gpu_u32(&words->generation, [gen](u32 v) { return v != gen; }, num_blocks, WaitSite::kGridBarrier,
-                             ctx, arrived, kBarrierWaitShift);
+        wait_acquire_gpu_u32(
+            &words->generation, [gen](u32 v) { return v != gen; }, num_blocks, WaitSite::kGridBarrier, ctx, arrived,
+            kBarrierWaitShift);
     }
 }
 

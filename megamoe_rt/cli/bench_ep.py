@@ -12,7 +12,9 @@ ceiling measured on these GPUs.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+from collections.abc import Callable
 
 from megamoe_rt.cli.timing import DeviceTimer, bracketed, capture_layer_call
 from megamoe_rt.presets import DEFAULT_EP_RANKS, get_preset
@@ -20,8 +22,9 @@ from megamoe_rt.presets import DEFAULT_EP_RANKS, get_preset
 NVLINK_BYTES_PER_S = 395e9
 
 
-def rank_inputs(cp, rank: int, tokens: int, hidden: int, intermediate: int, experts: int, local: int, topk: int,
-                seed: int):
+def rank_inputs(
+    cp, rank: int, tokens: int, hidden: int, intermediate: int, experts: int, local: int, topk: int, seed: int
+):
     from megamoe_rt.kernels.quantize import quantize_fp8, quantize_weight_fp8
 
     rs = cp.random.RandomState(seed * 1000 + rank)
@@ -35,8 +38,9 @@ def rank_inputs(cp, rank: int, tokens: int, hidden: int, intermediate: int, expe
     return (x, x_sf, topk_idx, topk_weights), (w1, w1_sf, w2, w2_sf)
 
 
-def bench_moe_ep(ctx, presets: list[str], tokens: list[int], *, modes: list[str], rounds: int,
-                 json_path: str | None) -> list[dict]:
+def bench_moe_ep(
+    ctx, presets: list[str], tokens: list[int], *, modes: list[str], rounds: int, json_path: str | None
+) -> list[dict]:
     import cupy as cp
 
     from megamoe_rt.layer import MegaMoE
@@ -53,35 +57,48 @@ def bench_moe_ep(ctx, presets: list[str], tokens: list[int], *, modes: list[str]
             ids = args[2]
             remote = int(cp.count_nonzero((ids // local) != ctx.rank))
             stream = cp.cuda.Stream(non_blocking=True)
-            layers, arms = {}, {}
+            layers = {}
+            arms: dict[str, Callable[[], None]] = {}
             for m in modes:
                 layer = MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, t, mode=m, group=ctx)
                 layer.load_weights(*weights)
                 y = cp.empty((t, p.hidden), dtype=cp.uint16)
                 graph = capture_layer_call(layer, args, y, stream)
                 layers[m] = layer
-                arms[m] = lambda g=graph: g.launch(stream=stream)
+                arms[m] = functools.partial(graph.launch, stream=stream)
             with stream:
                 results = bracketed(DeviceTimer(), arms, rounds=rounds)
             mine = {m: results[m].median_us for m in modes}
             # Everyone's numbers to everyone (one exchange per rank, same order on all ranks).
-            everyone = [json.loads(ctx.broadcast(json.dumps(mine).encode() if ctx.rank == r else None,
-                                                 key="bench-ep", root=r)) for r in range(world)]
+            everyone = [
+                json.loads(ctx.broadcast(json.dumps(mine).encode() if ctx.rank == r else None, key="bench-ep", root=r))
+                for r in range(world)
+            ]
             cross = remote * (p.hidden + p.hidden // 128 * 4 + 8 + 2 * p.hidden)
             for m in modes:
                 slowest = max(e[m] for e in everyone)
                 pairs_per_gpu = t * p.num_topk
-                row = {"preset": name, "tokens_per_rank": t, "ranks": world, "mode": m, "local_experts": local,
-                       "median_us_slowest_rank": slowest, "median_us_per_rank": [e[m] for e in everyone],
-                       "tflops_per_gpu": layers[m].flops(pairs_per_gpu) / (slowest * 1e-6) / 1e12,
-                       "nvlink_gbps_rank": cross / (mine[m] * 1e-6) / 1e9,
-                       "nvlink_ceiling_gbps": NVLINK_BYTES_PER_S / 1e9,
-                       "buffer_mib": layers[m].layout.total_bytes / 2**20}
+                row = {
+                    "preset": name,
+                    "tokens_per_rank": t,
+                    "ranks": world,
+                    "mode": m,
+                    "local_experts": local,
+                    "median_us_slowest_rank": slowest,
+                    "median_us_per_rank": [e[m] for e in everyone],
+                    "tflops_per_gpu": layers[m].flops(pairs_per_gpu) / (slowest * 1e-6) / 1e12,
+                    "nvlink_gbps_rank": cross / (mine[m] * 1e-6) / 1e9,
+                    "nvlink_ceiling_gbps": NVLINK_BYTES_PER_S / 1e9,
+                    "buffer_mib": layers[m].layout.total_bytes / 2**20,
+                }
                 rows.append(row)
                 if ctx.rank == 0:
-                    print(f"{name:>5} T={t:<5}/rank EP{world} {m:>8}: {slowest:9.1f} us (slowest rank)  "
-                          f"{row['tflops_per_gpu']:7.1f} TFLOP/s/GPU  NVLink {row['nvlink_gbps_rank']:6.1f} GB/s "
-                          f"(rank 0, ceiling 395)  buffer {row['buffer_mib']:8.1f} MiB", flush=True)
+                    print(
+                        f"{name:>5} T={t:<5}/rank EP{world} {m:>8}: {slowest:9.1f} us (slowest rank)  "
+                        f"{row['tflops_per_gpu']:7.1f} TFLOP/s/GPU  NVLink {row['nvlink_gbps_rank']:6.1f} GB/s "
+                        f"(rank 0, ceiling 395)  buffer {row['buffer_mib']:8.1f} MiB",
+                        flush=True,
+                    )
             ctx.barrier()
             for layer in layers.values():
                 layer.close()

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import functools
 import json
-from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
 
-from megamoe_rt.cli.timing import DeviceTimer, bracketed, capture_layer_call
+from megamoe_rt.cli.timing import HBM_BYTES_PER_S, DeviceTimer, bracketed, capture_layer_call
 from megamoe_rt.presets import DEFAULT_EP_RANKS, get_preset
 from megamoe_rt.schedule.arith import align_up
 
 # --- grouped GEMM -------------------------------------------------------------------------
 
+
 @dataclass
 class GemmShape:
     preset: str
     tokens: int
-    stage: str           # "l1" or "l2"
+    stage: str  # "l1" or "l2"
     groups: int
     rows_per_group: int
     n: int
@@ -43,8 +46,8 @@ def _gemm_arms(shape: GemmShape, with_torch: bool) -> tuple[dict[str, Callable[[
     import cupy as cp
     import numpy as np
 
-    from megamoe_rt.kernels.grouped_gemm import GROUP_ALIGN, plan_grouped_gemm_fp8
     from megamoe_rt.kernels.gemm_heuristics import choose_config
+    from megamoe_rt.kernels.grouped_gemm import GROUP_ALIGN, plan_grouped_gemm_fp8
     from megamoe_rt.kernels.quantize import quantize_fp8
     from megamoe_rt.runtime import driver
 
@@ -63,12 +66,14 @@ def _gemm_arms(shape: GemmShape, with_torch: bool) -> tuple[dict[str, Callable[[
     counts = cp.full((g,), m, dtype=cp.int32)
     out = cp.empty((rows, n), dtype=cp.uint16)
     info = driver.require_hopper()
-    cfg = choose_config(layout="contiguous", epilogue="bf16", num_rows=rows, n=n, k=k, num_groups=g,
-                        sm_count=info.sm_count)
+    cfg = choose_config(
+        layout="contiguous", epilogue="bf16", num_rows=rows, n=n, k=k, num_groups=g, sm_count=info.sm_count
+    )
 
-    plan = plan_grouped_gemm_fp8(a, a_sf_t, b, b_sf, group_offsets=offsets, group_counts=counts, out=out,
-                                 check_layout=False, a_sf_kmajor=True)
-    arms = {"megamoe_rt": plan.run}
+    plan = plan_grouped_gemm_fp8(
+        a, a_sf_t, b, b_sf, group_offsets=offsets, group_counts=counts, out=out, check_layout=False, a_sf_kmajor=True
+    )
+    arms: dict[str, Callable[[], None]] = {"megamoe_rt": plan.run}
     if with_torch:
         try:
             import torch
@@ -102,10 +107,10 @@ def _decode_arms(shape: GemmShape) -> tuple[dict[str, Callable[[], None]], str]:
     """Masked layout, every group full: the decode-sized L1 call, bound by reading the weights."""
     import cupy as cp
 
-    from megamoe_rt.runtime import driver
-    from megamoe_rt.kernels.grouped_gemm import plan_grouped_gemm_fp8
     from megamoe_rt.kernels.gemm_heuristics import choose_config
+    from megamoe_rt.kernels.grouped_gemm import plan_grouped_gemm_fp8
     from megamoe_rt.kernels.quantize import quantize_fp8
+    from megamoe_rt.runtime import driver
 
     g, m, n, k = shape.groups, shape.rows_per_group, shape.n, shape.k
     a, a_sf = quantize_fp8(cp.random.standard_normal((g * m, k), dtype=cp.float32))
@@ -115,11 +120,20 @@ def _decode_arms(shape: GemmShape) -> tuple[dict[str, Callable[[], None]], str]:
     counts = cp.full((g,), m, dtype=cp.int32)
     out = cp.empty((g, m, n), dtype=cp.uint16)
     a3, b3 = a.reshape(g, m, k), b.reshape(g, n, k)
-    cfg = choose_config(layout="masked", epilogue="bf16", num_rows=g * m, n=n, k=k, num_groups=g,
-                        sm_count=driver.require_hopper().sm_count, masked_rows=m)
+    cfg = choose_config(
+        layout="masked",
+        epilogue="bf16",
+        num_rows=g * m,
+        n=n,
+        k=k,
+        num_groups=g,
+        sm_count=driver.require_hopper().sm_count,
+        masked_rows=m,
+    )
 
-    plan = plan_grouped_gemm_fp8(a3, a_sf_t, b3, b_sf, masked_counts=counts, out=out, check_layout=False,
-                                 a_sf_kmajor=True)
+    plan = plan_grouped_gemm_fp8(
+        a3, a_sf_t, b3, b_sf, masked_counts=counts, out=out, check_layout=False, a_sf_kmajor=True
+    )
     return {"megamoe_rt": plan.run}, cfg.name
 
 
@@ -131,22 +145,32 @@ def decode_shapes(presets: list[str], ranks: int = DEFAULT_EP_RANKS) -> list[Gem
     return out
 
 
-def bench_gemm(presets: list[str], tokens: list[int], *, with_torch: bool = True, rounds: int = 3,
-               json_path: str | None = None) -> list[dict]:
+def bench_gemm(
+    presets: list[str], tokens: list[int], *, with_torch: bool = True, rounds: int = 3, json_path: str | None = None
+) -> list[dict]:
     timer = DeviceTimer()
     rows = []
     for shape in gemm_shapes(presets, tokens) + decode_shapes(presets):
         arms, cfg_name = _gemm_arms(shape, with_torch)
         results = bracketed(timer, arms, rounds=rounds)
-        row = {"shape": asdict(shape), "config": cfg_name, "flops": shape.flops, "arms": {}}
+        row: dict[str, Any] = {"shape": asdict(shape), "config": cfg_name, "flops": shape.flops, "arms": {}}
         if shape.stage == "decode":
             row["weight_bytes"] = shape.groups * shape.n * shape.k
             row["weight_read_floor_us"] = row["weight_bytes"] / HBM_BYTES_PER_S * 1e6
         for name, r in results.items():
-            dense_flops = shape.flops if "dense" not in name else 2.0 * max(16, shape.groups * shape.rows_per_group // 16 * 16) * shape.n * shape.k
+            dense_flops = (
+                shape.flops
+                if "dense" not in name
+                else 2.0 * max(16, shape.groups * shape.rows_per_group // 16 * 16) * shape.n * shape.k
+            )
             tflops = dense_flops / (r.median_us * 1e-6) / 1e12 if r.error is None else None
-            row["arms"][name] = {"median_us": r.median_us, "band_us": list(r.band_us), "rounds_us": r.rounds_us,
-                                 "tflops": tflops, "error": r.error}
+            row["arms"][name] = {
+                "median_us": r.median_us,
+                "band_us": list(r.band_us),
+                "rounds_us": r.rounds_us,
+                "tflops": tflops,
+                "error": r.error,
+            }
         rows.append(row)
         _print_gemm_row(row)
     if json_path:
@@ -174,6 +198,7 @@ def _print_gemm_row(row: dict) -> None:
 
 # --- whole layer --------------------------------------------------------------------------
 
+
 def fused_trace(layer, args, stream, **kwargs) -> dict[str, tuple[float, float, float]]:
     """One traced fused call: per event of ``kernels.fused.TRACE_EVENTS``, the (min, median,
     max) over blocks of its time in µs from the first block's start."""
@@ -188,8 +213,10 @@ def fused_trace(layer, args, stream, **kwargs) -> dict[str, tuple[float, float, 
         stream.synchronize()
     stamps = cp.asnumpy(trace).astype(np.int64)
     rel = (stamps - stamps[:, 0].min()) / 1e3
-    return {e: (float(rel[:, j].min()), float(np.median(rel[:, j])), float(rel[:, j].max()))
-            for j, e in enumerate(TRACE_EVENTS)}
+    return {
+        e: (float(rel[:, j].min()), float(np.median(rel[:, j])), float(rel[:, j].max()))
+        for j, e in enumerate(TRACE_EVENTS)
+    }
 
 
 def print_fused_trace(title: str, events: dict[str, tuple[float, float, float]]) -> None:
@@ -198,8 +225,15 @@ def print_fused_trace(title: str, events: dict[str, tuple[float, float, float]])
         print(f"  {event:>15}: min {lo:8.1f}  median {mid:8.1f}  max {hi:8.1f}")
 
 
-def bench_moe(presets: list[str], tokens: list[int], *, mode: str | list[str] = "unfused", rounds: int = 3,
-              capacity: int | None = None, json_path: str | None = None) -> list[dict]:
+def bench_moe(
+    presets: list[str],
+    tokens: list[int],
+    *,
+    mode: str | list[str] = "unfused",
+    rounds: int = 3,
+    capacity: int | None = None,
+    json_path: str | None = None,
+) -> list[dict]:
     """The layer (a preset's EP8 per-rank slice on one GPU) captured in a CUDA graph and
     replayed: device time, useful TFLOP/s, HBM GB/s of the compulsory traffic, buffer MiB.
 
@@ -226,14 +260,15 @@ def bench_moe(presets: list[str], tokens: list[int], *, mode: str | list[str] = 
             inp = random_layer_inputs(cp, t, p.hidden, p.intermediate, experts, p.num_topk, seed=t)
             args = (inp["x"], inp["x_sf"], inp["topk_idx"], inp["topk_weights"])
             stream = cp.cuda.Stream(non_blocking=True)
-            layers, graphs, arms = {}, {}, {}
+            layers, graphs = {}, {}
+            arms: dict[str, Callable[[], None]] = {}
             for m in modes:
                 layer = MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, cap, mode=m)
                 layer.load_weights(inp["w1"], inp["w1_sf"], inp["w2"], inp["w2_sf"])
                 y = cp.empty((t, p.hidden), dtype=cp.uint16)
                 graphs[m] = capture_layer_call(layer, args, y, stream, num_tokens_bound=t)
                 layers[m] = layer
-                arms[m] = lambda g=graphs[m]: g.launch(stream=stream)
+                arms[m] = functools.partial(graphs[m].launch, stream=stream)
             with stream:
                 results = bracketed(timer, arms, rounds=rounds)
             pairs = t * p.num_topk
@@ -244,17 +279,28 @@ def bench_moe(presets: list[str], tokens: list[int], *, mode: str | list[str] = 
             for m in modes:
                 res = results[m]
                 layer = layers[m]
-                row = {"preset": name, "tokens": t, "capacity": cap, "mode": m, "experts": experts,
-                       "topk": p.num_topk, "median_us": res.median_us, "band_us": list(res.band_us),
-                       "rounds_us": res.rounds_us,
-                       "tflops": layer.flops(pairs) / (res.median_us * 1e-6) / 1e12,
-                       "hbm_gbps": (weight_bytes + act_bytes) / (res.median_us * 1e-6) / 1e9,
-                       "buffer_mib": layer.layout.total_bytes / 2**20,
-                       f"ratio_vs_{modes[0]}": res.median_us / base}
+                row: dict[str, Any] = {
+                    "preset": name,
+                    "tokens": t,
+                    "capacity": cap,
+                    "mode": m,
+                    "experts": experts,
+                    "topk": p.num_topk,
+                    "median_us": res.median_us,
+                    "band_us": list(res.band_us),
+                    "rounds_us": res.rounds_us,
+                    "tflops": layer.flops(pairs) / (res.median_us * 1e-6) / 1e12,
+                    "hbm_gbps": (weight_bytes + act_bytes) / (res.median_us * 1e-6) / 1e9,
+                    "buffer_mib": layer.layout.total_bytes / 2**20,
+                    f"ratio_vs_{modes[0]}": res.median_us / base,
+                }
                 rows.append(row)
-                print(f"{name:>5} T={t:<5} {m:>8}: {row['median_us']:9.1f} us ({row['band_us'][0]:.1f}-"
-                      f"{row['band_us'][1]:.1f})  {row['tflops']:7.1f} TFLOP/s  {row['hbm_gbps']:7.0f} GB/s  "
-                      f"buffer {row['buffer_mib']:8.1f} MiB  x{row[f'ratio_vs_{modes[0]}']:.3f}", flush=True)
+                print(
+                    f"{name:>5} T={t:<5} {m:>8}: {row['median_us']:9.1f} us ({row['band_us'][0]:.1f}-"
+                    f"{row['band_us'][1]:.1f})  {row['tflops']:7.1f} TFLOP/s  {row['hbm_gbps']:7.0f} GB/s  "
+                    f"buffer {row['buffer_mib']:8.1f} MiB  x{row[f'ratio_vs_{modes[0]}']:.3f}",
+                    flush=True,
+                )
             del layers, graphs, arms, inp
             cp.get_default_memory_pool().free_all_blocks()
     if json_path:

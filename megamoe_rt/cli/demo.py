@@ -23,15 +23,18 @@ def random_layer_inputs(cupy, tokens: int, hidden: int, intermediate: int, exper
     top = cupy.take_along_axis(logits, topk_idx, axis=1)
     w = cupy.exp(top - top.max(axis=1, keepdims=True))
     topk_weights = (w / w.sum(axis=1, keepdims=True)).astype(cupy.float32)
-    w1, w1_sf = quantize_weight_fp8(rs.standard_normal((experts, 2 * intermediate, hidden), dtype=cupy.float32)
-                                    / np.float32(np.sqrt(hidden)))
-    w2, w2_sf = quantize_weight_fp8(rs.standard_normal((experts, hidden, intermediate), dtype=cupy.float32)
-                                    / np.float32(np.sqrt(intermediate)))
+    w1, w1_sf = quantize_weight_fp8(
+        rs.standard_normal((experts, 2 * intermediate, hidden), dtype=cupy.float32) / np.float32(np.sqrt(hidden))
+    )
+    w2, w2_sf = quantize_weight_fp8(
+        rs.standard_normal((experts, hidden, intermediate), dtype=cupy.float32) / np.float32(np.sqrt(intermediate))
+    )
     return dict(x=x, x_sf=x_sf, topk_idx=topk_idx, topk_weights=topk_weights, w1=w1, w1_sf=w1_sf, w2=w2, w2_sf=w2_sf)
 
 
-def run_demo(preset_name: str, tokens: int, *, check_tokens: int = 64, device=None, seed: int = 0,
-             mode: str | None = None) -> int:
+def run_demo(
+    preset_name: str, tokens: int, *, check_tokens: int = 64, device=None, seed: int = 0, mode: str | None = None
+) -> int:
     import cupy
 
     from megamoe_rt.layer import MegaMoE
@@ -39,8 +42,10 @@ def run_demo(preset_name: str, tokens: int, *, check_tokens: int = 64, device=No
     p = get_preset(preset_name)
     experts = p.num_experts // DEFAULT_EP_RANKS
     layer = MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, tokens, mode=mode)
-    print(f"{device.name} ({device.sm_count} SMs): preset {p.name} EP{DEFAULT_EP_RANKS} slice: hidden {p.hidden}, "
-          f"intermediate {p.intermediate}, {experts} experts, top-{p.num_topk}, {tokens} tokens, mode {layer.mode}")
+    print(
+        f"{device.name} ({device.sm_count} SMs): preset {p.name} EP{DEFAULT_EP_RANKS} slice: hidden {p.hidden}, "
+        f"intermediate {p.intermediate}, {experts} experts, top-{p.num_topk}, {tokens} tokens, mode {layer.mode}"
+    )
     inp = random_layer_inputs(cupy, tokens, p.hidden, p.intermediate, experts, p.num_topk, seed)
     layer.load_weights(inp["w1"], inp["w1_sf"], inp["w2"], inp["w2_sf"])
     args = (inp["x"], inp["x_sf"], inp["topk_idx"], inp["topk_weights"])
@@ -64,14 +69,23 @@ def run_demo(preset_name: str, tokens: int, *, check_tokens: int = 64, device=No
     rng = np.random.default_rng(seed)
     sample = np.sort(rng.choice(tokens, size=min(check_tokens, tokens), replace=False))
     host = {k: cupy.asnumpy(v) for k, v in inp.items()}
-    y_ref = ref.moe_forward(host["x"][sample].view(ref.E4M3), host["x_sf"][sample], host["topk_idx"][sample],
-                            host["topk_weights"][sample], host["w1"].view(ref.E4M3), host["w1_sf"],
-                            host["w2"].view(ref.E4M3), host["w2_sf"])
+    y_ref = ref.moe_forward(
+        host["x"][sample].view(ref.E4M3),
+        host["x_sf"][sample],
+        host["topk_idx"][sample],
+        host["topk_weights"][sample],
+        host["w1"].view(ref.E4M3),
+        host["w1_sf"],
+        host["w2"].view(ref.E4M3),
+        host["w2_sf"],
+    )
     got = (cupy.asnumpy(y)[sample].astype(np.uint32) << 16).view(np.float32)
     diff = ref.calc_diff(got, y_ref.astype(np.float32))
     ok = diff < 1e-3 and np.isfinite(got).all()
-    print(f"calc_diff vs reference ({len(sample)} tokens, {time.perf_counter() - t0:.1f} s on the CPU): {diff:.2e}"
-          f"  {'OK' if ok else 'FAIL'}")
+    print(
+        f"calc_diff vs reference ({len(sample)} tokens, {time.perf_counter() - t0:.1f} s on the CPU): {diff:.2e}"
+        f"  {'OK' if ok else 'FAIL'}"
+    )
     print(f"time {ms * 1e3:.1f} us (median of 10 calls, one stream, no graph)  {tflops:.1f} TFLOP/s")
     report = layer.memory_report().splitlines()
     print("\n".join(line for line in report if line.startswith(("total", "fused pools"))))

@@ -10,7 +10,7 @@ import json
 import os
 import platform
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 
 class UsageError(Exception):
@@ -55,8 +55,8 @@ def _nvshmem_status() -> str:
 
 def cmd_info(args) -> int:
     from megamoe_rt import __version__
-    from megamoe_rt.runtime import driver
     from megamoe_rt.jit import CubinCache, include_dirs
+    from megamoe_rt.runtime import driver
 
     rows: list[tuple[str, str]] = [
         ("megamoe_rt", __version__),
@@ -70,7 +70,7 @@ def cmd_info(args) -> int:
     try:
         from megamoe_rt.jit import nvrtc_version
 
-        rows.append(("nvrtc", "%d.%d" % nvrtc_version()))
+        rows.append(("nvrtc", "{}.{}".format(*nvrtc_version())))
     except Exception as exc:
         rows.append(("nvrtc", f"unavailable ({type(exc).__name__})"))
     for name, path in include_dirs().items():
@@ -79,7 +79,7 @@ def cmd_info(args) -> int:
     cache = CubinCache()
     rows.append(("cache", f"{cache.directory} ({len(cache.entries())} entries)"))
     ver = driver.driver_version()
-    rows.append(("driver", "CUDA %d.%d" % ver if ver else "not found"))
+    rows.append(("driver", "CUDA {}.{}".format(*ver) if ver else "not found"))
     devices = []
     if ver:
         try:
@@ -92,10 +92,12 @@ def cmd_info(args) -> int:
     if not devices:
         print("gpus" + " " * (width - 2) + "none")
     for d in devices:
-        cc = "%d.%d" % d.compute_capability
+        cc = "{}.{}".format(*d.compute_capability)
         mark = "" if d.is_hopper else "  (not sm_90: GPU paths unavailable)"
-        print(f"gpu {d.ordinal}: {d.name}, {d.sm_count} SMs, compute capability {cc}, "
-              f"{d.total_memory_bytes / 2**30:.0f} GiB, L2 {d.l2_cache_bytes / 2**20:.0f} MiB{mark}")
+        print(
+            f"gpu {d.ordinal}: {d.name}, {d.sm_count} SMs, compute capability {cc}, "
+            f"{d.total_memory_bytes / 2**30:.0f} GiB, L2 {d.l2_cache_bytes / 2**20:.0f} MiB{mark}"
+        )
     return 0
 
 
@@ -103,9 +105,9 @@ def cmd_info(args) -> int:
 
 
 def cmd_plan(args) -> int:
+    from megamoe_rt.presets import get_preset
     from megamoe_rt.schedule.layout import symm_buffer_layout
     from megamoe_rt.schedule.plan import fused_schedule
-    from megamoe_rt.presets import get_preset
 
     try:
         preset = get_preset(args.preset)
@@ -119,30 +121,55 @@ def cmd_plan(args) -> int:
         args.block_m, args.pool = 128, "full"
     try:
         layout = symm_buffer_layout(
-            preset.hidden, preset.intermediate, experts, preset.num_topk, args.tokens, ranks,
-            block_m=args.block_m, act_sf_gran=args.act_sf_gran, pool=args.pool,
+            preset.hidden,
+            preset.intermediate,
+            experts,
+            preset.num_topk,
+            args.tokens,
+            ranks,
+            block_m=args.block_m,
+            act_sf_gran=args.act_sf_gran,
+            pool=args.pool,
         )
         sched = fused_schedule(layout.num_max_tokens_per_rank, ranks, preset.num_topk, experts, block_m=args.block_m)
     except ValueError as exc:
         raise UsageError(f"megamoe-rt plan: {exc}") from None
     if args.json:
-        print(json.dumps({
-            "preset": preset.name, "hidden": preset.hidden, "intermediate": preset.intermediate,
-            "num_experts": experts, "num_local_experts": layout.num_local_experts, "num_topk": preset.num_topk,
-            "num_max_tokens_per_rank": layout.num_max_tokens_per_rank, "num_ranks": ranks, "pool": layout.pool,
-            "pool_blocks": layout.pool_blocks, "pool_rows": layout.pool_rows, "block_m": layout.block_m,
-            "fused_lag_units": sched.lag_units, "fused_group_units": sched.group_units,
-            "fused_ring_blocks": sched.ring_blocks,
-            "total_bytes": layout.total_bytes,
-            "regions": [{"name": n, "bytes": b, "mib": round(m, 4)} for n, b, m in layout.report()],
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "preset": preset.name,
+                    "hidden": preset.hidden,
+                    "intermediate": preset.intermediate,
+                    "num_experts": experts,
+                    "num_local_experts": layout.num_local_experts,
+                    "num_topk": preset.num_topk,
+                    "num_max_tokens_per_rank": layout.num_max_tokens_per_rank,
+                    "num_ranks": ranks,
+                    "pool": layout.pool,
+                    "pool_blocks": layout.pool_blocks,
+                    "pool_rows": layout.pool_rows,
+                    "block_m": layout.block_m,
+                    "fused_lag_units": sched.lag_units,
+                    "fused_group_units": sched.group_units,
+                    "fused_ring_blocks": sched.ring_blocks,
+                    "total_bytes": layout.total_bytes,
+                    "regions": [{"name": n, "bytes": b, "mib": round(m, 4)} for n, b, m in layout.report()],
+                },
+                indent=2,
+            )
+        )
         return 0
-    print(f"preset {preset.name}: hidden {preset.hidden}, intermediate {preset.intermediate}, "
-          f"{experts} experts ({layout.num_local_experts} per rank), top-{preset.num_topk}, "
-          f"{ranks} rank(s), {layout.num_max_tokens_per_rank} tokens/rank capacity")
-    print(f"pool: {layout.pool}, {layout.pool_blocks} blocks x {layout.block_m} rows = {layout.pool_rows} rows; "
-          f"fused schedule: lag {sched.lag_units} units, group {sched.group_units}, ring {sched.ring_blocks} blocks"
-          f"{' (covers the full pool)' if sched.covers_full_pool else ''}")
+    print(
+        f"preset {preset.name}: hidden {preset.hidden}, intermediate {preset.intermediate}, "
+        f"{experts} experts ({layout.num_local_experts} per rank), top-{preset.num_topk}, "
+        f"{ranks} rank(s), {layout.num_max_tokens_per_rank} tokens/rank capacity"
+    )
+    print(
+        f"pool: {layout.pool}, {layout.pool_blocks} blocks x {layout.block_m} rows = {layout.pool_rows} rows; "
+        f"fused schedule: lag {sched.lag_units} units, group {sched.group_units}, ring {sched.ring_blocks} blocks"
+        f"{' (covers the full pool)' if sched.covers_full_pool else ''}"
+    )
     print(layout.format_report())
     return 0
 
@@ -170,9 +197,14 @@ def cmd_compile(args) -> int:
         out = []
         for c in results:
             d = c.resources.as_dict()
-            d.update(lowered_name=c.lowered_name, source=c.spec.source, cache_key=c.cache_key,
-                     from_cache=c.from_cache, compile_seconds=round(c.compile_seconds, 3),
-                     block_threads=c.spec.block_threads)
+            d.update(
+                lowered_name=c.lowered_name,
+                source=c.spec.source,
+                cache_key=c.cache_key,
+                from_cache=c.from_cache,
+                compile_seconds=round(c.compile_seconds, 3),
+                block_threads=c.spec.block_threads,
+            )
             out.append(d)
         print(json.dumps(out, indent=2))
         return 0
@@ -181,8 +213,10 @@ def cmd_compile(args) -> int:
     print("-" * len(header))
     for c in results:
         r = c.resources
-        print(f"{c.spec.name:<34} {r.registers:>5} {r.spill_bytes:>8} {r.stack_frame_bytes:>8} "
-              f"{r.smem_bytes:>8} {'yes' if c.from_cache else 'no':>7} {c.compile_seconds:>6.2f}")
+        print(
+            f"{c.spec.name:<34} {r.registers:>5} {r.spill_bytes:>8} {r.stack_frame_bytes:>8} "
+            f"{r.smem_bytes:>8} {'yes' if c.from_cache else 'no':>7} {c.compile_seconds:>6.2f}"
+        )
     return 0
 
 
@@ -205,6 +239,7 @@ def _csv(kind, valid=None):
         if kind is int and min(out) <= 0:
             raise argparse.ArgumentTypeError("expected positive integers")
         return out
+
     return parse
 
 
@@ -237,11 +272,22 @@ def cmd_bench(args) -> int:
 
     print(f"device {info.ordinal}: {info.name}, {info.sm_count} SMs")
     if args.what == "gemm":
-        bench_gemm(args.presets, args.tokens or [512, 2048, 8192], with_torch=not args.no_torch, rounds=args.rounds,
-                   json_path=args.json)
+        bench_gemm(
+            args.presets,
+            args.tokens or [512, 2048, 8192],
+            with_torch=not args.no_torch,
+            rounds=args.rounds,
+            json_path=args.json,
+        )
     else:
-        bench_moe(args.presets, args.tokens or [64, 256, 2048, 8192], mode=args.mode, rounds=args.rounds,
-                  capacity=args.capacity, json_path=args.json)
+        bench_moe(
+            args.presets,
+            args.tokens or [64, 256, 2048, 8192],
+            mode=args.mode,
+            rounds=args.rounds,
+            capacity=args.capacity,
+            json_path=args.json,
+        )
     return 0
 
 
@@ -276,8 +322,10 @@ def cmd_sweep(args) -> int:
         with open(args.json, "w") as f:
             json.dump({"spec": spec.name, "vary": name, "device": info.name, "rows": rows}, f, indent=2)
     if args.plot and not plot(rows, name, args.plot):
-        print("megamoe-rt sweep: matplotlib is not installed (pip install 'megamoe-rt[plot]'); no plot written",
-              file=sys.stderr)
+        print(
+            "megamoe-rt sweep: matplotlib is not installed (pip install 'megamoe-rt[plot]'); no plot written",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -320,8 +368,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tokens", type=_positive_int, default=8192, help="max tokens per rank (default 8192)")
     s.add_argument("--ranks", type=_positive_int, default=8, help="expert-parallel ranks (default 8)")
     s.add_argument("--experts", type=_positive_int, default=None, help="total experts (default: the preset's)")
-    s.add_argument("--mode", choices=("unfused", "fused"), default=None,
-                   help="the buffer a MegaMoE of this mode allocates (sets --block-m and --pool)")
+    s.add_argument(
+        "--mode",
+        choices=("unfused", "fused"),
+        default=None,
+        help="the buffer a MegaMoE of this mode allocates (sets --block-m and --pool)",
+    )
     s.add_argument("--pool", choices=("full", "ring"), default="full")
     s.add_argument("--block-m", type=int, choices=(64, 128), default=128)
     s.add_argument("--act-sf-gran", type=int, choices=(64, 128), default=128)
@@ -339,25 +391,37 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("demo", help="run one MoE layer on random inputs and check it against the reference")
     s.add_argument("--preset", default="flash", choices=sorted(PRESETS), help="model shape (EP8 per-rank slice)")
     s.add_argument("--tokens", type=_positive_int, default=2048, help="tokens (default 2048)")
-    s.add_argument("--check-tokens", type=_positive_int, default=64,
-                   help="tokens checked against the NumPy reference (default 64)")
-    s.add_argument("--mode", choices=("unfused", "fused"), default=None,
-                   help="execution mode (default: the layer's, fused where the shape allows)")
+    s.add_argument(
+        "--check-tokens", type=_positive_int, default=64, help="tokens checked against the NumPy reference (default 64)"
+    )
+    s.add_argument(
+        "--mode",
+        choices=("unfused", "fused"),
+        default=None,
+        help="execution mode (default: the layer's, fused where the shape allows)",
+    )
     s.set_defaults(func=cmd_demo)
 
     s = sub.add_parser("launch", help="run a script as N ranks, one process per GPU")
     s.add_argument("-n", "--nprocs", type=_positive_int, required=True, help="number of ranks")
     s.add_argument("--timeout", type=float, default=None, help="stop every rank after this many seconds")
-    s.add_argument("-m", dest="module", action="store_true",
-                   help="SCRIPT is a module run as `python -m SCRIPT` (e.g. megamoe_rt.cli.bench)")
+    s.add_argument(
+        "-m",
+        dest="module",
+        action="store_true",
+        help="SCRIPT is a module run as `python -m SCRIPT` (e.g. megamoe_rt.cli.bench)",
+    )
     s.add_argument("script", help="Python script; it calls megamoe_rt.ep.launch.context_from_env()")
     s.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     s.set_defaults(func=cmd_launch)
 
     s = sub.add_parser("sweep", help="run a pipeline spec's graph, once or across SM splits of one partition")
     s.add_argument("--spec", required=True, help="graphs/<file>.toml")
-    s.add_argument("--vary", default=None,
-                   help="PARTITION=START..STOP[:STEP], e.g. left=8..120:8 (default: run the spec once as written)")
+    s.add_argument(
+        "--vary",
+        default=None,
+        help="PARTITION=START..STOP[:STEP], e.g. left=8..120:8 (default: run the spec once as written)",
+    )
     s.add_argument("--reps", type=_positive_int, default=10, help="timed replays per point (median)")
     s.add_argument("--json", default=None, help="write the rows to this JSON file")
     s.add_argument("--plot", default=None, help="write a PNG plot (needs matplotlib and --vary)")
@@ -365,14 +429,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("bench", help="benchmarks on a Hopper GPU (CUDA-event device time, arms bracketed in rounds)")
     s.add_argument("what", choices=("gemm", "moe"), help="what to measure")
-    s.add_argument("--mode", type=_modes, default=["unfused"],
-                   help="moe: execution mode(s), comma-separated and bracketed in rounds (unfused, fused)")
-    s.add_argument("--capacity", type=int, default=None,
-                   help="moe: buffer token capacity (default: each row's tokens; the fused arm passes "
-                        "num_tokens_bound = tokens)")
+    s.add_argument(
+        "--mode",
+        type=_modes,
+        default=["unfused"],
+        help="moe: execution mode(s), comma-separated and bracketed in rounds (unfused, fused)",
+    )
+    s.add_argument(
+        "--capacity",
+        type=int,
+        default=None,
+        help="moe: buffer token capacity (default: each row's tokens; the fused arm passes num_tokens_bound = tokens)",
+    )
     s.add_argument("--presets", "--preset", type=_csv(str, sorted(PRESETS)), default=["flash", "pro", "v3"])
-    s.add_argument("--tokens", type=_csv(int), default=None,
-                   help="tokens per rank, EP8 slice (gemm default 512,2048,8192; moe default 64,256,2048,8192)")
+    s.add_argument(
+        "--tokens",
+        type=_csv(int),
+        default=None,
+        help="tokens per rank, EP8 slice (gemm default 512,2048,8192; moe default 64,256,2048,8192)",
+    )
     s.add_argument("--rounds", type=_positive_int, default=3)
     s.add_argument("--no-torch", action="store_true", help="skip the PyTorch peer arms")
     s.add_argument("--json", default=None, help="write the results to this JSON file")

@@ -4,11 +4,10 @@ each call, 20 calls per observation, several observations, arms bracketed in rou
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Callable
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 FP8_CEILING_TFLOPS = 1400.0
 HBM_BYTES_PER_S = 4.3e12  # measured device-to-device copy on the lent H200

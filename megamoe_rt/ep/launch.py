@@ -20,15 +20,20 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Client, Listener
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from megamoe_rt.ep.env import SAFE_ENV
 from megamoe_rt.ep.group import RankGroup
 
-_ENV_RANK, _ENV_WORLD, _ENV_HUB, _ENV_KEY = ("MEGAMOE_RT_RANK", "MEGAMOE_RT_WORLD_SIZE", "MEGAMOE_RT_HUB",
-                                             "MEGAMOE_RT_HUB_KEY")
+_ENV_RANK, _ENV_WORLD, _ENV_HUB, _ENV_KEY = (
+    "MEGAMOE_RT_RANK",
+    "MEGAMOE_RT_WORLD_SIZE",
+    "MEGAMOE_RT_HUB",
+    "MEGAMOE_RT_HUB_KEY",
+)
 _GRACE_S = 5.0
 
 
@@ -42,6 +47,7 @@ class RankFailed(RuntimeError):
 
 
 # --- the hub ---------------------------------------------------------------------------------
+
 
 class _Hub:
     """Serves broadcasts (by key, from rank 0) and barriers to the ranks of one launch."""
@@ -109,6 +115,7 @@ class _Hub:
 
 # --- what a rank sees ------------------------------------------------------------------------
 
+
 @dataclass
 class RankContext:
     """A rank started by ``megamoe-rt launch`` or :func:`spawn` (a :class:`RankGroup`)."""
@@ -170,19 +177,25 @@ def context_from_env() -> RankGroup:
     global _env_context
     if _env_context is None:
         if launched():
-            _env_context = RankContext(int(os.environ[_ENV_RANK]), int(os.environ[_ENV_WORLD]),
-                                       os.environ[_ENV_HUB], bytes.fromhex(os.environ[_ENV_KEY]))
+            _env_context = RankContext(
+                int(os.environ[_ENV_RANK]),
+                int(os.environ[_ENV_WORLD]),
+                os.environ[_ENV_HUB],
+                bytes.fromhex(os.environ[_ENV_KEY]),
+            )
         else:
             from megamoe_rt.ep.mpi_context import MpiRankContext, under_mpi
 
             if not under_mpi():
-                raise RuntimeError(f"not started by `megamoe-rt launch` ({_ENV_RANK} is not set) "
-                                   "nor by an MPI launcher")
+                raise RuntimeError(
+                    f"not started by `megamoe-rt launch` ({_ENV_RANK} is not set) nor by an MPI launcher"
+                )
             _env_context = MpiRankContext()
     return _env_context
 
 
 # --- spawn(fn) -------------------------------------------------------------------------------
+
 
 def _rank_main(fn, rank, world, address, key, args, results):
     os.environ.update(SAFE_ENV)
@@ -191,7 +204,7 @@ def _rank_main(fn, rank, world, address, key, args, results):
         out = fn(ctx, *args)
         pickle.dumps(out)  # a result the queue cannot carry is this rank's error, not a silent hang
         results.put((rank, "ok", out))
-    except BaseException as exc:  # noqa: BLE001 - everything a rank raises is reported
+    except BaseException as exc:
         results.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
         sys.exit(1)
 
@@ -220,8 +233,10 @@ def spawn(fn: Callable[..., Any], nprocs: int, *, args: Sequence[Any] = (), time
     ctx = mp.get_context("spawn")
     hub = _Hub(nprocs)
     results = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(fn, r, nprocs, hub.address, hub.key, tuple(args), results))
-             for r in range(nprocs)]
+    procs = [
+        ctx.Process(target=_rank_main, args=(fn, r, nprocs, hub.address, hub.key, tuple(args), results))
+        for r in range(nprocs)
+    ]
     out: dict[int, Any] = {}
     start = time.monotonic()
     try:
@@ -253,12 +268,14 @@ def spawn(fn: Callable[..., Any], nprocs: int, *, args: Sequence[Any] = (), time
 
 # --- megamoe-rt launch -n N script.py ---------------------------------------------------------
 
+
 def _exit_on_signal(signum, _frame):
     raise SystemExit(128 + signum)
 
 
-def launch_script(nprocs: int, script: str, script_args: Sequence[str], *, timeout: float | None = None,
-                  module: bool = False) -> int:
+def launch_script(
+    nprocs: int, script: str, script_args: Sequence[str], *, timeout: float | None = None, module: bool = False
+) -> int:
     """Run ``python script args`` (``python -m script args`` with ``module``) as ``nprocs`` ranks;
     returns the exit status to use."""
     # SIGTERM / SIGHUP to the launcher must still run the clean-up below (no orphans).
@@ -278,8 +295,7 @@ def launch_script(nprocs: int, script: str, script_args: Sequence[str], *, timeo
             failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
             if failed:
                 r, c = failed[0]
-                print(f"megamoe-rt launch: rank {r} exited with status {c}; stopping the other ranks",
-                      file=sys.stderr)
+                print(f"megamoe-rt launch: rank {r} exited with status {c}; stopping the other ranks", file=sys.stderr)
                 return c if c > 0 else 128 - c
             if all(c == 0 for c in codes):
                 return 0

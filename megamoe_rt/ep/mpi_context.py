@@ -39,7 +39,7 @@ class MpiRankContext:
         self.world_size = int(comm.Get_size())
         # The rank among the ranks on this host, in rank order.
         hosts = comm.allgather(socket.gethostname())
-        self._local_rank = hosts[:self.rank].count(hosts[self.rank])
+        self._local_rank = hosts[: self.rank].count(hosts[self.rank])
 
     @property
     def device(self) -> int:
@@ -51,8 +51,8 @@ class MpiRankContext:
         del key
         if self.rank == root and not isinstance(value, (bytes, bytearray)):
             raise TypeError(f"broadcast: rank {root} must pass bytes, got {type(value).__name__}")
-        return bytes(self.mpi_comm.bcast(bytes(value) if self.rank == root else None, root=root))
+        payload = bytes(value) if self.rank == root and value is not None else None  # checked above on root
+        return bytes(self.mpi_comm.bcast(payload, root=root))
 
     def barrier(self) -> None:
         self.mpi_comm.Barrier()
-

@@ -27,15 +27,16 @@ def _nvshmem():
     try:
         import nvshmem.core as nvshmem
     except ImportError as exc:
-        raise RuntimeError(f"nvshmem4py is not importable ({exc}); install megamoe-rt[cu13] "
-                           "(nvshmem4py-cu13 and nvidia-nvshmem-cu13)") from None
+        raise RuntimeError(
+            f"nvshmem4py is not importable ({exc}); install megamoe-rt[cu13] (nvshmem4py-cu13 and nvidia-nvshmem-cu13)"
+        ) from None
     return nvshmem
 
 
 class NvshmemRuntime:
     """NVSHMEM in this process, bound to the rank's GPU; one per process."""
 
-    _active: "NvshmemRuntime | None" = None
+    _active: NvshmemRuntime | None = None
 
     def __init__(self, ctx: RankGroup, *, heap_bytes: int = 0):
         import numpy as np
@@ -65,14 +66,13 @@ class NvshmemRuntime:
         self._buffers: list[SymmetricBuffer] = []
 
     @classmethod
-    def initialize(cls, ctx: RankGroup, *, heap_bytes: int = 0) -> "NvshmemRuntime":
+    def initialize(cls, ctx: RankGroup, *, heap_bytes: int = 0) -> NvshmemRuntime:
         """The process's runtime, created on first use from the launcher context; ``heap_bytes``
         sizes the symmetric heap then (``NVSHMEM_SYMMETRIC_SIZE``, unless already set)."""
         if cls._active is None:
             cls._active = NvshmemRuntime(ctx, heap_bytes=heap_bytes)
         elif (cls._active.rank, cls._active.world_size) != (ctx.rank, ctx.world_size):
-            raise RuntimeError(f"NVSHMEM is already initialized as rank {cls._active.rank} of "
-                               f"{cls._active.world_size}")
+            raise RuntimeError(f"NVSHMEM is already initialized as rank {cls._active.rank} of {cls._active.world_size}")
         return cls._active
 
     def barrier(self, stream: Any = None) -> None:
@@ -92,15 +92,27 @@ class NvshmemRuntime:
 def _check_same_layout_on_every_rank(layout: BufferLayout, ctx: RankGroup) -> None:
     """Every rank publishes its layout's shape; all compare, so all raise or none does (one
     rank raising alone would leave the others blocked in the collective allocation)."""
-    mine = repr((layout.hidden, layout.intermediate, layout.num_experts, layout.num_topk,
-                 layout.num_max_tokens_per_rank, layout.block_m, layout.pool, layout.pool_blocks,
-                 layout.act_sf_gran, layout.total_bytes)).encode()
-    seen = [ctx.broadcast(mine if ctx.rank == r else None, key="symm-layout", root=r)
-            for r in range(ctx.world_size)]
+    mine = repr(
+        (
+            layout.hidden,
+            layout.intermediate,
+            layout.num_experts,
+            layout.num_topk,
+            layout.num_max_tokens_per_rank,
+            layout.block_m,
+            layout.pool,
+            layout.pool_blocks,
+            layout.act_sf_gran,
+            layout.total_bytes,
+        )
+    ).encode()
+    seen = [ctx.broadcast(mine if ctx.rank == r else None, key="symm-layout", root=r) for r in range(ctx.world_size)]
     if len(set(seen)) > 1:
         differing = [r for r, s in enumerate(seen) if s != seen[0]]
-        raise ValueError(f"layout: ranks {differing} size their buffer differently from rank 0 "
-                         "(hidden, intermediate, experts, top-k and num_max_tokens_per_rank must match)")
+        raise ValueError(
+            f"layout: ranks {differing} size their buffer differently from rank 0 "
+            "(hidden, intermediate, experts, top-k and num_max_tokens_per_rank must match)"
+        )
 
 
 class SymmetricBuffer(LaidOutBuffer):
@@ -113,8 +125,7 @@ class SymmetricBuffer(LaidOutBuffer):
 
     def __init__(self, layout: BufferLayout, runtime: NvshmemRuntime):
         if layout.num_ranks != runtime.world_size:
-            raise ValueError(f"layout: computed for {layout.num_ranks} ranks, the runtime has "
-                             f"{runtime.world_size}")
+            raise ValueError(f"layout: computed for {layout.num_ranks} ranks, the runtime has {runtime.world_size}")
         _check_same_layout_on_every_rank(layout, runtime.ctx)
         nvshmem = runtime._nvshmem
         self.layout = layout
@@ -123,8 +134,10 @@ class SymmetricBuffer(LaidOutBuffer):
         self._runtime = runtime
         self._buf = nvshmem.buffer(layout.total_bytes)
         self.base_ptr = int(self._buf.handle)
-        self.peer_base_ptrs: list[int] = [int(nvshmem.get_peer_buffer(self._buf, pe).handle) if pe != self.rank
-                               else self.base_ptr for pe in range(runtime.world_size)]
+        self.peer_base_ptrs: list[int] = [
+            int(nvshmem.get_peer_buffer(self._buf, pe).handle) if pe != self.rank else self.base_ptr
+            for pe in range(runtime.world_size)
+        ]
         if any(p == 0 for p in self.peer_base_ptrs):
             missing = [pe for pe, p in enumerate(self.peer_base_ptrs) if p == 0]
             raise RuntimeError(f"ranks {missing} are not reachable by load/store (no NVLink peer mapping)")
@@ -137,8 +150,9 @@ class SymmetricBuffer(LaidOutBuffer):
 
     def _bytes(self, offset: int, nbytes: int, base: int | None = None) -> Any:
         cupy = require_cupy()
-        mem = cupy.cuda.UnownedMemory((self.base_ptr if base is None else base) + offset, nbytes, self,
-                                      device_id=self.device)
+        mem = cupy.cuda.UnownedMemory(
+            (self.base_ptr if base is None else base) + offset, nbytes, self, device_id=self.device
+        )
         return cupy.ndarray((nbytes,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(mem, 0))
 
     def peer_ptr(self, rank: int, name: str) -> int:
@@ -154,7 +168,7 @@ class SymmetricBuffer(LaidOutBuffer):
         region, offset = self._locate(name)
         return typed_view(self._bytes(offset, region.nbytes, base=self.peer_base_ptrs[rank]), region)
 
-    def peer_table(self) -> ctypes.Array:
+    def peer_table(self) -> ctypes.Array[ctypes.c_uint64]:
         """Peer base addresses as a ``u64[num_ranks]`` kernel argument."""
         return (ctypes.c_uint64 * len(self.peer_base_ptrs))(*self.peer_base_ptrs)
 

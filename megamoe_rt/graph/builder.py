@@ -5,8 +5,9 @@ instantiation, replay and kernel-parameter updates between replays."""
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from megamoe_rt.runtime import driver
 
@@ -21,8 +22,8 @@ def _cu():
 class KernelNode:
     node: Any
     kernel: driver.LoadedKernel
-    params: Any   # CUDA_KERNEL_NODE_PARAMS (kept: updates start from it)
-    args: list    # ctypes arguments, alive as long as the node
+    params: Any  # CUDA_KERNEL_NODE_PARAMS (kept: updates start from it)
+    args: list  # ctypes arguments, alive as long as the node
 
 
 def _kernel_params(kernel: driver.LoadedKernel, grid, block, args: Sequence, ctx, smem: int | None):
@@ -48,8 +49,17 @@ class GraphBuilder:
         self.exec = None
         self._keep: list = []
 
-    def add_kernel(self, kernel: driver.LoadedKernel, grid, block, args: Sequence, *, ctx: Any = None,
-                   deps: Sequence[Any] = (), smem: int | None = None) -> KernelNode:
+    def add_kernel(
+        self,
+        kernel: driver.LoadedKernel,
+        grid,
+        block,
+        args: Sequence,
+        *,
+        ctx: Any = None,
+        deps: Sequence[Any] = (),
+        smem: int | None = None,
+    ) -> KernelNode:
         cu = _cu()
         if ctx is None:
             ctx = driver.ensure_context()
@@ -69,8 +79,14 @@ class GraphBuilder:
         p.height = 1
         p.pitch = 0
         dep_nodes = [d.node if isinstance(d, KernelNode) else d for d in deps]
-        return driver.call(cu.cuGraphAddMemsetNode, self.graph, dep_nodes, len(dep_nodes), p,
-                           ctx if ctx is not None else driver.ensure_context())
+        return driver.call(
+            cu.cuGraphAddMemsetNode,
+            self.graph,
+            dep_nodes,
+            len(dep_nodes),
+            p,
+            ctx if ctx is not None else driver.ensure_context(),
+        )
 
     def instantiate(self):
         cu = _cu()

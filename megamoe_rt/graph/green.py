@@ -10,11 +10,12 @@ that directly; kernel nodes take the partition's ``CUcontext`` and launches its 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
-from megamoe_rt.runtime import driver
 from megamoe_rt.graph.partition import Request, plan_partitions
+from megamoe_rt.runtime import driver
 
 
 def _cu():
@@ -48,8 +49,8 @@ class GreenPartition:
     name: str
     sm_count: int
     green_ctx: Any
-    ctx: Any          # CUcontext view of the green context (kernel nodes' ctx)
-    stream: Any       # non-blocking stream of the green context
+    ctx: Any  # CUcontext view of the green context (kernel nodes' ctx)
+    stream: Any  # non-blocking stream of the green context
 
     @property
     def stream_handle(self) -> int:
@@ -83,17 +84,18 @@ class GreenPartitions:
             groups, made, _ = driver.call(cu.cuDevSmResourceSplitByCount, len(sizes), full, 0, count)
             if made < len(sizes):
                 raise ValueError(f"the device forms only {made} partition(s) of {count} SMs, {len(sizes)} asked")
-            pieces = [[g] for g in groups[:len(sizes)]]
+            pieces = [[g] for g in groups[: len(sizes)]]
             self.available_sms = made * count
         else:
-            groups, made, _ = driver.call(cu.cuDevSmResourceSplitByCount, info.sm_count // self.granularity, full, 0,
-                                          self.granularity)
+            groups, made, _ = driver.call(
+                cu.cuDevSmResourceSplitByCount, info.sm_count // self.granularity, full, 0, self.granularity
+            )
             self.available_sms = made * self.granularity
             self.plan = plan_partitions(self.available_sms, self.granularity, requests)
             pieces, first = [], 0
             for _, count in self.plan.sizes:
                 take = count // self.granularity
-                pieces.append(list(groups[first:first + take]))
+                pieces.append(list(groups[first : first + take]))
                 first += take
         try:
             for (name, count), mine in zip(self.plan.sizes, pieces):
@@ -101,7 +103,9 @@ class GreenPartitions:
                 if got != count:
                     raise ValueError(f"partition {name!r}: asked the driver for {count} SMs, got {got}")
                 desc = driver.call(cu.cuDevResourceGenerateDesc, mine, len(mine))
-                gctx = driver.call(cu.cuGreenCtxCreate, desc, dev, cu.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM)
+                gctx = driver.call(
+                    cu.cuGreenCtxCreate, desc, dev, cu.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM
+                )
                 # Registered at once, so a failure below still destroys it in close().
                 part = self.partitions[name] = GreenPartition(name, got, gctx, None, None)
                 part.ctx = driver.call(cu.cuCtxFromGreenCtx, gctx)
@@ -130,7 +134,7 @@ class GreenPartitions:
                     continue
                 try:
                     driver.call(fn, handle)
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     first_error = first_error or exc
         self.partitions.clear()
         driver.ensure_context(self.device)

@@ -8,17 +8,17 @@ granularity; SMs no partition takes are the remainder.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence, Union
 
-Request = Union[int, str]
+Request = int | str
 
 
 @dataclass(frozen=True)
 class PartitionPlan:
     total_sms: int
     granularity: int
-    sizes: tuple[tuple[str, int], ...]   # (name, SMs), in request order
+    sizes: tuple[tuple[str, int], ...]  # (name, SMs), in request order
     remainder: int
 
     def size(self, name: str) -> int:
@@ -47,15 +47,19 @@ def plan_partitions(total_sms: int, granularity: int, requests: Sequence[tuple[s
             continue
         if isinstance(req, bool) or not isinstance(req, int) or req <= 0 or req % granularity:
             shown = valid_counts(total_sms, granularity)
-            raise ValueError(f"partition {name!r}: {req!r} SMs is not a positive multiple of {granularity}; "
-                             f"valid counts on this device: {', '.join(map(str, shown))}")
+            raise ValueError(
+                f"partition {name!r}: {req!r} SMs is not a positive multiple of {granularity}; "
+                f"valid counts on this device: {', '.join(map(str, shown))}"
+            )
         fixed += req
     if fixed > total_sms:
         raise ValueError(f"partitions ask for {fixed} SMs; the device has {total_sms}")
     left = total_sms - fixed
     rest_size = left - left % granularity
     if rest and rest_size == 0:
-        raise ValueError(f"partition {rest[0]!r} takes the rest, but only {left} SMs are left "
-                         f"(less than the {granularity}-SM minimum)")
+        raise ValueError(
+            f"partition {rest[0]!r} takes the rest, but only {left} SMs are left "
+            f"(less than the {granularity}-SM minimum)"
+        )
     sizes = tuple((n, rest_size if r == "rest" else int(r)) for n, r in requests)
     return PartitionPlan(total_sms, granularity, sizes, total_sms - sum(s for _, s in sizes))

@@ -1,25 +1,26 @@
 """Pipeline specs (``graphs/*.toml``): partitions and kernel nodes, validated.
 
-    name = "two-way"
-    [[partition]]
-    name = "k1"
-    sms = 64            # a multiple of the device's partition granularity, or "rest"
-    [[node]]
-    name = "probe_a"
-    kernel = "probe"    # a kernel known to the runner
-    partition = "k1"
-    grid = 256
-    block = 128
-    smem = 0            # dynamic shared memory, bytes (optional)
-    deps = []           # names of nodes that must finish first (optional)
+name = "two-way"
+[[partition]]
+name = "k1"
+sms = 64            # a multiple of the device's partition granularity, or "rest"
+[[node]]
+name = "probe_a"
+kernel = "probe"    # a kernel known to the runner
+partition = "k1"
+grid = 256
+block = 128
+smem = 0            # dynamic shared memory, bytes (optional)
+deps = []           # names of nodes that must finish first (optional)
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from megamoe_rt.graph.partition import PartitionPlan, plan_partitions
 from megamoe_rt.kernels.interface import gemm as gemm_interface
@@ -53,7 +54,7 @@ class NodeSpec:
 @dataclass(frozen=True)
 class PipelineSpec:
     name: str
-    partitions: tuple[tuple[str, Any], ...]   # (name, SMs or "rest")
+    partitions: tuple[tuple[str, Any], ...]  # (name, SMs or "rest")
     nodes: tuple[NodeSpec, ...]
 
     def plan(self, total_sms: int, granularity: int) -> PartitionPlan:
@@ -71,7 +72,7 @@ class PipelineSpec:
             if state.get(name) == 2:
                 return
             if state.get(name) == 1:
-                cycle = path[path.index(name):] + [name]
+                cycle = path[path.index(name) :] + [name]
                 raise SpecError(f"spec {self.name!r}: dependency cycle {' -> '.join(cycle)}")
             state[name] = 1
             for dep in by_name[name].deps:
@@ -86,7 +87,9 @@ class PipelineSpec:
 
 def _positive_int(where: str, key: str, value: Any, *, allow_zero: bool = False) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
-        raise SpecError(f"{where}: {key} = {value!r}, expected a {'non-negative' if allow_zero else 'positive'} integer")
+        raise SpecError(
+            f"{where}: {key} = {value!r}, expected a {'non-negative' if allow_zero else 'positive'} integer"
+        )
     return value
 
 
@@ -136,10 +139,21 @@ def parse_spec(data: dict, *, name: str = "<spec>", known_kernels: Iterable[str]
             raise SpecError(f"{where}: grid = {n['grid']} exceeds {MAX_GRID}")
         if _positive_int(where, "smem", n.get("smem", 0), allow_zero=True) > MAX_SMEM:
             raise SpecError(f"{where}: smem = {n['smem']} exceeds the {MAX_SMEM}-byte shared-memory limit")
-        extra = {k: v for k, v in n.items() if k not in ("name", "kernel", "partition", "grid", "block", "smem", "deps")}
-        nodes.append(NodeSpec(str(n["name"]), str(n["kernel"]), str(n["partition"]),
-                              _positive_int(where, "grid", n["grid"]), block,
-                              _positive_int(where, "smem", n.get("smem", 0), allow_zero=True), tuple(deps), extra))
+        extra = {
+            k: v for k, v in n.items() if k not in ("name", "kernel", "partition", "grid", "block", "smem", "deps")
+        }
+        nodes.append(
+            NodeSpec(
+                str(n["name"]),
+                str(n["kernel"]),
+                str(n["partition"]),
+                _positive_int(where, "grid", n["grid"]),
+                block,
+                _positive_int(where, "smem", n.get("smem", 0), allow_zero=True),
+                tuple(deps),
+                extra,
+            )
+        )
     names = [n.name for n in nodes]
     if len(set(names)) != len(names):
         raise SpecError(f"spec {spec_name!r}: node names must be unique")

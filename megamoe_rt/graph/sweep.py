@@ -47,13 +47,21 @@ def sweep_points(spec: PipelineSpec, vary: str | None, values: list[int] | None)
     if vary is None:
         return [(None, list(spec.partitions))]
     if vary not in {n for n, _ in spec.partitions}:
-        raise SpecError(f"--vary names partition {vary!r}; spec {spec.name!r} has "
-                        f"{', '.join(n for n, _ in spec.partitions)}")
+        raise SpecError(
+            f"--vary names partition {vary!r}; spec {spec.name!r} has {', '.join(n for n, _ in spec.partitions)}"
+        )
     return [(v, [(n, v if n == vary else r) for n, r in spec.partitions]) for v in values or []]
 
 
-def run_sweep(spec: PipelineSpec, vary: str | None, values: list[int] | None, *, device: int = 0, reps: int = 10,
-              progress: bool = True) -> list[dict[str, Any]]:
+def run_sweep(
+    spec: PipelineSpec,
+    vary: str | None,
+    values: list[int] | None,
+    *,
+    device: int = 0,
+    reps: int = 10,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
     """One row per point of :func:`sweep_points` (``vary`` None: the spec once, as written)."""
     import cupy as cp
 
@@ -76,8 +84,11 @@ def run_sweep(spec: PipelineSpec, vary: str | None, values: list[int] | None, *,
             rows.append({"value": v, "error": str(exc)})
             continue
         with parts:
-            row: dict[str, Any] = {"value": v, "partitions": {n: p.sm_count for n, p in parts.partitions.items()},
-                                   "nodes_us": {}}
+            row: dict[str, Any] = {
+                "value": v,
+                "partitions": {n: p.sm_count for n, p in parts.partitions.items()},
+                "nodes_us": {},
+            }
             for node in order:
                 w = workloads[node.name]
                 g = GraphBuilder()
@@ -92,9 +103,15 @@ def run_sweep(spec: PipelineSpec, vary: str | None, values: list[int] | None, *,
                 made: dict[str, Any] = {}
                 for node in order:
                     w = workloads[node.name]
-                    made[node.name] = g.add_kernel(w.kernel, (w.grid,), (w.block,), w.args,
-                                                   ctx=parts[node.partition].ctx, smem=w.smem,
-                                                   deps=[made[d] for d in node.deps])
+                    made[node.name] = g.add_kernel(
+                        w.kernel,
+                        (w.grid,),
+                        (w.block,),
+                        w.args,
+                        ctx=parts[node.partition].ctx,
+                        smem=w.smem,
+                        deps=[made[d] for d in node.deps],
+                    )
                 g.instantiate()
                 row["total_us"] = _time_graph(g, stream, reps)
             finally:
@@ -108,20 +125,30 @@ def run_sweep(spec: PipelineSpec, vary: str | None, values: list[int] | None, *,
 def format_table(rows: list[dict], vary: str | None) -> str:
     ok = [r for r in rows if "error" not in r]
     nodes = list(ok[0]["nodes_us"]) if ok else []
-    head = f"{vary or 'run':>6} " + " ".join(f"{'SMs ' + n:>12}" for n in (ok[0]["partitions"] if ok else [])) + \
-        " " + " ".join(f"{n + ' us':>14}" for n in nodes) + f" {'total us':>10}"
+    head = (
+        f"{vary or 'run':>6} "
+        + " ".join(f"{'SMs ' + n:>12}" for n in (ok[0]["partitions"] if ok else []))
+        + " "
+        + " ".join(f"{n + ' us':>14}" for n in nodes)
+        + f" {'total us':>10}"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         label = "spec" if r["value"] is None else str(r["value"])
         if "error" in r:
             lines.append(f"{label:>6} skipped: {r['error']}")
             continue
-        lines.append(f"{label:>6} " + " ".join(f"{s:>12}" for s in r["partitions"].values()) + " " +
-                     " ".join(f"{r['nodes_us'][n]:>14.1f}" for n in nodes) + f" {r['total_us']:>10.1f}")
+        lines.append(
+            f"{label:>6} "
+            + " ".join(f"{s:>12}" for s in r["partitions"].values())
+            + " "
+            + " ".join(f"{r['nodes_us'][n]:>14.1f}" for n in nodes)
+            + f" {r['total_us']:>10.1f}"
+        )
     return "\n".join(lines)
 
 
-def plot(rows: list[dict], vary: str, path: str) -> bool:
+def plot(rows: list[dict], vary: str | None, path: str) -> bool:
     try:
         import matplotlib
 
@@ -132,7 +159,7 @@ def plot(rows: list[dict], vary: str, path: str) -> bool:
     ok = [r for r in rows if "error" not in r]
     xs = [r["value"] for r in ok]
     fig, ax = plt.subplots(figsize=(7, 4))
-    for n in (ok[0]["nodes_us"] if ok else []):
+    for n in ok[0]["nodes_us"] if ok else []:
         ax.plot(xs, [r["nodes_us"][n] for r in ok], marker="o", label=f"{n} alone")
     ax.plot(xs, [r["total_us"] for r in ok], marker="s", linewidth=2, label="whole graph")
     ax.set_xlabel(f"SMs in partition {vary}")

@@ -6,6 +6,15 @@ from megamoe_rt.jit.paths import cuda_src_dir, include_dirs
 from megamoe_rt.jit.resources import KernelResources, parse_ptxas_report
 
 __all__ = [
-    "ARCH", "CompiledKernel", "CubinCache", "KernelResources", "KernelSpec", "compile_kernel",
-    "cuda_src_dir", "default_cache_dir", "include_dirs", "nvrtc_version", "parse_ptxas_report",
+    "ARCH",
+    "CompiledKernel",
+    "CubinCache",
+    "KernelResources",
+    "KernelSpec",
+    "compile_kernel",
+    "cuda_src_dir",
+    "default_cache_dir",
+    "include_dirs",
+    "nvrtc_version",
+    "parse_ptxas_report",
 ]

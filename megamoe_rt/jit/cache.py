@@ -81,13 +81,16 @@ class CubinCache:
         if pos + hlen > len(blob):
             return None
         try:
-            meta = json.loads(blob[pos:pos + hlen].decode())
+            meta = json.loads(blob[pos : pos + hlen].decode())
         except (UnicodeDecodeError, json.JSONDecodeError):
             return None
-        payload = blob[pos + hlen:]  # the trailing digest was already stripped
-        if (not isinstance(meta, dict) or meta.get("key") != key
-                or meta.get("cubin_bytes") != len(payload)
-                or meta.get("cubin_sha256") != hashlib.sha256(payload).hexdigest()):
+        payload = blob[pos + hlen :]  # the trailing digest was already stripped
+        if (
+            not isinstance(meta, dict)
+            or meta.get("key") != key
+            or meta.get("cubin_bytes") != len(payload)
+            or meta.get("cubin_sha256") != hashlib.sha256(payload).hexdigest()
+        ):
             return None
         return CacheEntry(key, meta, payload)
 

@@ -23,10 +23,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from megamoe_rt.runtime.errors import NvrtcError
 from megamoe_rt.jit.cache import CubinCache
 from megamoe_rt.jit.paths import cuda_src_dir, header_set_version, include_dirs, missing_header_message
 from megamoe_rt.jit.resources import KernelResources, parse_ptxas_report, ptxas_entry_names
+from megamoe_rt.runtime.errors import NvrtcError
 
 ARCH = "sm_90a"
 CXX_STD = "c++17"
@@ -37,17 +37,17 @@ _CACHE_FORMAT = 1
 class KernelSpec:
     """One compiled variant of a kernel family."""
 
-    name: str                      # unique, human-readable: "quantize_fp8[bf16]"
-    source: str                    # entry file, relative to cuda_src/
-    entry: str                     # name expression: "megamoe_rt::quantize_fp8_1x128<true>"
+    name: str  # unique, human-readable: "quantize_fp8[bf16]"
+    source: str  # entry file, relative to cuda_src/
+    entry: str  # name expression: "megamoe_rt::quantize_fp8_1x128<true>"
     defines: tuple[tuple[str, str], ...] = ()
-    needs: tuple[str, ...] = ()    # header sets: "cuda", "cccl", "cutlass"
+    needs: tuple[str, ...] = ()  # header sets: "cuda", "cccl", "cutlass"
     dynamic_smem_bytes: int = 0
-    block_threads: int = 0         # informational, for reports
+    block_threads: int = 0  # informational, for reports
     extra_options: tuple[str, ...] = ()
     expect_sass: tuple[str, ...] = ()  # opcodes the SASS must contain (checked by tests)
-    uses_printf: bool = False      # a diagnostic printf: a small stack frame for its arguments is expected
-    includes: tuple[str, ...] = () # headers (relative to cuda_src/) compiled in ahead of the entry file
+    uses_printf: bool = False  # a diagnostic printf: a small stack frame for its arguments is expected
+    includes: tuple[str, ...] = ()  # headers (relative to cuda_src/) compiled in ahead of the entry file
     # The kernel's parameters in order, as the ctypes types a launch passes (a parameter
     # struct, tensor maps, scalars). Loading checks them against the driver's parameter
     # sizes once (megamoe_rt.kernels.loader); empty: not checked.
@@ -69,6 +69,7 @@ class CompiledKernel:
 
 def _nvrtc():
     from cuda.bindings import nvrtc
+
     return nvrtc
 
 
@@ -92,7 +93,7 @@ def _program_log(nvrtc, prog) -> str:
     return buf.rstrip(b"\0").decode(errors="replace")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def nvrtc_version() -> tuple[int, int]:
     nvrtc = _nvrtc()
     major, minor = _check(nvrtc, "nvrtcVersion", nvrtc.nvrtcVersion())
@@ -124,7 +125,7 @@ def project_headers(entry: Path, root: Path) -> dict[str, str]:
                         stack.append(cand)
                     break
             else:
-                raise FileNotFoundError(f"{path.name}: #include \"{inc}\" not found under {root}")
+                raise FileNotFoundError(f'{path.name}: #include "{inc}" not found under {root}')
     return dict(sorted(found.items()))
 
 
@@ -180,8 +181,9 @@ def _lineinfo_default() -> bool:
     return os.environ.get("MEGAMOE_RT_LINEINFO", "0") not in ("", "0", "false", "no")
 
 
-def compile_kernel(spec: KernelSpec, *, lineinfo: bool | None = None, cache: CubinCache | None = None,
-                   use_cache: bool = True) -> CompiledKernel:
+def compile_kernel(
+    spec: KernelSpec, *, lineinfo: bool | None = None, cache: CubinCache | None = None, use_cache: bool = True
+) -> CompiledKernel:
     lineinfo = _lineinfo_default() if lineinfo is None else lineinfo
     options, external = build_options(spec, lineinfo=lineinfo)
     key, material = cache_key(spec, options, external)
@@ -190,18 +192,26 @@ def compile_kernel(spec: KernelSpec, *, lineinfo: bool | None = None, cache: Cub
         hit = cache.load(key)
         if hit is not None:
             res = KernelResources(**hit.meta["resources"])
-            return CompiledKernel(spec, hit.cubin, hit.meta["lowered_name"], res, hit.meta.get("log", ""),
-                                  key, True, 0.0, tuple(options))
+            return CompiledKernel(
+                spec, hit.cubin, hit.meta["lowered_name"], res, hit.meta.get("log", ""), key, True, 0.0, tuple(options)
+            )
     t0 = time.perf_counter()
     cubin, lowered, log = _nvrtc_compile(spec, options)
     cubin, res = _cubin_with_resources(spec, options, cubin, lowered, log)
     seconds = time.perf_counter() - t0
     if use_cache:
-        cache.store(key, cubin, {
-            "name": spec.name, "lowered_name": lowered, "log": log,
-            "resources": {k: v for k, v in res.as_dict().items() if k not in ("spill_bytes", "smem_bytes")},
-            "material": material, "compile_seconds": round(seconds, 3),
-        })
+        cache.store(
+            key,
+            cubin,
+            {
+                "name": spec.name,
+                "lowered_name": lowered,
+                "log": log,
+                "resources": {k: v for k, v in res.as_dict().items() if k not in ("spill_bytes", "smem_bytes")},
+                "material": material,
+                "compile_seconds": round(seconds, 3),
+            },
+        )
     return CompiledKernel(spec, cubin, lowered, res, log, key, False, seconds, tuple(options))
 
 
@@ -223,8 +233,9 @@ def _remember_report(cubin: bytes, log: str) -> None:
         _reports[(digest, entry)] = parse_ptxas_report(log, entry, name=entry)
 
 
-def _cubin_with_resources(spec: KernelSpec, options: list[str], cubin: bytes, lowered: str,
-                          log: str) -> tuple[bytes, KernelResources]:
+def _cubin_with_resources(
+    spec: KernelSpec, options: list[str], cubin: bytes, lowered: str, log: str
+) -> tuple[bytes, KernelResources]:
     first_cubin = cubin
     if "Compiling entry function" not in log:
         known = _reports.get((hashlib.sha256(cubin).hexdigest(), lowered))
@@ -242,8 +253,12 @@ def _nvrtc_compile(spec: KernelSpec, options: list[str]) -> tuple[bytes, str, st
     nvrtc = _nvrtc()
     entry = cuda_src_dir() / spec.source
     src = entry.read_bytes()
-    prog = _check(nvrtc, "nvrtcCreateProgram",
-                  nvrtc.nvrtcCreateProgram(src, str(entry).encode(), 0, [], []), source_name=spec.source)
+    prog = _check(
+        nvrtc,
+        "nvrtcCreateProgram",
+        nvrtc.nvrtcCreateProgram(src, str(entry).encode(), 0, [], []),
+        source_name=spec.source,
+    )
     try:
         name_expr = spec.entry.encode()
         _check(nvrtc, "nvrtcAddNameExpression", nvrtc.nvrtcAddNameExpression(prog, name_expr))

@@ -16,7 +16,7 @@ from pathlib import Path
 _PKG_DIR = Path(__file__).resolve().parent.parent
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cuda_src_dir() -> Path:
     """The device-code tree: inside the installed package, or the source checkout's."""
     for cand in (_PKG_DIR / "cuda_src", _PKG_DIR.parent / "cuda_src"):
@@ -49,7 +49,7 @@ def _first_with(rel_dirs: tuple[str, ...], marker: str) -> Path | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def include_dirs() -> dict[str, Path | None]:
     """Header sets a kernel may ask for: 'cuda', 'cccl', 'cutlass' -> directory or None."""
     cutlass = None
@@ -84,5 +84,4 @@ def header_set_version(name: str) -> str:
 
 def missing_header_message(name: str) -> str:
     wheel = _WHEEL_FOR[name][0]
-    return (f"the {name} headers were not found in any installed wheel; install {wheel} "
-            f"(pip install 'megamoe-rt[cu13]')")
+    return f"the {name} headers were not found in any installed wheel; install {wheel} (pip install 'megamoe-rt[cu13]')"

@@ -60,10 +60,11 @@ def parse_ptxas_report(log: str, lowered_name: str, *, name: str, dynamic_smem_b
             break
     if start is None:
         raise ValueError(f"ptxas report has no entry for {lowered_name!r} (was -Xptxas -v passed?)")
-    frame = (0, 0, 0)
-    regs = barriers = smem = None
+    frame: tuple[int, ...] = (0, 0, 0)
+    regs: int | None = None
+    barriers = smem = 0  # set with regs; unread unless regs is
     in_own_props = False
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if _ENTRY.search(line):
             break
         m = _PROPS.search(line)
@@ -85,7 +86,12 @@ def parse_ptxas_report(log: str, lowered_name: str, *, name: str, dynamic_smem_b
     if regs is None:
         raise ValueError(f"ptxas report for {lowered_name!r} has no 'Used N registers' line")
     return KernelResources(
-        name=name, registers=regs, stack_frame_bytes=frame[0], spill_store_bytes=frame[1],
-        spill_load_bytes=frame[2], static_smem_bytes=smem, dynamic_smem_bytes=int(dynamic_smem_bytes),
+        name=name,
+        registers=regs,
+        stack_frame_bytes=frame[0],
+        spill_store_bytes=frame[1],
+        spill_load_bytes=frame[2],
+        static_smem_bytes=smem,
+        dynamic_smem_bytes=int(dynamic_smem_bytes),
         barriers=barriers,
     )

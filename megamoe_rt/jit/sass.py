@@ -23,7 +23,9 @@ def find_cuobjdump() -> str | None:
 def dump_sass(cubin: bytes) -> str:
     tool = find_cuobjdump()
     if tool is None:
-        raise RuntimeError("cuobjdump was not found: install nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm (pip install 'megamoe-rt[test]')")
+        raise RuntimeError(
+            "cuobjdump was not found: install nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm (pip install 'megamoe-rt[test]')"
+        )
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "kernel.cubin"
         path.write_bytes(cubin)

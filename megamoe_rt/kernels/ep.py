@@ -21,8 +21,13 @@ _IDX_CXX = {"int32": "megamoe_rt::i32", "int64": "megamoe_rt::i64"}
 def bank_layout(num_ranks: int, num_local_experts: int) -> EpBankLayout:
     """Word offsets of one bank: recv_counts | recv_offsets | count_ready | combine_ready."""
     n = num_ranks * num_local_experts
-    bank = EpBankLayout(words=decl.bank_words(num_ranks, num_local_experts), recv_counts=0, recv_offsets=n,
-                        count_ready=2 * n, combine_ready=2 * n + num_ranks)
+    bank = EpBankLayout(
+        words=decl.bank_words(num_ranks, num_local_experts),
+        recv_counts=0,
+        recv_offsets=n,
+        count_ready=2 * n,
+        combine_ready=2 * n + num_ranks,
+    )
     assert bank.combine_ready + num_ranks == bank.words, "the regions fill the bank the buffer layout reserves"
     return bank
 
@@ -31,8 +36,7 @@ def _spec(entry: str, idx: str | None, threads: int) -> KernelSpec:
     name = f"ep_{entry}" + (f"[{idx}]" if idx else "")
     expr = f"megamoe_rt::ep::ep_{entry}" + (f"<{_IDX_CXX[idx]}>" if idx else "")
     # The waits on peers print their report (these kernels have no wgmma).
-    return KernelSpec(name=name, source=SOURCE, entry=expr, block_threads=threads, uses_printf=True,
-                      params=(EpParams,))
+    return KernelSpec(name=name, source=SOURCE, entry=expr, block_threads=threads, uses_printf=True, params=(EpParams,))
 
 
 def specs(idx: str) -> dict[str, KernelSpec]:
@@ -56,8 +60,9 @@ def kernel_specs() -> list[KernelSpec]:
     return list(out.values())
 
 
-def launch_before_gemms(kernels: dict[str, Any], params: EpParams, *, pairs: int, pool_rows: int, sm_count: int,
-                        stream: int) -> None:
+def launch_before_gemms(
+    kernels: dict[str, Any], params: EpParams, *, pairs: int, pool_rows: int, sm_count: int, stream: int
+) -> None:
     """Everything up to the pool being filled: parity, send list, publish, receive, pull."""
     one = [params]
     grid_pairs = max(1, min(ceil_div(pairs, THREADS), sm_count * 4))

@@ -12,8 +12,8 @@ its variants (``megamoe-rt compile --all``, the CPU suite) and :class:`GemmConfi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 # A reason a tile configuration does not suit the epilogue, or None. Called with the
 # GemmConfig fields as keywords: block_m, block_n, b_sf_n, out_sf_gran, a_sf_gran, layout,
@@ -23,11 +23,11 @@ Rule = Callable[..., "str | None"]
 
 @dataclass(frozen=True)
 class Epilogue:
-    name: str                  # GemmConfig.epilogue, and the variant names
-    cxx_type: str              # the policy type
-    header: str                # its header, relative to cuda_src/
-    b_sf_n: int = 128          # B scales per 64 or 128 output columns in the variants built
-    requant: bool = False      # writes e4m3 with its own scales in groups of out_sf_gran
+    name: str  # GemmConfig.epilogue, and the variant names
+    cxx_type: str  # the policy type
+    header: str  # its header, relative to cuda_src/
+    b_sf_n: int = 128  # B scales per 64 or 128 output columns in the variants built
+    requant: bool = False  # writes e4m3 with its own scales in groups of out_sf_gran
     # What compile --all and the heuristics build: group layouts, A-scale granularities and
     # (when requant) the requant groups.
     layouts: tuple[str, ...] = ("contiguous", "masked")
@@ -35,7 +35,7 @@ class Epilogue:
     out_sf_grans: tuple[int, ...] = (128,)
     rule: Rule | None = None
 
-    def problem(self, **config) -> str | None:
+    def problem(self, **config: object) -> str | None:
         """Why a configuration (GemmConfig fields as keywords) cannot use this epilogue, or None."""
         return self.rule(**config) if self.rule is not None else None
 
@@ -57,7 +57,7 @@ def get_epilogue(name: str) -> Epilogue:
         raise ValueError(f"epilogue {name!r} unknown; registered: {', '.join(EPILOGUES)}") from None
 
 
-def _swiglu_rule(*, block_m: int, block_n: int, b_sf_n: int, out_sf_gran: int, **_) -> str | None:
+def _swiglu_rule(*, block_m: int, block_n: int, b_sf_n: int, out_sf_gran: int, **_: object) -> str | None:
     if b_sf_n != 64:
         return "the SwiGLU epilogue needs 64-column B scales (interleaved gate|up halves)"
     if out_sf_gran == 128 and (block_m, block_n) != (64, 256):
@@ -68,7 +68,23 @@ def _swiglu_rule(*, block_m: int, block_n: int, b_sf_n: int, out_sf_gran: int, *
 
 register(Epilogue("bf16", "megamoe_rt::gemm::StoreBf16Epilogue", "gemm/epilogue_bf16.cuh"))
 # Built for the contiguous layout only: the MoE layer scatters from its contiguous pools.
-register(Epilogue("scatter_bf16", "megamoe_rt::gemm::ScatterBf16Epilogue", "gemm/epilogue_scatter_bf16.cuh",
-                  layouts=("contiguous",)))
-register(Epilogue("swiglu_fp8", "megamoe_rt::gemm::SwigluFp8Epilogue", "gemm/epilogue_swiglu_fp8.cuh", b_sf_n=64,
-                  requant=True, a_sf_grans=(128,), out_sf_grans=(64, 128), rule=_swiglu_rule))
+register(
+    Epilogue(
+        "scatter_bf16",
+        "megamoe_rt::gemm::ScatterBf16Epilogue",
+        "gemm/epilogue_scatter_bf16.cuh",
+        layouts=("contiguous",),
+    )
+)
+register(
+    Epilogue(
+        "swiglu_fp8",
+        "megamoe_rt::gemm::SwigluFp8Epilogue",
+        "gemm/epilogue_swiglu_fp8.cuh",
+        b_sf_n=64,
+        requant=True,
+        a_sf_grans=(128,),
+        out_sf_grans=(64, 128),
+        rule=_swiglu_rule,
+    )
+)

@@ -31,7 +31,7 @@ _IDX_CXX = {"int32": "megamoe_rt::i32", "int64": "megamoe_rt::i64"}
 # The optional per-block trace's events, in TraceEvent order.
 TRACE_EVENTS = tuple(v.key for v in decl.TRACE_EVENT.values)
 
-RELAY_BYTES = decl.RELAY_BYTES.value            # SignalRelay::kBytes (asserted there)
+RELAY_BYTES = decl.RELAY_BYTES.value  # SignalRelay::kBytes (asserted there)
 TILE_QUEUE_BYTES = decl.TILE_QUEUE_BYTES.value  # TileQueue::kBytes (asserted there)
 
 
@@ -39,8 +39,15 @@ def bank_layout(num_experts: int, max_blocks: int) -> BankLayout:
     """``num_experts``: the experts this rank counts its pairs for: its own on one rank, all
     (global) across ranks, where the counts and cursors lay out its send list."""
     el, b = num_experts, max_blocks
-    bank = BankLayout(words=bank_words(el, b), counts=0, cursors=el, arrivals=2 * el, l1_done=2 * el + b,
-                      l2_read=2 * el + 2 * b, ticket=2 * el + 3 * b)
+    bank = BankLayout(
+        words=bank_words(el, b),
+        counts=0,
+        cursors=el,
+        arrivals=2 * el,
+        l1_done=2 * el + b,
+        l2_read=2 * el + 2 * b,
+        ticket=2 * el + 3 * b,
+    )
     assert bank.ticket + 1 == bank.words, "the counters fill the bank the buffer layout reserves"
     return bank
 
@@ -79,8 +86,10 @@ def pick_stages(num_local_experts: int, max_blocks: int, extra: int = 0) -> int:
     for s in range(MAX_STAGES, MIN_STAGES - 1, -1):
         if dynamic_smem_bytes(s, num_local_experts, max_blocks, extra) <= SMEM_LIMIT:
             return s
-    raise ValueError(f"{num_local_experts} local experts and {max_blocks} pool blocks leave no room for "
-                     f"{MIN_STAGES} pipeline stages in shared memory")
+    raise ValueError(
+        f"{num_local_experts} local experts and {max_blocks} pool blocks leave no room for "
+        f"{MIN_STAGES} pipeline stages in shared memory"
+    )
 
 
 @dataclass(frozen=True)
@@ -88,8 +97,8 @@ class FusedConfig:
     stages: int
     act_sf_gran: int
     idx: str = "int32"
-    expert_parallel: bool = False   # the instantiation that runs across ranks
-    smem_bytes: int = 0   # dynamic shared memory of a launch (tables depend on the buffer)
+    expert_parallel: bool = False  # the instantiation that runs across ranks
+    smem_bytes: int = 0  # dynamic shared memory of a launch (tables depend on the buffer)
 
     @property
     def name(self) -> str:
@@ -97,15 +106,27 @@ class FusedConfig:
         return f"fused_moe[s{self.stages},asf{self.act_sf_gran},{self.idx}{ep}]"
 
     def spec(self) -> KernelSpec:
-        entry = (f"megamoe_rt::fused::sm90_fp8_fused_moe<{self.stages}u, {self.act_sf_gran}u, "
-                 f"{_IDX_CXX[self.idx]}, {'true' if self.expert_parallel else 'false'}>")
-        return KernelSpec(name=self.name, source=SOURCE, entry=entry,
-                          dynamic_smem_bytes=self.smem_bytes or SMEM_LIMIT,
-                          block_threads=NUM_THREADS, expect_sass=("QGMMA",),
-                          params=(FusedParams,) + (TMA_DESCRIPTOR,) * 6)
+        entry = (
+            f"megamoe_rt::fused::sm90_fp8_fused_moe<{self.stages}u, {self.act_sf_gran}u, "
+            f"{_IDX_CXX[self.idx]}, {'true' if self.expert_parallel else 'false'}>"
+        )
+        return KernelSpec(
+            name=self.name,
+            source=SOURCE,
+            entry=entry,
+            dynamic_smem_bytes=self.smem_bytes or SMEM_LIMIT,
+            block_threads=NUM_THREADS,
+            expect_sass=("QGMMA",),
+            params=(FusedParams,) + (TMA_DESCRIPTOR,) * 6,
+        )
 
 
 def kernel_specs() -> list[KernelSpec]:
     """The variants buffers of the shipped presets pick (deeper pipelines for smaller tables)."""
-    return [FusedConfig(s, g, idx, ep).spec() for s in (4, 5) for g in (64, 128) for idx in ("int32", "int64")
-            for ep in (False, True)]
+    return [
+        FusedConfig(s, g, idx, ep).spec()
+        for s in (4, 5)
+        for g in (64, 128)
+        for idx in ("int32", "int64")
+        for ep in (False, True)
+    ]

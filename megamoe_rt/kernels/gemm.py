@@ -23,10 +23,10 @@ from megamoe_rt.kernels.operands import Fp8Operand
 from megamoe_rt.runtime.tma import TensorMap2D
 
 SOURCE = "gemm/sm90_fp8_grouped_gemm.cu"
-SMEM_LIMIT = decl.SMEM_LIMIT.value    # 227 KiB opt-in per block on sm_90
+SMEM_LIMIT = decl.SMEM_LIMIT.value  # 227 KiB opt-in per block on sm_90
 MAX_STAGES = 8
 
-LAYOUTS = decl.GROUP_LAYOUT.keys()    # {"contiguous": 0, "masked": 1}
+LAYOUTS = decl.GROUP_LAYOUT.keys()  # {"contiguous": 0, "masked": 1}
 
 FLAG_CLAMP = decl.FLAGS["clamp"]
 FLAG_POW2_SCALE = decl.FLAGS["pow2_scale"]
@@ -39,18 +39,20 @@ class GemmConfig:
     block_m: int
     block_n: int
     stages: int
-    a_sf_gran: int = 128      # A scales per 64 or 128 K elements
-    b_sf_n: int = 128         # B scales per 64 or 128 output columns
-    out_sf_gran: int = 128    # requant group of an epilogue that writes e4m3 (SwiGLU)
-    cluster_n: int = 1        # CTAs per cluster along N sharing the A tile (only 1 is built, see below)
+    a_sf_gran: int = 128  # A scales per 64 or 128 K elements
+    b_sf_n: int = 128  # B scales per 64 or 128 output columns
+    out_sf_gran: int = 128  # requant group of an epilogue that writes e4m3 (SwiGLU)
+    cluster_n: int = 1  # CTAs per cluster along N sharing the A tile (only 1 is built, see below)
     layout: str = "contiguous"
     epilogue: str = "bf16"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.block_m not in (64, 128) or self.block_n not in (128, 256):
             raise ValueError(f"tile {self.block_m}x{self.block_n}: BLOCK_M must be 64|128 and BLOCK_N 128|256")
         if self.num_math_warpgroups not in (1, 2):
-            raise ValueError(f"tile {self.block_m}x{self.block_n} needs {self.num_math_warpgroups} math warpgroups; 1 or 2 supported")
+            raise ValueError(
+                f"tile {self.block_m}x{self.block_n} needs {self.num_math_warpgroups} math warpgroups; 1 or 2 supported"
+            )
         if self.layout not in LAYOUTS or self.epilogue not in EPILOGUES:
             raise ValueError(f"layout {self.layout!r} / epilogue {self.epilogue!r} unknown")
         problem = EPILOGUES[self.epilogue].problem(**dataclasses.asdict(self))
@@ -59,8 +61,10 @@ class GemmConfig:
         if self.cluster_n != 1:
             # The device code has a CTA-pair path (A multicast, measured +2.5%: bench/NOTES.md), but
             # its waits on the peer CTA have no deadline yet, and every cross-block wait must.
-            raise ValueError(f"cluster_n={self.cluster_n}: CTA pairs are not built until their cross-CTA waits "
-                             "carry a deadline; use cluster_n=1")
+            raise ValueError(
+                f"cluster_n={self.cluster_n}: CTA pairs are not built until their cross-CTA waits "
+                "carry a deadline; use cluster_n=1"
+            )
         if not 2 <= self.stages <= MAX_STAGES:
             raise ValueError(f"stages={self.stages}: expected 2..{MAX_STAGES}")
         if self.dynamic_smem_bytes > SMEM_LIMIT:
@@ -100,17 +104,28 @@ class GemmConfig:
 
     @property
     def name(self) -> str:
-        return (f"fp8_gemm[{self.layout},{self.epilogue},{self.block_m}x{self.block_n},c{self.cluster_n},"
-                f"s{self.stages},asf{self.a_sf_gran},bsf{self.b_sf_n},osf{self.out_sf_gran}]")
+        return (
+            f"fp8_gemm[{self.layout},{self.epilogue},{self.block_m}x{self.block_n},c{self.cluster_n},"
+            f"s{self.stages},asf{self.a_sf_gran},bsf{self.b_sf_n},osf{self.out_sf_gran}]"
+        )
 
     def spec(self) -> KernelSpec:
         epi = get_epilogue(self.epilogue)
-        entry = (f"megamoe_rt::gemm::sm90_fp8_grouped_gemm<{self.block_m}u, {self.block_n}u, {self.stages}u, "
-                 f"{self.a_sf_gran}u, {self.b_sf_n}u, {self.out_sf_gran}u, {self.cluster_n}u, "
-                 f"{decl.GROUP_LAYOUT.cxx_of(self.layout)}, {epi.cxx_type}>")
-        return KernelSpec(name=self.name, source=SOURCE, entry=entry, dynamic_smem_bytes=self.dynamic_smem_bytes,
-                          block_threads=self.num_threads, expect_sass=("QGMMA",), includes=(epi.header,),
-                          params=(GemmParams,) + (TMA_DESCRIPTOR,) * 3)
+        entry = (
+            f"megamoe_rt::gemm::sm90_fp8_grouped_gemm<{self.block_m}u, {self.block_n}u, {self.stages}u, "
+            f"{self.a_sf_gran}u, {self.b_sf_n}u, {self.out_sf_gran}u, {self.cluster_n}u, "
+            f"{decl.GROUP_LAYOUT.cxx_of(self.layout)}, {epi.cxx_type}>"
+        )
+        return KernelSpec(
+            name=self.name,
+            source=SOURCE,
+            entry=entry,
+            dynamic_smem_bytes=self.dynamic_smem_bytes,
+            block_threads=self.num_threads,
+            expect_sass=("QGMMA",),
+            includes=(epi.header,),
+            params=(GemmParams,) + (TMA_DESCRIPTOR,) * 3,
+        )
 
 
 def max_stages(block_m: int, block_n: int, a_sf_gran: int) -> int:
@@ -126,15 +141,18 @@ class GemmLaunch:
     """Everything one launch needs, resolved to pointers and sizes."""
 
     config: GemmConfig
-    a: Fp8Operand             # rows [num_rows, k] with k-major row scales
-    b: Fp8Operand             # [groups, n, k] with block scales (params.sfb)
+    a: Fp8Operand  # rows [num_rows, k] with k-major row scales
+    b: Fp8Operand  # [groups, n, k] with block scales (params.sfb)
     params: GemmParams
 
     def tensor_maps(self) -> tuple[TensorMap2D, TensorMap2D, TensorMap2D]:
         cfg = self.config
         # With a CTA pair each CTA loads (and multicasts) half of the A tile.
-        return (self.a.tensor_map(cfg.block_m // cfg.cluster_n), self.b.tensor_map(cfg.block_n),
-                self.a.scale_tensor_map(cfg.block_m))
+        return (
+            self.a.tensor_map(cfg.block_m // cfg.cluster_n),
+            self.b.tensor_map(cfg.block_n),
+            self.a.scale_tensor_map(cfg.block_m),
+        )
 
 
 def num_tiles(cfg: GemmConfig, p: GemmParams) -> int:
@@ -153,7 +171,7 @@ class PreparedGemm:
     grid: int
     block: int
     cluster: tuple[int, int, int]
-    args: list  # params and tensor maps (ctypes), kept alive with the plan
+    args: list[Any]  # params and tensor maps (ctypes), kept alive with the plan
 
     def run(self, stream: Any = None) -> None:
         if self.grid:
@@ -174,20 +192,30 @@ def prepare_gemm(launch: GemmLaunch, *, device: int, sm_count: int) -> PreparedG
     else:
         slots = sm_count
     grid = min(tiles, slots) * cfg.cluster_n
-    args: list = [launch.params]
+    args: list[Any] = [launch.params]
     if grid:
         args += [t.raw for t in launch.tensor_maps()]
     return PreparedGemm(kernel, grid, cfg.num_threads, (cfg.cluster_n, 1, 1), args)
 
 
-CHECK_LAYOUT_SPEC = KernelSpec(name="fp8_gemm_check_group_layout", source="gemm/check_group_layout.cu",
-                               entry="megamoe_rt::gemm::check_group_layout", block_threads=32,
-                               uses_printf=True, params=(GemmParams, ctypes.c_uint32, ctypes.c_uint32))
+CHECK_LAYOUT_SPEC = KernelSpec(
+    name="fp8_gemm_check_group_layout",
+    source="gemm/check_group_layout.cu",
+    entry="megamoe_rt::gemm::check_group_layout",
+    block_threads=32,
+    uses_printf=True,
+    params=(GemmParams, ctypes.c_uint32, ctypes.c_uint32),
+)
 
 
 def prepare_layout_check(launch: GemmLaunch, *, device: int) -> PreparedGemm:
     from megamoe_rt.kernels.loader import get_kernel
 
     kernel = get_kernel(CHECK_LAYOUT_SPEC, device)
-    return PreparedGemm(kernel, 1, 32, (1, 1, 1), [launch.params, ctypes.c_uint32(launch.config.block_m),
-                                                   ctypes.c_uint32(LAYOUTS[launch.config.layout])])
+    return PreparedGemm(
+        kernel,
+        1,
+        32,
+        (1, 1, 1),
+        [launch.params, ctypes.c_uint32(launch.config.block_m), ctypes.c_uint32(LAYOUTS[launch.config.layout])],
+    )

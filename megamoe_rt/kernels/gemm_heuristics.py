@@ -12,15 +12,24 @@ from megamoe_rt.schedule.arith import ceil_div
 TILES = ((128, 128), (64, 256), (64, 128))
 
 
-def _config(bm: int, bn: int, *, a_sf_gran: int, b_sf_n: int, out_sf_gran: int, layout: str,
-            epilogue: str) -> GemmConfig:
+def _config(
+    bm: int, bn: int, *, a_sf_gran: int, b_sf_n: int, out_sf_gran: int, layout: str, epilogue: str
+) -> GemmConfig:
     # One CTA per tile: CTA pairs sharing the A tile are not built (GemmConfig refuses
     # cluster_n != 1 until their cross-CTA waits carry a deadline).
-    return GemmConfig(bm, bn, max_stages(bm, bn, a_sf_gran), a_sf_gran=a_sf_gran, b_sf_n=b_sf_n,
-                      out_sf_gran=out_sf_gran, layout=layout, epilogue=epilogue)
+    return GemmConfig(
+        bm,
+        bn,
+        max_stages(bm, bn, a_sf_gran),
+        a_sf_gran=a_sf_gran,
+        b_sf_n=b_sf_n,
+        out_sf_gran=out_sf_gran,
+        layout=layout,
+        epilogue=epilogue,
+    )
 
 
-def _fits(epi: Epilogue, bm: int, bn: int, out_sf_gran: int, **fields) -> bool:
+def _fits(epi: Epilogue, bm: int, bn: int, out_sf_gran: int, **fields: object) -> bool:
     return epi.problem(block_m=bm, block_n=bn, b_sf_n=epi.b_sf_n, out_sf_gran=out_sf_gran, **fields) is None
 
 
@@ -35,14 +44,36 @@ def candidate_configs() -> list[GemmConfig]:
                     continue
                 for a_gran in epi.a_sf_grans:
                     for out_gran in epi.out_sf_grans:
-                        kw = dict(a_sf_gran=a_gran, layout=layout, epilogue=epi.name)
-                        if _fits(epi, bm, bn, out_gran, cluster_n=1, **kw):
-                            out.append(_config(bm, bn, b_sf_n=epi.b_sf_n, out_sf_gran=out_gran, **kw))
+                        if _fits(
+                            epi, bm, bn, out_gran, cluster_n=1, a_sf_gran=a_gran, layout=layout, epilogue=epi.name
+                        ):
+                            out.append(
+                                _config(
+                                    bm,
+                                    bn,
+                                    a_sf_gran=a_gran,
+                                    b_sf_n=epi.b_sf_n,
+                                    out_sf_gran=out_gran,
+                                    layout=layout,
+                                    epilogue=epi.name,
+                                )
+                            )
     return out
 
 
-def choose_config(*, layout: str, epilogue: str, num_rows: int, n: int, k: int, num_groups: int, sm_count: int,
-                  masked_rows: int = 0, a_sf_gran: int = 128, out_sf_gran: int = 128) -> GemmConfig:
+def choose_config(
+    *,
+    layout: str,
+    epilogue: str,
+    num_rows: int,
+    n: int,
+    k: int,
+    num_groups: int,
+    sm_count: int,
+    masked_rows: int = 0,
+    a_sf_gran: int = 128,
+    out_sf_gran: int = 128,
+) -> GemmConfig:
     """Pick a tile for a call from its shape and the SM count.
 
     - Groups of at most 64 rows (decode) waste half of a 128-row tile: use 64 rows.
@@ -51,18 +82,21 @@ def choose_config(*, layout: str, epilogue: str, num_rows: int, n: int, k: int, 
       requant groups in the SwiGLU epilogue need the 64x256 tile).
     """
     epi = get_epilogue(epilogue)
-    kw = dict(a_sf_gran=a_sf_gran, b_sf_n=epi.b_sf_n, out_sf_gran=out_sf_gran if epi.requant else 128,
-              layout=layout, epilogue=epilogue)
-    bm, bn = _preferred_tile(layout=layout, num_rows=num_rows, n=n, num_groups=num_groups, sm_count=sm_count,
-                             masked_rows=masked_rows)
+    out_gran = out_sf_gran if epi.requant else 128
+    bm, bn = _preferred_tile(
+        layout=layout, num_rows=num_rows, n=n, num_groups=num_groups, sm_count=sm_count, masked_rows=masked_rows
+    )
     fields = dict(a_sf_gran=a_sf_gran, layout=layout, epilogue=epilogue, cluster_n=1)
-    if not _fits(epi, bm, bn, kw["out_sf_gran"], **fields):
-        bm, bn = next(t for t in TILES if _fits(epi, *t, kw["out_sf_gran"], **fields))
-    return _config(bm, bn, **kw)
+    if not _fits(epi, bm, bn, out_gran, **fields):
+        bm, bn = next(t for t in TILES if _fits(epi, t[0], t[1], out_gran, **fields))
+    return _config(
+        bm, bn, a_sf_gran=a_sf_gran, b_sf_n=epi.b_sf_n, out_sf_gran=out_gran, layout=layout, epilogue=epilogue
+    )
 
 
-def _preferred_tile(*, layout: str, num_rows: int, n: int, num_groups: int, sm_count: int,
-                    masked_rows: int) -> tuple[int, int]:
+def _preferred_tile(
+    *, layout: str, num_rows: int, n: int, num_groups: int, sm_count: int, masked_rows: int
+) -> tuple[int, int]:
     rows_per_group = masked_rows if layout == "masked" else (num_rows // max(num_groups, 1))
     if rows_per_group <= 64:
         return (64, 256) if n % 256 == 0 else (64, 128)

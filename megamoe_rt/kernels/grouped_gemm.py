@@ -18,19 +18,20 @@ Two group layouts:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
+from megamoe_rt.kernels import gemm as k
+from megamoe_rt.kernels.gemm_heuristics import choose_config
+from megamoe_rt.kernels.operands import Fp8Operand, ScaleFactors, activation_operand, kmajor_rows, weight_operand
 from megamoe_rt.runtime import driver
 from megamoe_rt.runtime.arrays import DeviceArray, as_device_array, check_array, cupy_stream, require_cupy
-from megamoe_rt.kernels.gemm_heuristics import choose_config
-from megamoe_rt.kernels import gemm as k
-from megamoe_rt.kernels.operands import Fp8Operand, activation_operand, kmajor_rows, weight_operand
 
 GROUP_ALIGN = 128  # contiguous-layout group starts; valid for every tile shape
 
 
-def _array_module(x):
+def _array_module(x: Any) -> Any:
     import numpy as np
 
     if isinstance(x, np.ndarray):
@@ -38,20 +39,22 @@ def _array_module(x):
     return require_cupy()
 
 
-def _kmajor_scales(cupy, rows: int, sf_cols: int) -> DeviceArray:
+def _kmajor_scales(cupy: Any, rows: int, sf_cols: int) -> DeviceArray:
     """Room for [rows, sf_cols] row scales as [sf_cols, rows padded to 4] (TMA wants
     16-byte row strides); filled by the plan's refresh at run time."""
     t = cupy.zeros((sf_cols, kmajor_rows(rows)), dtype=cupy.float32)
     return as_device_array(t, "a_sf (k-major copy)")
 
 
-def _check_config(cfg: k.GemmConfig, *, layout: str, epilogue: str, a_sf_gran: int, n: int,
-                  out_sf_gran: int | None = None) -> None:
+def _check_config(
+    cfg: k.GemmConfig, *, layout: str, epilogue: str, a_sf_gran: int, n: int, out_sf_gran: int | None = None
+) -> None:
     if not isinstance(cfg, k.GemmConfig):
         raise TypeError(f"config: expected a GemmConfig, got {type(cfg).__name__}")
     if (cfg.layout, cfg.epilogue, cfg.a_sf_gran) != (layout, epilogue, a_sf_gran):
-        raise ValueError(f"config: {cfg.name} does not match layout={layout}, epilogue={epilogue}, "
-                         f"a_sf_gran={a_sf_gran}")
+        raise ValueError(
+            f"config: {cfg.name} does not match layout={layout}, epilogue={epilogue}, a_sf_gran={a_sf_gran}"
+        )
     if out_sf_gran is not None and cfg.out_sf_gran != out_sf_gran:
         raise ValueError(f"config: {cfg.name} requantizes in groups of {cfg.out_sf_gran}, the call asks {out_sf_gran}")
     if n % (cfg.block_n * cfg.cluster_n):
@@ -66,8 +69,15 @@ def _group_layout(group_offsets: Any, group_counts: Any, masked_counts: Any) -> 
     return "contiguous" if group_offsets is not None else "masked"
 
 
-def _set_groups(p: k.GemmParams, layout: str, group_offsets: Any, group_counts: Any, masked_counts: Any,
-                groups: int, dev: int) -> None:
+def _set_groups(
+    p: k.GemmParams,
+    layout: str,
+    group_offsets: Any,
+    group_counts: Any,
+    masked_counts: Any,
+    groups: int,
+    dev: int | None,
+) -> None:
     if layout == "contiguous":
         p.group_offsets = _check_groups("group_offsets", group_offsets, groups + 1, dev).ptr
         if group_counts is not None:
@@ -76,7 +86,7 @@ def _set_groups(p: k.GemmParams, layout: str, group_offsets: Any, group_counts: 
         p.masked_counts = _check_groups("masked_counts", masked_counts, groups, dev).ptr
 
 
-def _check_groups(name: str, arr: Any, length: int, device: int) -> DeviceArray:
+def _check_groups(name: str, arr: Any, length: int, device: int | None) -> DeviceArray:
     d = as_device_array(arr, name)
     check_array(d, name, dtypes=("int32",), shape=(length,), device=device, align=4)
     return d
@@ -96,9 +106,9 @@ class GroupedGemmPlan:
     result: Any
     stream: int
     refresh_scales: Callable[[int], None] | None = None
-    keep: tuple = ()
+    keep: tuple[Any, ...] = ()
 
-    def run(self, stream: Any = None):
+    def run(self, stream: Any = None) -> Any:
         sh = self.stream if stream is None else driver.stream_handle(stream)
         if self.refresh_scales is not None:
             self.refresh_scales(sh)
@@ -108,15 +118,28 @@ class GroupedGemmPlan:
         return self.result
 
 
-def grouped_gemm_fp8(a: Any, a_sf: Any, b: Any, b_sf: Any, **kwargs):
+def grouped_gemm_fp8(a: Any, a_sf: Any, b: Any, b_sf: Any, **kwargs: Any) -> Any:
     """Grouped FP8 GEMM; returns ``out`` (bf16 bits as uint16) or None with ``row_dst``.
     Arguments as :func:`plan_grouped_gemm_fp8`; this plans and runs once."""
     return plan_grouped_gemm_fp8(a, a_sf, b, b_sf, **kwargs).run()
 
 
-def plan_grouped_gemm_fp8(a: Any, a_sf: Any, b: Any, b_sf: Any, *, group_offsets: Any = None, group_counts: Any = None,
-                     masked_counts: Any = None, out: Any = None, row_dst: Any = None, stream: Any = None,
-                     check_layout: bool = True, a_sf_kmajor: bool = False, config: k.GemmConfig | None = None):
+def plan_grouped_gemm_fp8(
+    a: Any,
+    a_sf: Any,
+    b: Any,
+    b_sf: Any,
+    *,
+    group_offsets: Any = None,
+    group_counts: Any = None,
+    masked_counts: Any = None,
+    out: Any = None,
+    row_dst: Any = None,
+    stream: Any = None,
+    check_layout: bool = True,
+    a_sf_kmajor: bool = False,
+    config: k.GemmConfig | None = None,
+) -> GroupedGemmPlan:
     """Validate and resolve a grouped FP8 GEMM call into a :class:`GroupedGemmPlan`.
 
     a: e4m3 (uint8) ``[M, K]`` (contiguous) or ``[G, M_max, K]`` (masked).
@@ -144,10 +167,18 @@ def plan_grouped_gemm_fp8(a: Any, a_sf: Any, b: Any, b_sf: Any, *, group_offsets
     # block is never handed out while earlier work on another stream still uses it.
     with cupy.cuda.Device(info.ordinal), cupy_stream(cupy, sh):
         epilogue = "scatter_bf16" if row_dst is not None else "bf16"
-        cfg = config or choose_config(layout=layout, epilogue=epilogue, num_rows=rows, n=n, k=kk, num_groups=groups,
-                                      sm_count=info.sm_count, masked_rows=_masked_rows(ao),
-                                      a_sf_gran=ao.scales.gran_k)
-        _check_config(cfg, layout=layout, epilogue=epilogue, a_sf_gran=ao.scales.gran_k, n=n)
+        cfg = config or choose_config(
+            layout=layout,
+            epilogue=epilogue,
+            num_rows=rows,
+            n=n,
+            k=kk,
+            num_groups=groups,
+            sm_count=info.sm_count,
+            masked_rows=_masked_rows(ao),
+            a_sf_gran=_scales(ao).gran_k,
+        )
+        _check_config(cfg, layout=layout, epilogue=epilogue, a_sf_gran=_scales(ao).gran_k, n=n)
         p = _params(ao, bo, flags=0)
         _set_groups(p, layout, group_offsets, group_counts, masked_counts, groups, dev)
         if row_dst is not None:
@@ -167,26 +198,50 @@ def plan_grouped_gemm_fp8(a: Any, a_sf: Any, b: Any, b_sf: Any, *, group_offsets
         return _plan(cupy, info, cfg, p, ao, bo, a_sf, check_layout, result, sh)
 
 
+def _scales(op: Fp8Operand) -> ScaleFactors:
+    """The scales of an operand built by weight_operand / activation_operand (which always set them)."""
+    assert op.scales is not None, f"{op.name}: operand has no scales"
+    return op.scales
+
+
 def _masked_rows(a: Fp8Operand) -> int:
     return a.rows if a.stacked else 0
 
 
-def _params(a: Fp8Operand, b: Fp8Operand, **fields) -> k.GemmParams:
+def _params(a: Fp8Operand, b: Fp8Operand, **fields: Any) -> k.GemmParams:
     """The shape fields of the launch parameters, from its operands."""
-    return k.GemmParams(num_rows=a.total_rows, n=b.rows, k=b.k, num_groups=b.groups, masked_rows=_masked_rows(a),
-                        sfb=b.scales.ptr, **fields)
+    return k.GemmParams(
+        num_rows=a.total_rows,
+        n=b.rows,
+        k=b.k,
+        num_groups=b.groups,
+        masked_rows=_masked_rows(a),
+        sfb=_scales(b).ptr,
+        **fields,
+    )
 
 
-def _plan(cupy, info, cfg, p, a: Fp8Operand, b: Fp8Operand, a_sf_obj, check_layout, result, sh) -> GroupedGemmPlan:
+def _plan(
+    cupy: Any,
+    info: driver.DeviceInfo,
+    cfg: k.GemmConfig,
+    p: k.GemmParams,
+    a: Fp8Operand,
+    b: Fp8Operand,
+    a_sf_obj: Any,
+    check_layout: bool,
+    result: Any,
+    sh: int,
+) -> GroupedGemmPlan:
     rows = a.total_rows
     if rows == 0:
         return GroupedGemmPlan(k.PreparedGemm(None, 0, 0, (1, 1, 1), []), None, result, sh)
     refresh = None
-    keep = (a.array, a.scales.array, b.array, b.scales.array)
-    if not a.scales.kmajor:
+    keep = (a.array, _scales(a).array, b.array, _scales(b).array)
+    if not _scales(a).kmajor:
         # TMA loads the scales k-major; the plan re-lays the caller's row-major ones before each run.
         src = cupy.asarray(a_sf_obj)
-        sfa_t = _kmajor_scales(cupy, rows, a.k // a.scales.gran_k)
+        sfa_t = _kmajor_scales(cupy, rows, a.k // _scales(a).gran_k)
         dst = cupy.asarray(sfa_t.owner)
 
         def relayout_scales(stream_handle: int) -> None:
@@ -194,13 +249,12 @@ def _plan(cupy, info, cfg, p, a: Fp8Operand, b: Fp8Operand, a_sf_obj, check_layo
                 dst[:, :rows] = src.reshape(rows, -1).T
 
         refresh = relayout_scales
-        a = a.with_scales(a.scales.kmajor_copy(a, sfa_t))
+        a = a.with_scales(_scales(a).kmajor_copy(a, sfa_t))
 
     launch = k.GemmLaunch(cfg, a, b, p)
     gemm = k.prepare_gemm(launch, device=info.ordinal, sm_count=info.sm_count)
     check = k.prepare_layout_check(launch, device=info.ordinal) if check_layout else None
-    return GroupedGemmPlan(gemm, check, result, sh, refresh, keep=keep + (a.scales.array,))
-
+    return GroupedGemmPlan(gemm, check, result, sh, refresh, keep=keep + (_scales(a).array,))
 
 
 # --- L1 with the fused SwiGLU / requant epilogue ------------------------------------------
@@ -208,7 +262,7 @@ def _plan(cupy, info, cfg, p, a: Fp8Operand, b: Fp8Operand, a_sf_obj, check_layo
 SWIGLU_HALF = 64  # gate|up interleave unit of prepared w1 (one B-scale chunk)
 
 
-def prepare_swiglu_weights(w1: Any, w1_sf: Any):
+def prepare_swiglu_weights(w1: Any, w1_sf: Any) -> tuple[Any, Any]:
     """Re-lay ``w1`` ``[G, 2I, H]`` (gate rows then up rows) and ``w1_sf`` ``[G, 2I/128, H/128]``
     for the fused L1 epilogue: rows interleaved in 64-row halves ``gate[c], up[c], gate[c+1], ...``
     and scales per 64-row half, ``[G, 2I/64, H/128]``. Works on NumPy or CuPy arrays; run once at
@@ -232,17 +286,32 @@ def prepare_swiglu_weights(w1: Any, w1_sf: Any):
     return w1p, w1p_sf
 
 
-def grouped_gemm_swiglu_fp8(a: Any, a_sf: Any, w1p: Any, w1p_sf: Any, row_weight: Any, **kwargs):
+def grouped_gemm_swiglu_fp8(a: Any, a_sf: Any, w1p: Any, w1p_sf: Any, row_weight: Any, **kwargs: Any) -> Any:
     """L1 GEMM with the fused epilogue; arguments as :func:`plan_grouped_gemm_swiglu_fp8`.
     Plans, runs once and returns ``(q, sf)``."""
     return plan_grouped_gemm_swiglu_fp8(a, a_sf, w1p, w1p_sf, row_weight, **kwargs).run()
 
 
-def plan_grouped_gemm_swiglu_fp8(a: Any, a_sf: Any, w1p: Any, w1p_sf: Any, row_weight: Any, *, group_offsets: Any = None,
-                            group_counts: Any = None, masked_counts: Any = None, act_sf_gran: int = 128,
-                            swiglu_limit: float | None = None, pow2_scale: bool = False, out: Any = None,
-                            out_sf: Any = None, stream: Any = None, check_layout: bool = True,
-                            config: k.GemmConfig | None = None, a_sf_kmajor: bool = False):
+def plan_grouped_gemm_swiglu_fp8(
+    a: Any,
+    a_sf: Any,
+    w1p: Any,
+    w1p_sf: Any,
+    row_weight: Any,
+    *,
+    group_offsets: Any = None,
+    group_counts: Any = None,
+    masked_counts: Any = None,
+    act_sf_gran: int = 128,
+    swiglu_limit: float | None = None,
+    pow2_scale: bool = False,
+    out: Any = None,
+    out_sf: Any = None,
+    stream: Any = None,
+    check_layout: bool = True,
+    config: k.GemmConfig | None = None,
+    a_sf_kmajor: bool = False,
+) -> GroupedGemmPlan:
     """L1 GEMM with the SwiGLU x weight -> e4m3 epilogue.
 
     ``w1p``/``w1p_sf`` come from :func:`prepare_swiglu_weights`. ``row_weight`` float32 ``[rows]``
@@ -259,8 +328,7 @@ def plan_grouped_gemm_swiglu_fp8(a: Any, a_sf: Any, w1p: Any, w1p_sf: Any, row_w
     bo = weight_operand(w1p, w1p_sf, name="w1p", sf_name="w1p_sf", sf_rows=SWIGLU_HALF, stream=sh)
     if bo.rows % 256:
         raise ValueError(f"w1p: N = 2I = {bo.rows} (shape {list(bo.shape)}) must be a multiple of 256")
-    ao = activation_operand(a, a_sf, weights=bo, masked=layout == "masked", kmajor=a_sf_kmajor, grans=(128,),
-                            stream=sh)
+    ao = activation_operand(a, a_sf, weights=bo, masked=layout == "masked", kmajor=a_sf_kmajor, grans=(128,), stream=sh)
     groups, two_i, kk, dev = bo.groups, bo.rows, bo.k, bo.device
     inter = two_i // 2
     rows, lead = ao.total_rows, ao.shape[:-1]
@@ -277,12 +345,29 @@ def plan_grouped_gemm_swiglu_fp8(a: Any, a_sf: Any, w1p: Any, w1p_sf: Any, row_w
         check_array(qa, "out", dtypes=("e4m3",), shape=lead + (inter,), device=dev, align=2)
         sfo = as_device_array(sf, "out_sf")
         check_array(sfo, "out_sf", dtypes=("float32",), shape=(inter // act_sf_gran, rows_pad), device=dev, align=4)
-        cfg = config or choose_config(layout=layout, epilogue="swiglu_fp8", num_rows=rows, n=two_i, k=kk,
-                                      num_groups=groups, sm_count=info.sm_count, masked_rows=_masked_rows(ao),
-                                      out_sf_gran=act_sf_gran)
+        cfg = config or choose_config(
+            layout=layout,
+            epilogue="swiglu_fp8",
+            num_rows=rows,
+            n=two_i,
+            k=kk,
+            num_groups=groups,
+            sm_count=info.sm_count,
+            masked_rows=_masked_rows(ao),
+            out_sf_gran=act_sf_gran,
+        )
         _check_config(cfg, layout=layout, epilogue="swiglu_fp8", a_sf_gran=128, n=two_i, out_sf_gran=act_sf_gran)
         flags = (k.FLAG_CLAMP if swiglu_limit is not None else 0) | (k.FLAG_POW2_SCALE if pow2_scale else 0)
-        p = _params(ao, bo, flags=flags, d=qa.ptr, d_row_stride_bytes=inter, d_sf=sfo.ptr, d_sf_row_stride=rows_pad,
-                    row_weight=rw.ptr, swiglu_limit=float(swiglu_limit or 0.0))
+        p = _params(
+            ao,
+            bo,
+            flags=flags,
+            d=qa.ptr,
+            d_row_stride_bytes=inter,
+            d_sf=sfo.ptr,
+            d_sf_row_stride=rows_pad,
+            row_weight=rw.ptr,
+            swiglu_limit=float(swiglu_limit or 0.0),
+        )
         _set_groups(p, layout, group_offsets, group_counts, masked_counts, groups, dev)
         return _plan(cupy, info, cfg, p, ao, bo, a_sf, check_layout, (q, sf), sh)

@@ -39,12 +39,12 @@ def kmajor_rows(rows: int) -> int:
 class ScaleFactors:
     """The fp32 scales of an operand."""
 
-    name: str                  # argument name, for messages
+    name: str  # argument name, for messages
     ptr: int
-    gran_k: int                # K elements sharing one scale: 128 or 64
-    gran_rows: int = 1         # operand rows sharing one scale: 1 (per-row) or 64/128 (weight blocks)
-    kmajor: bool = False       # [K / gran_k, row_stride] instead of [groups, rows / gran_rows, K / gran_k]
-    row_stride: int = 0        # k-major: floats from one K group to the next
+    gran_k: int  # K elements sharing one scale: 128 or 64
+    gran_rows: int = 1  # operand rows sharing one scale: 1 (per-row) or 64/128 (weight blocks)
+    kmajor: bool = False  # [K / gran_k, row_stride] instead of [groups, rows / gran_rows, K / gran_k]
+    row_stride: int = 0  # k-major: floats from one K group to the next
     array: DeviceArray | None = None  # the caller's tensor, when there is one
 
     def shape(self, op: Fp8Operand) -> tuple[int, ...]:
@@ -58,25 +58,26 @@ class ScaleFactors:
         if self.gran_k not in SCALE_GRANS:
             raise ValueError(f"{self.name}: one scale per {self.gran_k} K elements; expected one of {SCALE_GRANS}")
         if self.gran_rows != 1 and (op.rows <= 0 or op.rows % self.gran_rows):
-            raise ValueError(f"{op.name}: {op.rows_label} = {op.rows} (shape {list(op.shape)}) must be a positive "
-                             f"multiple of {self.gran_rows}")
+            raise ValueError(
+                f"{op.name}: {op.rows_label} = {op.rows} (shape {list(op.shape)}) must be a positive "
+                f"multiple of {self.gran_rows}"
+            )
         if self.kmajor:
             if self.gran_rows != 1:
                 raise ValueError(f"{self.name}: k-major scales are per row, got one per {self.gran_rows} rows")
             if self.row_stride < op.total_rows or self.row_stride % 4:
-                raise ValueError(f"{self.name}: k-major row stride {self.row_stride} must be a multiple of 4 "
-                                 f">= {op.total_rows} rows")
+                raise ValueError(
+                    f"{self.name}: k-major row stride {self.row_stride} must be a multiple of 4 >= {op.total_rows} rows"
+                )
         align = 16 if self.kmajor else 4
         if self.array is not None:
-            check_array(self.array, self.name, dtypes=("float32",), shape=self.shape(op), device=op.device,
-                        align=align)
+            check_array(self.array, self.name, dtypes=("float32",), shape=self.shape(op), device=op.device, align=align)
         elif self.ptr % align:
             raise ValueError(f"{self.name}: data pointer {self.ptr:#x} is not {align}-byte aligned")
 
     def kmajor_copy(self, op: Fp8Operand, array: DeviceArray) -> ScaleFactors:
         """The same scales re-laid k-major into ``array`` ([K / gran_k, kmajor_rows(rows)])."""
-        return dataclasses.replace(self, ptr=array.ptr, kmajor=True, row_stride=kmajor_rows(op.total_rows),
-                                   array=array)
+        return dataclasses.replace(self, ptr=array.ptr, kmajor=True, row_stride=kmajor_rows(op.total_rows), array=array)
 
 
 @dataclass(frozen=True)
@@ -88,17 +89,17 @@ class Fp8Operand:
     every operand as one 2-d tensor of ``total_rows`` rows.
     """
 
-    name: str                  # argument name, for messages
+    name: str  # argument name, for messages
     ptr: int
-    rows: int                  # rows per group (A: M or M_max; B: N)
+    rows: int  # rows per group (A: M or M_max; B: N)
     k: int
     groups: int = 1
-    stacked: bool = False      # the array is [groups, rows, k] (else [groups * rows, k])
+    stacked: bool = False  # the array is [groups, rows, k] (else [groups * rows, k])
     row_stride_bytes: int = 0  # 0: packed rows of k bytes
     scales: ScaleFactors | None = None
     array: DeviceArray | None = None  # the caller's tensor, when there is one
     device: int | None = None
-    rows_label: str = "M"      # what messages call the rows: M (activations) or N (weights)
+    rows_label: str = "M"  # what messages call the rows: M (activations) or N (weights)
 
     @property
     def total_rows(self) -> int:
@@ -119,11 +120,13 @@ class Fp8Operand:
         elif self.ptr % 16 and self.total_rows:
             raise ValueError(f"{self.name}: data pointer {self.ptr:#x} is not 16-byte aligned")
         if self.k <= 0 or self.k % BLOCK_K:
-            raise ValueError(f"{self.name}: K = {self.k} (shape {list(self.shape)}) must be a positive multiple "
-                             f"of {BLOCK_K}")
+            raise ValueError(
+                f"{self.name}: K = {self.k} (shape {list(self.shape)}) must be a positive multiple of {BLOCK_K}"
+            )
         if self.stride_bytes < self.k or self.stride_bytes % 16:
-            raise ValueError(f"{self.name}: row stride {self.stride_bytes} bytes must be a multiple of 16 "
-                             f">= K = {self.k}")
+            raise ValueError(
+                f"{self.name}: row stride {self.stride_bytes} bytes must be a multiple of 16 >= K = {self.k}"
+            )
         if self.scales is not None:
             self.scales.validate(self)
 
@@ -133,39 +136,75 @@ class Fp8Operand:
     def tensor_map(self, box_rows: int, box_k: int = BLOCK_K, swizzle: bool = True) -> TensorMap2D:
         """Tiles of ``box_rows`` x ``box_k`` elements (128-byte swizzled for wgmma by default)."""
         self.validate()
-        return encode_tensor_map_2d(self.ptr, "e4m3", inner=self.k, outer=self.total_rows,
-                                    row_stride_bytes=self.stride_bytes, box_inner=box_k, box_outer=box_rows,
-                                    swizzle_128b=swizzle)
+        return encode_tensor_map_2d(
+            self.ptr,
+            "e4m3",
+            inner=self.k,
+            outer=self.total_rows,
+            row_stride_bytes=self.stride_bytes,
+            box_inner=box_k,
+            box_outer=box_rows,
+            swizzle_128b=swizzle,
+        )
 
     def scale_tensor_map(self, box_rows: int, box_k: int = BLOCK_K) -> TensorMap2D:
         """The k-major row scales of ``box_rows`` rows and ``box_k`` K elements."""
         sf = self.scales
         if sf is None or not sf.kmajor:
-            raise ValueError(f"{self.name}: TMA loads k-major row scales; this operand has "
-                             f"{'none' if sf is None else 'row-major ones'}")
+            raise ValueError(
+                f"{self.name}: TMA loads k-major row scales; this operand has "
+                f"{'none' if sf is None else 'row-major ones'}"
+            )
         self.validate()
-        return encode_tensor_map_2d(sf.ptr, "float32", inner=self.total_rows, outer=self.k // sf.gran_k,
-                                    row_stride_bytes=sf.row_stride * 4, box_inner=box_rows,
-                                    box_outer=box_k // sf.gran_k, swizzle_128b=False)
+        return encode_tensor_map_2d(
+            sf.ptr,
+            "float32",
+            inner=self.total_rows,
+            outer=self.k // sf.gran_k,
+            row_stride_bytes=sf.row_stride * 4,
+            box_inner=box_rows,
+            box_outer=box_k // sf.gran_k,
+            swizzle_128b=False,
+        )
 
 
-def weight_operand(b: Any, b_sf: Any, *, name: str = "b", sf_name: str = "b_sf", sf_rows: int = 128,
-                   stream: int | None = None) -> Fp8Operand:
+def weight_operand(
+    b: Any, b_sf: Any, *, name: str = "b", sf_name: str = "b_sf", sf_rows: int = 128, stream: int | None = None
+) -> Fp8Operand:
     """B ``[G, N, K]`` e4m3 with block scales ``[G, N / sf_rows, K / 128]`` float32, checked."""
     ba = as_device_array(b, name, stream=stream)
     check_array(ba, name, dtypes=("e4m3",), ndim=3)
     groups, n, k = ba.shape
     sa = as_device_array(b_sf, sf_name, stream=stream)
     scales = ScaleFactors(sf_name, sa.ptr, gran_k=128, gran_rows=sf_rows, array=sa)
-    op = Fp8Operand(name, ba.ptr, rows=n, k=k, groups=groups, stacked=True, scales=scales, array=ba,
-                    device=ba.device, rows_label="N")
+    op = Fp8Operand(
+        name,
+        ba.ptr,
+        rows=n,
+        k=k,
+        groups=groups,
+        stacked=True,
+        scales=scales,
+        array=ba,
+        device=ba.device,
+        rows_label="N",
+    )
     op.validate()
     return op
 
 
-def activation_operand(a: Any, a_sf: Any, *, weights: Fp8Operand, masked: bool, kmajor: bool = False,
-                       grans: tuple[int, ...] = SCALE_GRANS, name: str = "a", sf_name: str = "a_sf",
-                       stream: int | None = None) -> Fp8Operand:
+def activation_operand(
+    a: Any,
+    a_sf: Any,
+    *,
+    weights: Fp8Operand,
+    masked: bool,
+    kmajor: bool = False,
+    grans: tuple[int, ...] = SCALE_GRANS,
+    name: str = "a",
+    sf_name: str = "a_sf",
+    stream: int | None = None,
+) -> Fp8Operand:
     """A for ``weights``: e4m3 ``[M, K]`` (or ``[G, M_max, K]`` when ``masked``) with per-row scales,
     row-major ``[..., K / gran]`` or, with ``kmajor``, ``[K / gran, kmajor_rows(rows)]``; the
     granularity (one of ``grans``) is read from the scales' shape."""
@@ -174,8 +213,9 @@ def activation_operand(a: Any, a_sf: Any, *, weights: Fp8Operand, masked: bool, 
     check_array(aa, name, dtypes=("e4m3",), ndim=3 if masked else 2, device=dev)
     if masked:
         if aa.shape[0] != groups or aa.shape[2] != kk:
-            raise ValueError(f"{name}: shape {list(aa.shape)} does not match [G={groups}, M_max, K={kk}] "
-                             f"of {weights.name}")
+            raise ValueError(
+                f"{name}: shape {list(aa.shape)} does not match [G={groups}, M_max, K={kk}] of {weights.name}"
+            )
         op = Fp8Operand(name, aa.ptr, rows=aa.shape[1], k=kk, groups=groups, stacked=True, array=aa, device=dev)
     else:
         if aa.shape[1] != kk:
@@ -188,8 +228,9 @@ def activation_operand(a: Any, a_sf: Any, *, weights: Fp8Operand, masked: bool, 
     if kmajor:
         stride = kmajor_rows(op.total_rows)
         if sa.ndim != 2 or sa.shape[1] != stride or sa.shape[0] not in groups_k:
-            raise ValueError(f"{sf_name}: k-major scales must be [{' or '.join(map(str, groups_k))}, {stride}], "
-                             f"got {list(sa.shape)}")
+            raise ValueError(
+                f"{sf_name}: k-major scales must be [{' or '.join(map(str, groups_k))}, {stride}], got {list(sa.shape)}"
+            )
         scales = ScaleFactors(sf_name, sa.ptr, gran_k=kk // sa.shape[0], kmajor=True, row_stride=stride, array=sa)
     else:
         lead = list(op.shape[:-1])

@@ -8,27 +8,52 @@ from megamoe_rt.jit import KernelSpec
 from megamoe_rt.kernels.interface.structs import SmProbeParams as SmProbeParams
 from megamoe_rt.kernels.interface.structs import StreamCopyParams as StreamCopyParams
 
-SPEC = KernelSpec(name="sm_probe", source="probe/sm_probe.cu", entry="megamoe_rt::probe::sm_probe", block_threads=32,
-                  params=(SmProbeParams,))
+SPEC = KernelSpec(
+    name="sm_probe",
+    source="probe/sm_probe.cu",
+    entry="megamoe_rt::probe::sm_probe",
+    block_threads=32,
+    params=(SmProbeParams,),
+)
 
 
-COPY_SPEC = KernelSpec(name="stream_copy", source="probe/stream_copy.cu", entry="megamoe_rt::probe::stream_copy",
-                       block_threads=256, params=(StreamCopyParams,))
+COPY_SPEC = KernelSpec(
+    name="stream_copy",
+    source="probe/stream_copy.cu",
+    entry="megamoe_rt::probe::stream_copy",
+    block_threads=256,
+    params=(StreamCopyParams,),
+)
 
 
 # wait_for_signal(word, expected, timeout_ns, rank, peer, seen_out, record): scalars, no struct.
-WAIT_SPEC = KernelSpec(name="wait_for_signal", source="probe/wait_timeout.cu",
-                       entry="megamoe_rt::probe::wait_for_signal", block_threads=32, uses_printf=True,
-                       params=(ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32,
-                               ctypes.c_uint64, ctypes.c_uint64))
+WAIT_SPEC = KernelSpec(
+    name="wait_for_signal",
+    source="probe/wait_timeout.cu",
+    entry="megamoe_rt::probe::wait_for_signal",
+    block_threads=32,
+    uses_printf=True,
+    params=(
+        ctypes.c_uint64,
+        ctypes.c_uint64,
+        ctypes.c_uint64,
+        ctypes.c_uint32,
+        ctypes.c_uint32,
+        ctypes.c_uint64,
+        ctypes.c_uint64,
+    ),
+)
 
 
 # The fused kernel's task stream dumped tile by tile, for tests/gpu/test_task_stream_gpu.py (arguments
 # and shared memory: the header comment of probe/task_stream_order.cu).
-TASK_STREAM_SPEC = KernelSpec(name="task_stream_order", source="probe/task_stream_order.cu",
-                              entry="megamoe_rt::probe::task_stream_order", block_threads=32,
-                              params=(ctypes.c_uint64,) + (ctypes.c_uint32,) * 6 + (ctypes.c_uint64, ctypes.c_uint32,
-                                                                                     ctypes.c_uint64))
+TASK_STREAM_SPEC = KernelSpec(
+    name="task_stream_order",
+    source="probe/task_stream_order.cu",
+    entry="megamoe_rt::probe::task_stream_order",
+    block_threads=32,
+    params=(ctypes.c_uint64,) + (ctypes.c_uint32,) * 6 + (ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint64),
+)
 
 
 def kernel_specs() -> list[KernelSpec]:

@@ -34,7 +34,7 @@ def kernel_specs() -> list[KernelSpec]:
     return [_spec("bf16"), _spec("float32"), _weight_spec("bf16"), _weight_spec("float32")]
 
 
-def quantize_fp8(x: Any, *, out: Any = None, out_sf: Any = None, stream: Any = None):
+def quantize_fp8(x: Any, *, out: Any = None, out_sf: Any = None, stream: Any = None) -> tuple[Any, Any]:
     """Quantize activations to e4m3 with per-token 1x128 fp32 scales.
 
     ``x``: bf16 or fp32 ``[T, H]`` CUDA array (bf16 as raw-bit ``uint16`` for
@@ -90,7 +90,7 @@ def _weight_spec(input_dtype: str) -> KernelSpec:
     )
 
 
-def quantize_weight_fp8(w: Any, *, stream: Any = None):
+def quantize_weight_fp8(w: Any, *, stream: Any = None) -> tuple[Any, Any]:
     """Quantize weights ``[..., N, K]`` (bf16 bits as uint16, or fp32; N, K multiples of 128)
     to e4m3 codes (uint8, same shape) and fp32 128x128 block scales ``[..., N/128, K/128]``."""
     sh = driver.stream_handle(stream)
@@ -112,6 +112,7 @@ def quantize_weight_fp8(w: Any, *, stream: Any = None):
 
     num_blocks = groups * (n // GROUP) * (k // GROUP)
     params = WeightQuantizeParams(wa.ptr, int(q.data.ptr), int(sf.data.ptr), n, k, num_blocks, 0)
-    get_kernel(_weight_spec(dtype), info.ordinal).launch((min(num_blocks, info.sm_count * 8),),
-                                                         (_WEIGHT_THREADS,), [params], stream=sh)
+    get_kernel(_weight_spec(dtype), info.ordinal).launch(
+        (min(num_blocks, info.sm_count * 8),), (_WEIGHT_THREADS,), [params], stream=sh
+    )
     return q, sf

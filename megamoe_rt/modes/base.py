@@ -21,10 +21,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, cast
 
 from megamoe_rt.kernels import moe as mk
 from megamoe_rt.modes.peers import write_peer_table
+from megamoe_rt.runtime.buffer import LayerBuffer, SymmetricLayerBuffer
 from megamoe_rt.schedule.layout import BufferLayout, symm_buffer_layout
 
 
@@ -75,9 +76,18 @@ class LayoutNeeds:
 
 def buffer_layout(spec: LayerSpec, needs: LayoutNeeds) -> BufferLayout:
     """The layer's buffer layout for a mode's needs (computed once per layer)."""
-    return symm_buffer_layout(spec.hidden, spec.intermediate, spec.num_experts, spec.num_topk,
-                              spec.num_max_tokens_per_rank, spec.num_ranks, block_m=needs.block_m,
-                              act_sf_gran=spec.act_sf_gran, pool=needs.pool, ring_blocks=needs.ring_blocks)
+    return symm_buffer_layout(
+        spec.hidden,
+        spec.intermediate,
+        spec.num_experts,
+        spec.num_topk,
+        spec.num_max_tokens_per_rank,
+        spec.num_ranks,
+        block_m=needs.block_m,
+        act_sf_gran=spec.act_sf_gran,
+        pool=needs.pool,
+        ring_blocks=needs.ring_blocks,
+    )
 
 
 class Weights(NamedTuple):
@@ -124,13 +134,13 @@ class Mode(ABC):
     def __init__(self, spec: LayerSpec, layout: BufferLayout):
         self.spec = spec
         self.layout = layout
-        self.buffer: Any = None
+        self.buffer: LayerBuffer | None = None
         self._moe_fixed: dict[str, int] = {}
 
     # The workspace region the MoE kernels read per-expert received counts from.
     counts_region: str = "expert_recv_counts"
 
-    def bind(self, buffer: Any, *, expert_recv_stats: int = 0) -> None:
+    def bind(self, buffer: LayerBuffer, *, expert_recv_stats: int = 0) -> None:
         """Attach the layer's buffer (laid out by ``self.layout``): resolve every address a call
         uses, and across ranks write the peer table. ``expert_recv_stats``: device address of the
         layer's statistics array (0: none)."""
@@ -138,21 +148,45 @@ class Mode(ABC):
         s, lay = self.spec, self.layout
         # Everything of MoeParams that does not change between calls, resolved once.
         self._moe_fixed = dict(
-            num_topk=s.num_topk, hidden=s.hidden, num_experts=s.num_experts,
-            num_local_experts=s.num_local_experts, first_local_expert=s.first_local_expert,
-            pool_rows=lay.pool_rows, pool_align=lay.block_m, token_capacity=lay.num_max_tokens_per_rank,
-            expert_counts=b.ptr(self.counts_region), expert_offsets=b.ptr("expert_pool_offsets"),
-            expert_cursors=b.ptr("expert_cursors"), expert_recv_stats=int(expert_recv_stats),
-            error_flags=b.ptr("error_flags"), pool=b.ptr("l1_pool"), pool_sf=b.ptr("l1_pool_sf"),
-            pool_src=b.ptr("l1_pool_src"), pool_weight=b.ptr("l1_pool_weight"), pool_dst=b.ptr("l1_pool_dst"),
-            combine=b.ptr("combine"))
+            num_topk=s.num_topk,
+            hidden=s.hidden,
+            num_experts=s.num_experts,
+            num_local_experts=s.num_local_experts,
+            first_local_expert=s.first_local_expert,
+            pool_rows=lay.pool_rows,
+            pool_align=lay.block_m,
+            token_capacity=lay.num_max_tokens_per_rank,
+            expert_counts=b.ptr(self.counts_region),
+            expert_offsets=b.ptr("expert_pool_offsets"),
+            expert_cursors=b.ptr("expert_cursors"),
+            expert_recv_stats=int(expert_recv_stats),
+            error_flags=b.ptr("error_flags"),
+            pool=b.ptr("l1_pool"),
+            pool_sf=b.ptr("l1_pool_sf"),
+            pool_src=b.ptr("l1_pool_src"),
+            pool_weight=b.ptr("l1_pool_weight"),
+            pool_dst=b.ptr("l1_pool_dst"),
+            combine=b.ptr("combine"),
+        )
         if s.expert_parallel:
-            write_peer_table(buffer)
+            write_peer_table(cast(SymmetricLayerBuffer, buffer))  # expert-parallel layers bind symmetric buffers
+
+    def bound_buffer(self) -> LayerBuffer:
+        """The buffer :meth:`bind` attached (loads and calls only happen after it)."""
+        assert self.buffer is not None, "the mode is not bound to a buffer"
+        return self.buffer
 
     def moe_params(self, call: Call) -> mk.MoeParams:
         """The routing / dispatch / combine parameters of one call."""
-        return mk.MoeParams(topk_idx=call.topk_idx, topk_weights=call.topk_weights, x=call.x, x_sf=call.x_sf,
-                            num_tokens=call.num_tokens, y=call.y, **self._moe_fixed)
+        return mk.MoeParams(
+            topk_idx=call.topk_idx,
+            topk_weights=call.topk_weights,
+            x=call.x,
+            x_sf=call.x_sf,
+            num_tokens=call.num_tokens,
+            y=call.y,
+            **self._moe_fixed,
+        )
 
     @abstractmethod
     def load(self, weights: Weights) -> None:

@@ -11,12 +11,10 @@ only fills in its inputs and looks up its schedule (lag or single wave, from ``n
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, cast
 
-from megamoe_rt.runtime import driver
-from megamoe_rt.runtime.deadlines import TimeoutRecord
 from megamoe_rt.kernels import fused as fk
 from megamoe_rt.kernels.ep import bank_layout as ep_bank_layout
 from megamoe_rt.kernels.gemm import FLAG_CLAMP, FLAG_POW2_SCALE, GemmParams
@@ -25,6 +23,9 @@ from megamoe_rt.kernels.moe import MoeParams
 from megamoe_rt.kernels.operands import Fp8Operand, ScaleFactors
 from megamoe_rt.modes.base import Call, LayerSpec, LayoutNeeds, Mode, Weights, buffer_layout
 from megamoe_rt.modes.peers import stage_inputs
+from megamoe_rt.runtime import driver
+from megamoe_rt.runtime.buffer import LayerBuffer, SymmetricLayerBuffer
+from megamoe_rt.runtime.deadlines import TimeoutRecord
 from megamoe_rt.schedule.layout import BufferLayout
 from megamoe_rt.schedule.plan import FusedSchedule, fused_schedule, live_blocks_upper_bound, single_wave_fits
 
@@ -40,7 +41,7 @@ class CallSchedule:
     """The order one call runs in."""
 
     single_wave: bool
-    lag_units: int       # the lag of the stream (single wave: the unit bound, i.e. no L2 before the last L1)
+    lag_units: int  # the lag of the stream (single wave: the unit bound, i.e. no L2 before the last L1)
     group_units: int
 
 
@@ -49,10 +50,15 @@ def buffer_schedule(layout: BufferLayout) -> FusedSchedule:
 
     Raises ValueError when the ring is below that lag's live window and does not cover the
     whole worst-case pool (the ring could be overwritten while still being read)."""
-    s = fused_schedule(layout.num_max_tokens_per_rank, layout.num_ranks, layout.num_topk, layout.num_experts,
-                       block_m=BLOCK_M)
-    return FusedSchedule(lag_units=s.lag_units, group_units=s.group_units, ring_blocks=layout.pool_blocks,
-                         full_pool_blocks=s.full_pool_blocks)
+    s = fused_schedule(
+        layout.num_max_tokens_per_rank, layout.num_ranks, layout.num_topk, layout.num_experts, block_m=BLOCK_M
+    )
+    return FusedSchedule(
+        lag_units=s.lag_units,
+        group_units=s.group_units,
+        ring_blocks=layout.pool_blocks,
+        full_pool_blocks=s.full_pool_blocks,
+    )
 
 
 def call_schedule(layout: BufferLayout, buffer: FusedSchedule, num_tokens_bound: int) -> CallSchedule:
@@ -65,8 +71,9 @@ def call_schedule(layout: BufferLayout, buffer: FusedSchedule, num_tokens_bound:
     if single_wave_fits(num_tokens_bound, r, k, e, buffer.ring_blocks, block_m=BLOCK_M):
         return CallSchedule(True, max(buffer.full_pool_blocks, 1), GROUP_UNITS)
     lag = min(fused_schedule(num_tokens_bound, r, k, e, block_m=BLOCK_M).lag_units, buffer.lag_units)
-    call = FusedSchedule(lag_units=lag, group_units=GROUP_UNITS, ring_blocks=buffer.ring_blocks,
-                         full_pool_blocks=buffer.full_pool_blocks)
+    call = FusedSchedule(
+        lag_units=lag, group_units=GROUP_UNITS, ring_blocks=buffer.ring_blocks, full_pool_blocks=buffer.full_pool_blocks
+    )
     # The ring must hold the live window of this call's order (FusedSchedule checks it too).
     assert call.covers_full_pool or buffer.ring_blocks >= live_blocks_upper_bound(call)
     return CallSchedule(False, lag, GROUP_UNITS)
@@ -99,15 +106,28 @@ class FusedSchedules:
 class FusedPlan:
     """One buffer's fused launch: parameters, tensor maps and kernel, resolved once."""
 
-    def __init__(self, buffer: Any, layout: BufferLayout, schedule: FusedSchedule, weights: Weights, *,
-                 act_sf_gran: int, swiglu_limit: float | None, pow2_scale: bool, sm_count: int, device: int):
+    def __init__(
+        self,
+        buffer: LayerBuffer,
+        layout: BufferLayout,
+        schedule: FusedSchedule,
+        weights: Weights,
+        *,
+        act_sf_gran: int,
+        swiglu_limit: float | None,
+        pow2_scale: bool,
+        sm_count: int,
+        device: int,
+    ):
         w1p, w1p_sf, w2, w2_sf = weights
         self.layout = layout
         self.schedule = schedule
         self.max_blocks = schedule.full_pool_blocks
         if self.max_blocks > fk.MAX_BLOCKS:
-            raise ValueError(f"num_max_tokens_per_rank: the worst-case pool of {self.max_blocks} blocks exceeds "
-                             f"the fused kernel's {fk.MAX_BLOCKS}")
+            raise ValueError(
+                f"num_max_tokens_per_rank: the worst-case pool of {self.max_blocks} blocks exceeds "
+                f"the fused kernel's {fk.MAX_BLOCKS}"
+            )
         el, h, i = layout.num_local_experts, layout.hidden, layout.intermediate
         self.expert_parallel = layout.num_ranks > 1
         ep_extra = fk.ep_scratch_bytes(layout.num_experts, el, layout.num_ranks)
@@ -120,31 +140,72 @@ class FusedPlan:
         ring_rows = layout.pool_rows
         b = buffer
         flags = (FLAG_CLAMP if swiglu_limit is not None else 0) | (FLAG_POW2_SCALE if pow2_scale else 0)
-        self.l1 = GemmParams(num_rows=ring_rows, n=2 * i, k=h, num_groups=el, flags=flags,
-                             sfb=int(w1p_sf.data.ptr), d=b.ptr("l2_pool"), d_row_stride_bytes=i,
-                             d_sf=b.ptr("l2_pool_sf"), d_sf_row_stride=ring_rows, row_weight=b.ptr("l1_pool_weight"),
-                             swiglu_limit=0.0 if swiglu_limit is None else swiglu_limit)
-        self.l2 = GemmParams(num_rows=ring_rows, n=h, k=i, num_groups=el, sfb=int(w2_sf.data.ptr),
-                             row_dst=b.ptr("l1_pool_dst"))
+        self.l1 = GemmParams(
+            num_rows=ring_rows,
+            n=2 * i,
+            k=h,
+            num_groups=el,
+            flags=flags,
+            sfb=int(w1p_sf.data.ptr),
+            d=b.ptr("l2_pool"),
+            d_row_stride_bytes=i,
+            d_sf=b.ptr("l2_pool_sf"),
+            d_sf_row_stride=ring_rows,
+            row_weight=b.ptr("l1_pool_weight"),
+            swiglu_limit=0.0 if swiglu_limit is None else swiglu_limit,
+        )
+        self.l2 = GemmParams(
+            num_rows=ring_rows, n=h, k=i, num_groups=el, sfb=int(w2_sf.data.ptr), row_dst=b.ptr("l1_pool_dst")
+        )
         bank = fk.bank_layout(layout.num_experts, self.max_blocks)
         banks_ptr = b.ptr("fused_banks")
         self.banks = (ctypes.c_uint64 * 2)(banks_ptr, banks_ptr + 4 * bank.words)
         self.bank = bank
         # The pools are rings of ring_rows rows with k-major row scales; the weights [el, n, k] with
         # block scales (w1p's per 64-row gate|up half).
-        l1_a = Fp8Operand("l1_pool", b.ptr("l1_pool"), rows=ring_rows, k=h,
-                          scales=ScaleFactors("l1_pool_sf", b.ptr("l1_pool_sf"), gran_k=128, kmajor=True,
-                                              row_stride=ring_rows))
-        l1_b = Fp8Operand("w1p", int(w1p.data.ptr), rows=2 * i, k=h, groups=el, stacked=True, rows_label="N",
-                          scales=ScaleFactors("w1p_sf", int(w1p_sf.data.ptr), gran_k=128, gran_rows=64))
-        l2_a = Fp8Operand("l2_pool", b.ptr("l2_pool"), rows=ring_rows, k=i,
-                          scales=ScaleFactors("l2_pool_sf", b.ptr("l2_pool_sf"), gran_k=act_sf_gran, kmajor=True,
-                                              row_stride=ring_rows))
-        l2_b = Fp8Operand("w2", int(w2.data.ptr), rows=h, k=i, groups=el, stacked=True, rows_label="N",
-                          scales=ScaleFactors("w2_sf", int(w2_sf.data.ptr), gran_k=128, gran_rows=128))
+        l1_a = Fp8Operand(
+            "l1_pool",
+            b.ptr("l1_pool"),
+            rows=ring_rows,
+            k=h,
+            scales=ScaleFactors("l1_pool_sf", b.ptr("l1_pool_sf"), gran_k=128, kmajor=True, row_stride=ring_rows),
+        )
+        l1_b = Fp8Operand(
+            "w1p",
+            int(w1p.data.ptr),
+            rows=2 * i,
+            k=h,
+            groups=el,
+            stacked=True,
+            rows_label="N",
+            scales=ScaleFactors("w1p_sf", int(w1p_sf.data.ptr), gran_k=128, gran_rows=64),
+        )
+        l2_a = Fp8Operand(
+            "l2_pool",
+            b.ptr("l2_pool"),
+            rows=ring_rows,
+            k=i,
+            scales=ScaleFactors(
+                "l2_pool_sf", b.ptr("l2_pool_sf"), gran_k=act_sf_gran, kmajor=True, row_stride=ring_rows
+            ),
+        )
+        l2_b = Fp8Operand(
+            "w2",
+            int(w2.data.ptr),
+            rows=h,
+            k=i,
+            groups=el,
+            stacked=True,
+            rows_label="N",
+            scales=ScaleFactors("w2_sf", int(w2_sf.data.ptr), gran_k=128, gran_rows=128),
+        )
         self.tensor_maps = [
-            l1_a.tensor_map(BLOCK_M), l1_b.tensor_map(fk.BLOCK_N), l1_a.scale_tensor_map(BLOCK_M),
-            l2_a.tensor_map(BLOCK_M), l2_b.tensor_map(fk.BLOCK_N), l2_a.scale_tensor_map(BLOCK_M),
+            l1_a.tensor_map(BLOCK_M),
+            l1_b.tensor_map(fk.BLOCK_N),
+            l1_a.scale_tensor_map(BLOCK_M),
+            l2_a.tensor_map(BLOCK_M),
+            l2_b.tensor_map(fk.BLOCK_N),
+            l2_a.scale_tensor_map(BLOCK_M),
         ]
         self._maps_raw = [t.raw for t in self.tensor_maps]
         self._buffer = buffer
@@ -152,20 +213,36 @@ class FusedPlan:
         self.rank = 0
         ep_fields = {}
         if self.expert_parallel:
-            self.rank = buffer.rank
+            self.rank = cast(SymmetricLayerBuffer, buffer).rank  # expert-parallel: a symmetric buffer
             ws = layout.region("workspace").offset
             ep_fields = dict(
-                peer_bases=b.ptr("peer_bases"), off_x=layout.region("x").offset,
-                off_x_sf=layout.region("x_sf").offset, off_send_list=layout.region("send_list").offset,
+                peer_bases=b.ptr("peer_bases"),
+                off_x=layout.region("x").offset,
+                off_x_sf=layout.region("x_sf").offset,
+                off_send_list=layout.region("send_list").offset,
                 off_combine=layout.region("combine").offset,
-                off_ep_banks=ws + layout.workspace_region("ep_banks").offset, send_list=b.ptr("send_list"),
-                ep_banks=b.ptr("ep_banks"), ep_bank=ep_bank_layout(layout.num_ranks, el),
-                rank=buffer.rank, num_ranks=layout.num_ranks)
+                off_ep_banks=ws + layout.workspace_region("ep_banks").offset,
+                send_list=b.ptr("send_list"),
+                ep_banks=b.ptr("ep_banks"),
+                ep_bank=ep_bank_layout(layout.num_ranks, el),
+                rank=self.rank,
+                num_ranks=layout.num_ranks,
+            )
         # Every field of FusedParams but the call's inputs, wait context and order.
         self._fixed = dict(
-            l1=self.l1, l2=self.l2, banks=self.banks, bank=self.bank, launch_epoch=b.ptr("launch_epoch"),
-            grid_barrier=b.ptr("grid_sync"), ring_blocks=layout.pool_blocks, max_blocks=self.max_blocks,
-            table_smem_offset=fk.tile_smem_bytes(self.stages), withhold_block=fk.NO_BLOCK, trace=0, **ep_fields)
+            l1=self.l1,
+            l2=self.l2,
+            banks=self.banks,
+            bank=self.bank,
+            launch_epoch=b.ptr("launch_epoch"),
+            grid_barrier=b.ptr("grid_sync"),
+            ring_blocks=layout.pool_blocks,
+            max_blocks=self.max_blocks,
+            table_smem_offset=fk.tile_smem_bytes(self.stages),
+            withhold_block=fk.NO_BLOCK,
+            trace=0,
+            **ep_fields,
+        )
 
     def kernel(self, idx: str):
         if idx not in self._kernels:
@@ -178,13 +255,25 @@ class FusedPlan:
 
     def params(self, moe: MoeParams, schedule: CallSchedule, *, timeout_s: float | None = None) -> fk.FusedParams:
         """The launch's parameter struct: the call's inputs in the fixed part, in ``schedule``'s order."""
-        return fk.FusedParams(moe=moe, wait=TimeoutRecord.get().context(timeout_s, rank=self.rank),
-                              lag_units=schedule.lag_units, group_units=schedule.group_units, **self._fixed)
+        return fk.FusedParams(
+            moe=moe,
+            wait=TimeoutRecord.get().context(timeout_s, rank=self.rank),
+            lag_units=schedule.lag_units,
+            group_units=schedule.group_units,
+            **self._fixed,
+        )
 
     def launch(self, idx: str, params: fk.FusedParams, stream: int, *, programmatic: bool = False) -> None:
         args = [params, *self._maps_raw]
-        self.kernel(idx).launch((self.sm_count,), (fk.NUM_THREADS,), args, stream=stream,
-                                smem_bytes=self.smem_bytes, cooperative=True, programmatic=programmatic)
+        self.kernel(idx).launch(
+            (self.sm_count,),
+            (fk.NUM_THREADS,),
+            args,
+            stream=stream,
+            smem_bytes=self.smem_bytes,
+            cooperative=True,
+            programmatic=programmatic,
+        )
         # The arguments are copied at launch (and into a graph node when captured).
         self._last_args = args
 
@@ -220,22 +309,32 @@ class FusedMode(Mode):
         self.params_transforms: tuple[ParamsTransform, ...] = ()
         self._error_flags = 0
 
-    def bind(self, buffer: Any, *, expert_recv_stats: int = 0) -> None:
+    def bind(self, buffer: LayerBuffer, *, expert_recv_stats: int = 0) -> None:
         super().bind(buffer, expert_recv_stats=expert_recv_stats)
         self._error_flags = buffer.ptr("error_flags")
 
     def load(self, weights: Weights) -> None:
         s = self.spec
-        self.plan = FusedPlan(self.buffer, self.layout, self.schedules.buffer, weights, act_sf_gran=s.act_sf_gran,
-                              swiglu_limit=s.swiglu_limit, pow2_scale=s.pow2_scale, sm_count=s.sm_count,
-                              device=s.device)
+        self.plan = FusedPlan(
+            self.bound_buffer(),
+            self.layout,
+            self.schedules.buffer,
+            weights,
+            act_sf_gran=s.act_sf_gran,
+            swiglu_limit=s.swiglu_limit,
+            pow2_scale=s.pow2_scale,
+            sm_count=s.sm_count,
+            device=s.device,
+        )
         if s.expert_parallel:
             self.plan.kernel("int32")  # int64 ids load at their first call
 
     def launch_params(self, call: Call) -> fk.FusedParams:
         """The parameter struct of one call's launch."""
-        params = self.plan.params(self.moe_params(call), self.schedules.for_bound(call.bound),
-                                  timeout_s=self.spec.timeout_s)
+        assert self.plan is not None, "launch before load"
+        params = self.plan.params(
+            self.moe_params(call), self.schedules.for_bound(call.bound), timeout_s=self.spec.timeout_s
+        )
         for transform in self.params_transforms:
             transform(params)
         return params
@@ -246,7 +345,8 @@ class FusedMode(Mode):
         if self.spec.debug:
             driver.memset_d32_async(self._error_flags, 0, 4, stream)
         if self.spec.expert_parallel:
-            stage_inputs(self.buffer, call.x, call.x_sf, call.num_tokens, stream)
+            stage_inputs(self.bound_buffer(), call.x, call.x_sf, call.num_tokens, stream)
+        assert self.plan is not None, "run before load"
         self.plan.launch(call.idx, self.launch_params(call), stream, programmatic=call.bound <= PDL_MAX_TOKENS)
 
     def memory_notes(self) -> str:
@@ -256,10 +356,12 @@ class FusedMode(Mode):
         ring_b = sum(lay.region(n).nbytes for n in pools)
         full_b = sum(full.region(n).nbytes for n in pools)
         s = self.schedules.buffer
-        return (f"fused pools: ring of {lay.pool_blocks} blocks x {lay.block_m} rows = "
-                f"{ring_b / 2**20:.2f} MiB vs full pool of {full.pool_blocks} blocks = {full_b / 2**20:.2f} MiB; "
-                f"buffer {lay.total_bytes / 2**20:.2f} MiB vs {full.total_bytes / 2**20:.2f} MiB"
-                f"\nschedule at capacity: lag {s.lag_units} units, group {s.group_units}")
+        return (
+            f"fused pools: ring of {lay.pool_blocks} blocks x {lay.block_m} rows = "
+            f"{ring_b / 2**20:.2f} MiB vs full pool of {full.pool_blocks} blocks = {full_b / 2**20:.2f} MiB; "
+            f"buffer {lay.total_bytes / 2**20:.2f} MiB vs {full.total_bytes / 2**20:.2f} MiB"
+            f"\nschedule at capacity: lag {s.lag_units} units, group {s.group_units}"
+        )
 
     def close(self) -> None:
         self.plan = None

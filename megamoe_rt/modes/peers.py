@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from megamoe_rt.runtime import driver
+from megamoe_rt.runtime.buffer import LayerBuffer, SymmetricLayerBuffer
 
 
-def write_peer_table(buffer: Any) -> None:
+def write_peer_table(buffer: SymmetricLayerBuffer) -> None:
     """Every rank's buffer base, as this rank maps it, into the ``peer_bases`` region."""
     import cupy
 
@@ -16,7 +15,7 @@ def write_peer_table(buffer: Any) -> None:
         cupy.cuda.Device(buffer.device).synchronize()
 
 
-def stage_inputs(buffer: Any, x: int, x_sf: int, num_tokens: int, stream: int) -> None:
+def stage_inputs(buffer: LayerBuffer, x: int, x_sf: int, num_tokens: int, stream: int) -> None:
     """x rows and their scales (device addresses ``x``, ``x_sf``) into the symmetric buffer,
     where the ranks owning their experts pull them from."""
     h = buffer.layout.hidden

@@ -28,9 +28,10 @@ def select_mode(mode: str | None, spec: LayerSpec, *, ring_blocks: int | None = 
     if mode is None:
         cls = next(MODES[name] for name in DEFAULT_ORDER if MODES[name].refusal(spec) is None)
     else:
-        cls = MODES.get(mode) if isinstance(mode, str) else None
-        if cls is None:
+        found = MODES.get(mode) if isinstance(mode, str) else None
+        if found is None:
             raise ValueError(f"mode: expected one of {mode_names()} or None, got {mode!r}")
+        cls = found
         reason = cls.refusal(spec)
         if reason is not None:
             raise ValueError(reason)

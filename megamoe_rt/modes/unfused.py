@@ -13,14 +13,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from megamoe_rt.runtime import driver
-from megamoe_rt.runtime.deadlines import TimeoutRecord
 from megamoe_rt.kernels import ep as ek
 from megamoe_rt.kernels import moe as mk
 from megamoe_rt.kernels.grouped_gemm import plan_grouped_gemm_fp8, plan_grouped_gemm_swiglu_fp8
 from megamoe_rt.kernels.loader import get_kernel
 from megamoe_rt.modes.base import Call, LayerSpec, LayoutNeeds, Mode, Weights
 from megamoe_rt.modes.peers import stage_inputs
+from megamoe_rt.runtime import driver
+from megamoe_rt.runtime.buffer import LayerBuffer
+from megamoe_rt.runtime.deadlines import TimeoutRecord
 from megamoe_rt.schedule.layout import BufferLayout
 
 POOL_ALIGN = 128  # expert ranges in the pool start on GEMM-tile boundaries
@@ -48,7 +49,7 @@ class UnfusedMode(Mode):
         self._ep_kernels: dict[str, dict[str, Any]] = {}
         self._ep_fixed: dict[str, Any] = {}
 
-    def bind(self, buffer: Any, *, expert_recv_stats: int = 0) -> None:
+    def bind(self, buffer: LayerBuffer, *, expert_recv_stats: int = 0) -> None:
         super().bind(buffer, expert_recv_stats=expert_recv_stats)
         b, lay = buffer, self.layout
         self._flags = b.ptr("error_flags")
@@ -58,24 +59,49 @@ class UnfusedMode(Mode):
             self._send_counts, self._send_cursors = b.ptr("ep_send_counts"), b.ptr("ep_send_cursors")
             # Every field of EpParams but the call's MoeParams and wait context.
             self._ep_fixed = dict(
-                peer_bases=b.ptr("peer_bases"), off_x=lay.region("x").offset, off_x_sf=lay.region("x_sf").offset,
-                off_send_list=lay.region("send_list").offset, off_combine=lay.region("combine").offset,
+                peer_bases=b.ptr("peer_bases"),
+                off_x=lay.region("x").offset,
+                off_x_sf=lay.region("x_sf").offset,
+                off_send_list=lay.region("send_list").offset,
+                off_combine=lay.region("combine").offset,
                 off_banks=ws + lay.workspace_region("ep_banks").offset,
-                send_counts=self._send_counts, send_offsets=b.ptr("ep_send_offsets"),
-                send_cursors=self._send_cursors, send_list=b.ptr("send_list"), src_rows=b.ptr("ep_src_rows"),
-                banks=b.ptr("ep_banks"), bank=ek.bank_layout(self.spec.num_ranks, lay.num_local_experts),
-                launch_epoch=b.ptr("launch_epoch"), rank=self.spec.rank, num_ranks=self.spec.num_ranks)
+                send_counts=self._send_counts,
+                send_offsets=b.ptr("ep_send_offsets"),
+                send_cursors=self._send_cursors,
+                send_list=b.ptr("send_list"),
+                src_rows=b.ptr("ep_src_rows"),
+                banks=b.ptr("ep_banks"),
+                bank=ek.bank_layout(self.spec.num_ranks, lay.num_local_experts),
+                launch_epoch=b.ptr("launch_epoch"),
+                rank=self.spec.rank,
+                num_ranks=self.spec.num_ranks,
+            )
 
     def load(self, weights: Weights) -> None:
-        b, s = self.buffer, self.spec
-        common = dict(group_offsets=b.view("expert_pool_offsets"), group_counts=b.view(self.counts_region).reshape(-1),
-                      check_layout=False, a_sf_kmajor=True, stream=0)
+        b, s = self.bound_buffer(), self.spec
+        common = dict(
+            group_offsets=b.view("expert_pool_offsets"),
+            group_counts=b.view(self.counts_region).reshape(-1),
+            check_layout=False,
+            a_sf_kmajor=True,
+            stream=0,
+        )
         l1 = plan_grouped_gemm_swiglu_fp8(
-            b.view("l1_pool"), b.view("l1_pool_sf"), weights.w1p, weights.w1p_sf, b.view("l1_pool_weight"),
-            act_sf_gran=s.act_sf_gran, swiglu_limit=s.swiglu_limit, pow2_scale=s.pow2_scale,
-            out=b.view("l2_pool"), out_sf=b.view("l2_pool_sf"), **common)
-        l2 = plan_grouped_gemm_fp8(b.view("l2_pool"), b.view("l2_pool_sf"), weights.w2, weights.w2_sf,
-                                   row_dst=b.view("l1_pool_dst"), **common)
+            b.view("l1_pool"),
+            b.view("l1_pool_sf"),
+            weights.w1p,
+            weights.w1p_sf,
+            b.view("l1_pool_weight"),
+            act_sf_gran=s.act_sf_gran,
+            swiglu_limit=s.swiglu_limit,
+            pow2_scale=s.pow2_scale,
+            out=b.view("l2_pool"),
+            out_sf=b.view("l2_pool_sf"),
+            **common,
+        )
+        l2 = plan_grouped_gemm_fp8(
+            b.view("l2_pool"), b.view("l2_pool_sf"), weights.w2, weights.w2_sf, row_dst=b.view("l1_pool_dst"), **common
+        )
         self.gemms = (l1, l2)
         if self.expert_parallel:
             self.ep_kernels("int32")  # int64 ids load at their first call
@@ -97,6 +123,7 @@ class UnfusedMode(Mode):
 
     def run(self, call: Call, stream: int) -> None:
         moe = self.moe_params(call)
+        assert self.gemms is not None, "run before load"
         l1, l2 = self.gemms
         s, t = self.spec, call.num_tokens
         if not self.expert_parallel:
@@ -111,12 +138,13 @@ class UnfusedMode(Mode):
             return
         params = ek.EpParams(moe=moe, wait=TimeoutRecord.get().context(s.timeout_s, rank=s.rank), **self._ep_fixed)
         kernels = self.ep_kernels(call.idx)
-        stage_inputs(self.buffer, call.x, call.x_sf, t, stream)
+        stage_inputs(self.bound_buffer(), call.x, call.x_sf, t, stream)
         driver.memset_d32_async(self._send_counts, 0, s.num_experts, stream)
         driver.memset_d32_async(self._send_cursors, 0, s.num_experts, stream)
         driver.memset_d32_async(self._flags, 0, 4, stream)
-        ek.launch_before_gemms(kernels, params, pairs=t * s.num_topk, pool_rows=self.layout.pool_rows,
-                               sm_count=s.sm_count, stream=stream)
+        ek.launch_before_gemms(
+            kernels, params, pairs=t * s.num_topk, pool_rows=self.layout.pool_rows, sm_count=s.sm_count, stream=stream
+        )
         l1.run(stream)
         l2.run(stream)
         ek.launch_finish(kernels, params, stream)

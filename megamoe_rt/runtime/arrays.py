@@ -10,25 +10,43 @@ JAX) are read zero-copy. Every array a kernel sees is described by a
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
 # Canonical element-type names used across the package.
 ELEMENT_SIZE = {
-    "e4m3": 1, "uint8": 1, "int8": 1,
-    "bf16": 2, "uint16": 2, "float16": 2,
-    "float32": 4, "int32": 4, "uint32": 4,
-    "float64": 8, "int64": 8, "uint64": 8,
+    "e4m3": 1,
+    "uint8": 1,
+    "int8": 1,
+    "bf16": 2,
+    "uint16": 2,
+    "float16": 2,
+    "float32": 4,
+    "int32": 4,
+    "uint32": 4,
+    "float64": 8,
+    "int64": 8,
+    "uint64": 8,
 }
 
 # What a raw-bits container may stand for (docs/NUMERICS.md, "How the formats travel").
 RAW_BITS_ALIASES = {"uint8": "e4m3", "uint16": "bf16"}
 
 _TYPESTR = {
-    "u1": "uint8", "i1": "int8", "u2": "uint16", "f2": "float16", "i4": "int32", "u4": "uint32",
-    "f4": "float32", "f8": "float64", "i8": "int64", "u8": "uint64", "b1": "uint8",
+    "u1": "uint8",
+    "i1": "int8",
+    "u2": "uint16",
+    "f2": "float16",
+    "i4": "int32",
+    "u4": "uint32",
+    "f4": "float32",
+    "f8": "float64",
+    "i8": "int64",
+    "u8": "uint64",
+    "b1": "uint8",
 }
 
 
@@ -100,6 +118,7 @@ def _from_cai(obj: Any, name: str) -> DeviceArray:
 
 # --- DLPack (read-only consumer; the capsule stays alive with the view) ------------------
 
+
 class _DLDevice(ctypes.Structure):
     _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int)]
 
@@ -125,9 +144,16 @@ _DL_CUDA_MANAGED = 13
 # (type code, bits) -> element type; codes from dlpack.h (kDLInt=0, kDLUInt=1, kDLFloat=2,
 # kDLBfloat=4, kDLFloat8_e4m3fn=10).
 _DL_DTYPES = {
-    (0, 8): "int8", (0, 32): "int32", (0, 64): "int64",
-    (1, 8): "uint8", (1, 16): "uint16", (1, 32): "uint32", (1, 64): "uint64",
-    (2, 16): "float16", (2, 32): "float32", (2, 64): "float64",
+    (0, 8): "int8",
+    (0, 32): "int32",
+    (0, 64): "int64",
+    (1, 8): "uint8",
+    (1, 16): "uint16",
+    (1, 32): "uint32",
+    (1, 64): "uint64",
+    (2, 16): "float16",
+    (2, 32): "float32",
+    (2, 64): "float64",
     (4, 16): "bf16",
     (10, 8): "e4m3",
 }
@@ -198,22 +224,35 @@ def logical_dtype(arr: DeviceArray) -> str:
     return RAW_BITS_ALIASES.get(arr.dtype, arr.dtype)
 
 
-def check_array(arr: DeviceArray, name: str, *, dtypes: Iterable[str], ndim: int | None = None,
-                shape: tuple[int | None, ...] | None = None, contiguous: bool = True,
-                device: int | None = None, align: int = 16) -> str:
+def check_array(
+    arr: DeviceArray,
+    name: str,
+    *,
+    dtypes: Iterable[str],
+    ndim: int | None = None,
+    shape: tuple[int | None, ...] | None = None,
+    contiguous: bool = True,
+    device: int | None = None,
+    align: int = 16,
+) -> str:
     """Validate and return the logical dtype; raise ValueError/TypeError naming ``name``."""
     allowed = tuple(dtypes)
     ldt = logical_dtype(arr)
     if ldt not in allowed and arr.dtype not in allowed:
-        raise TypeError(f"{name}: dtype {arr.dtype} (shape {arr.shape}) is not supported; expected one of {', '.join(allowed)}")
+        raise TypeError(
+            f"{name}: dtype {arr.dtype} (shape {arr.shape}) is not supported; expected one of {', '.join(allowed)}"
+        )
     if ndim is not None and arr.ndim != ndim:
         raise ValueError(f"{name}: expected a {ndim}-d array, got shape {arr.shape}")
-    if shape is not None:
-        if len(shape) != arr.ndim or any(s is not None and s != a for s, a in zip(shape, arr.shape)):
-            want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
-            raise ValueError(f"{name}: expected shape {want}, got {list(arr.shape)} ({arr.dtype})")
+    if shape is not None and (
+        len(shape) != arr.ndim or any(s is not None and s != a for s, a in zip(shape, arr.shape))
+    ):
+        want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+        raise ValueError(f"{name}: expected shape {want}, got {list(arr.shape)} ({arr.dtype})")
     if contiguous and not arr.is_c_contiguous():
-        raise ValueError(f"{name}: expected a C-contiguous array, got shape {arr.shape} with byte strides {arr.strides}")
+        raise ValueError(
+            f"{name}: expected a C-contiguous array, got shape {arr.shape} with byte strides {arr.strides}"
+        )
     if device is not None and arr.device is not None and arr.device != device:
         raise ValueError(f"{name}: array is on device {arr.device}, expected device {device}")
     if align > 1 and arr.ptr % align and arr.size:
@@ -221,7 +260,7 @@ def check_array(arr: DeviceArray, name: str, *, dtypes: Iterable[str], ndim: int
     return ldt if ldt in allowed else arr.dtype
 
 
-def require_cupy():
+def require_cupy() -> Any:
     try:
         import cupy
     except ImportError:
@@ -233,11 +272,11 @@ class _StreamHandle:
     def __init__(self, handle: int):
         self._handle = handle
 
-    def __cuda_stream__(self):
+    def __cuda_stream__(self) -> tuple[int, int]:
         return (0, self._handle)
 
 
-def cupy_stream(cupy, handle: int):
+def cupy_stream(cupy: Any, handle: int) -> Any:
     """A CuPy stream object for a raw handle (0: the legacy default stream)."""
     if not handle:
         return cupy.cuda.Stream.null

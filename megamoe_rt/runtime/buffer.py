@@ -13,10 +13,17 @@ import ctypes
 from typing import Any, Protocol, runtime_checkable
 
 from megamoe_rt.runtime.arrays import require_cupy
-from megamoe_rt.schedule.layout import BufferLayout
+from megamoe_rt.schedule.layout import BufferLayout, Region
 
-_CUPY_DTYPES = {"e4m3": "uint8", "uint8": "uint8", "bf16": "uint16", "float32": "float32", "int32": "int32",
-                "uint32": "uint32", "uint64": "uint64"}
+_CUPY_DTYPES = {
+    "e4m3": "uint8",
+    "uint8": "uint8",
+    "bf16": "uint16",
+    "float32": "float32",
+    "int32": "int32",
+    "uint32": "uint32",
+    "uint64": "uint64",
+}
 
 
 @runtime_checkable
@@ -49,12 +56,12 @@ class SymmetricLayerBuffer(LayerBuffer, Protocol):
 
     def peer_view(self, rank: int, name: str) -> Any: ...
 
-    def peer_table(self) -> ctypes.Array: ...
+    def peer_table(self) -> ctypes.Array[ctypes.c_uint64]: ...
 
     def close(self) -> None: ...
 
 
-def typed_view(raw: Any, region) -> Any:
+def typed_view(raw: Any, region: Region) -> Any:
     """A CuPy uint8 array over a region's bytes, viewed with the region's dtype and shape."""
     cupy = require_cupy()
     return raw.view(cupy.dtype(_CUPY_DTYPES[region.dtype])).reshape(region.shape)
@@ -67,7 +74,7 @@ class LaidOutBuffer:
     device: int
     base_ptr: int
 
-    def _locate(self, name: str):
+    def _locate(self, name: str) -> tuple[Region, int]:
         if any(r.name == name for r in self.layout.regions):
             region = self.layout.region(name)
             return region, region.offset
@@ -103,4 +110,4 @@ class DeviceBuffer(LaidOutBuffer):
         self.base_ptr = int(self._mem.data.ptr)
 
     def _bytes(self, offset: int, nbytes: int) -> Any:
-        return self._mem[offset:offset + nbytes]
+        return self._mem[offset : offset + nbytes]

@@ -47,7 +47,7 @@ class TimeoutRecord:
     kernels that cannot printf (wgmma kernels) name the wait that failed. One per process.
     """
 
-    _instance: "TimeoutRecord | None" = None
+    _instance: TimeoutRecord | None = None
 
     def __init__(self) -> None:
         cu = driver._cu()
@@ -60,7 +60,7 @@ class TimeoutRecord:
         self._fields = _RecordFields.from_address(self.host_ptr)
 
     @classmethod
-    def get(cls) -> "TimeoutRecord":
+    def get(cls) -> TimeoutRecord:
         if cls._instance is None:
             cls._instance = TimeoutRecord()
             driver.register_fault_explainer(cls.pending_message)
@@ -81,10 +81,14 @@ class TimeoutRecord:
 _RING_OVERFLOW = decl.WAIT_SITE["kRingOverflow"]
 
 
-def describe(rec) -> str:
+def describe(rec: _RecordFields) -> str:
     if rec.site == _RING_OVERFLOW:
-        return (f"megamoe_rt: a single-wave call needs {rec.seen} pool blocks but the ring holds {rec.expected} "
-                f"(block {rec.block}, rank {rec.rank}); num_tokens_bound must cover every rank's token count")
+        return (
+            f"megamoe_rt: a single-wave call needs {rec.seen} pool blocks but the ring holds {rec.expected} "
+            f"(block {rec.block}, rank {rec.rank}); num_tokens_bound must cover every rank's token count"
+        )
     site = WAIT_SITES[rec.site] if rec.site < len(WAIT_SITES) else f"site {rec.site}"
-    return (f"megamoe_rt: wait '{site}' timed out after {rec.elapsed_ns * 1e-9:.2f} s: block {rec.block} "
-            f"thread {rec.thread}, rank {rec.rank}, peer {rec.peer}, expected >= {rec.expected}, saw {rec.seen}")
+    return (
+        f"megamoe_rt: wait '{site}' timed out after {rec.elapsed_ns * 1e-9:.2f} s: block {rec.block} "
+        f"thread {rec.thread}, rank {rec.rank}, peer {rec.peer}, expected >= {rec.expected}, saw {rec.seen}"
+    )

@@ -16,10 +16,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from megamoe_rt.runtime.errors import CudaError, GpuUnavailableError
+from megamoe_rt.runtime.errors import CudaError as CudaError  # re-exported: raised by every call here
+from megamoe_rt.runtime.errors import GpuUnavailableError as GpuUnavailableError
 
 HOPPER_CC = (9, 0)
 _REQUIREMENT = "a Hopper GPU (sm_90: H100/H200) and a CUDA 12.4+ driver"
@@ -29,18 +31,16 @@ _init_error: str | None = None
 _initialized = False
 
 
-def _cu():
+def _cu() -> Any:
     try:
         from cuda.bindings import driver
     except ImportError as exc:  # cuda-bindings is a base dependency; say so plainly
-        raise GpuUnavailableError(
-            f"cuda-bindings is not importable ({exc}); install megamoe-rt[cu13]"
-        ) from None
+        raise GpuUnavailableError(f"cuda-bindings is not importable ({exc}); install megamoe-rt[cu13]") from None
     return driver
 
 
-def _result_name(cu, err) -> str:
-    name = getattr(err, "name", None)
+def _result_name(cu: Any, err: Any) -> str:
+    name: str | None = getattr(err, "name", None)
     if name:
         return name
     try:
@@ -78,7 +78,7 @@ def _trap_detail(code: int) -> str:
     return ""
 
 
-def call(fn, *args):
+def call(fn: Callable[..., Any], *args: Any) -> Any:
     """Call a driver function and unwrap its ``(CUresult, *values)`` tuple.
 
     Returns None, the single value, or a tuple of values.
@@ -100,13 +100,11 @@ def call(fn, *args):
 _CORE_MIN = (1, 2)
 
 
-def _core():
+def _core() -> Any:
     try:
         import cuda.core as core
     except ImportError as exc:
-        raise GpuUnavailableError(
-            f"cuda-core is not importable ({exc}); install megamoe-rt[cu13]"
-        ) from None
+        raise GpuUnavailableError(f"cuda-core is not importable ({exc}); install megamoe-rt[cu13]") from None
     try:
         have = tuple(int(p) for p in core.__version__.split(".")[:2])
     except (AttributeError, ValueError):  # a development build: trust it
@@ -141,7 +139,7 @@ def _from_core_error(name: str, exc: BaseException) -> CudaError:
     return CudaError(name, head, code, detail)
 
 
-def core_call(name: str, fn: Callable, *args, **kwargs):
+def core_call(name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Call into cuda.core; its errors become :class:`CudaError` naming ``name`` (the driver
     call underneath, e.g. ``"cuStreamCreateWithPriority"``)."""
     try:
@@ -219,7 +217,7 @@ class DeviceInfo:
         return self.compute_capability == HOPPER_CC
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def device_info(ordinal: int = 0) -> DeviceInfo:
     """What the kernels and heuristics need to know about a device (no context is created).
 
@@ -234,10 +232,16 @@ def device_info(ordinal: int = 0) -> DeviceInfo:
         raise ValueError(f"device ordinal {ordinal} is out of range: this machine has {n} CUDA device(s)")
     dev = core_call("cuDeviceGet", _core().Device, ordinal)
 
-    def read(dev):
+    def read(dev: Any) -> tuple[Any, ...]:
         p = dev.properties
-        return (dev.name, tuple(dev.compute_capability), p.multiprocessor_count, p.l2_cache_size,
-                p.max_shared_memory_per_block_optin, p.clock_rate)
+        return (
+            dev.name,
+            tuple(dev.compute_capability),
+            p.multiprocessor_count,
+            p.l2_cache_size,
+            p.max_shared_memory_per_block_optin,
+            p.clock_rate,
+        )
 
     name, cc, sm_count, l2, smem_optin, clock = core_call("cuDeviceGetName/cuDeviceGetAttribute", read, dev)
     raw = call(cu.cuDeviceGet, ordinal)
@@ -269,7 +273,7 @@ def require_hopper(ordinal: int | None = None) -> DeviceInfo:
         ordinal = current_device()
     info = device_info(ordinal)
     if not info.is_hopper:
-        cc = "%d.%d" % info.compute_capability
+        cc = "{}.{}".format(*info.compute_capability)
         raise GpuUnavailableError(
             f"device {ordinal} ({info.name}) has compute capability {cc}; megamoe_rt kernels need sm_90 (H100/H200)"
         )
@@ -296,7 +300,7 @@ def current_device() -> int:
     return 0
 
 
-def ensure_context(ordinal: int | None = None):
+def ensure_context(ordinal: int | None = None) -> Any:
     """Make a context for ``ordinal`` current (its primary context unless one already is).
 
     CuPy and the CUDA runtime use the primary context, so arrays allocated by
@@ -322,7 +326,7 @@ def ensure_context(ordinal: int | None = None):
 _tls = threading.local()
 
 
-def core_device(ordinal: int | None = None):
+def core_device(ordinal: int | None = None) -> Any:
     """The ``cuda.core.Device`` for ``ordinal`` (default: the current device), ready to create
     streams, events and buffers in this thread.
 
@@ -412,7 +416,7 @@ def stream_handle(stream: Any = None) -> int:
     return handle
 
 
-def core_stream(stream: Any = None):
+def core_stream(stream: Any = None) -> Any:
     """``stream`` as a ``cuda.core.Stream``, for APIs that take one (nvshmem4py, cuda.core).
 
     A cuda.core stream is returned as is; anything else :func:`stream_handle` accepts is
@@ -452,13 +456,13 @@ class Stream:
         return self._handle
 
     @property
-    def core(self):
+    def core(self) -> Any:
         """The ``cuda.core.Stream`` (for cuda.core APIs)."""
         if self._handle is None:
             raise ValueError("stream: this Stream is closed")
         return self._stream
 
-    def __cuda_stream__(self):
+    def __cuda_stream__(self) -> tuple[int, int]:
         return (0, self.handle)
 
     def synchronize(self) -> None:
@@ -479,11 +483,11 @@ class Event:
         self._event = core_call("cuEventCreate", dev.create_event, options=core.EventOptions(timing_enabled=True))
 
     @property
-    def core(self):
+    def core(self) -> Any:
         """The ``cuda.core.Event``."""
         return self._event
 
-    def record(self, stream: Any = None) -> "Event":
+    def record(self, stream: Any = None) -> Event:
         # Recorded through the driver so that any stream stream_handle accepts will do.
         call(_cu().cuEventRecord, self._event.handle, stream_handle(stream))
         return self
@@ -496,7 +500,7 @@ class Event:
         """True once the work recorded before the event has finished."""
         return bool(core_call("cuEventQuery", lambda: self._event.is_done))
 
-    def elapsed_ms(self, end: "Event") -> float:
+    def elapsed_ms(self, end: Event) -> float:
         """Milliseconds from this event to ``end`` (both recorded and complete)."""
         return float(core_call("cuEventElapsedTime", lambda: end._event - self._event))
 
@@ -509,8 +513,9 @@ def memset_d32_async(ptr: int, value: int, count: int, stream: Any = None) -> No
         call(_cu().cuMemsetD32Async, ptr, value & 0xFFFFFFFF, count, stream_handle(stream))
 
 
-def memcpy_2d_async(dst: int, dst_pitch: int, src: int, src_pitch: int, width_bytes: int, rows: int,
-                    stream: Any = None) -> None:
+def memcpy_2d_async(
+    dst: int, dst_pitch: int, src: int, src_pitch: int, width_bytes: int, rows: int, stream: Any = None
+) -> None:
     """Device-to-device copy of ``rows`` rows of ``width_bytes`` between pitched layouts."""
     if not rows or not width_bytes:
         return
@@ -526,7 +531,7 @@ def memcpy_2d_async(dst: int, dst_pitch: int, src: int, src_pitch: int, width_by
 def stream_is_capturing(stream: Any = None) -> bool:
     cu = _cu()
     status = call(cu.cuStreamIsCapturing, stream_handle(stream))
-    return status != cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+    return bool(status != cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE)
 
 
 def synchronize_stream(stream: Any = None) -> None:
@@ -566,7 +571,7 @@ class DeviceMemory:
         return self._ptr
 
     @property
-    def core(self):
+    def core(self) -> Any:
         """The ``cuda.core.Buffer``."""
         return self._buf
 
@@ -594,7 +599,7 @@ class DeviceMemory:
             call(_cu().cuCtxSynchronize)
         core_call("cuMemFreeAsync", self._buf.close, self._stream)
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self.free()
         except Exception:
@@ -604,8 +609,16 @@ class DeviceMemory:
 # --- modules and launches -----------------------------------------------------------
 
 
-def _launch_config(grid, block, smem: int, stream: int, *, cluster=None, cooperative: bool = False,
-                   programmatic: bool = False):
+def _launch_config(
+    grid: Sequence[int],
+    block: Sequence[int],
+    smem: int,
+    stream: int,
+    *,
+    cluster: Sequence[int] | None = None,
+    cooperative: bool = False,
+    programmatic: bool = False,
+) -> Any:
     cu = _cu()
     cfg = cu.CUlaunchConfig()
     cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
@@ -667,9 +680,19 @@ class LoadedKernel:
         attr = getattr(cu.CUfunction_attribute, f"CU_FUNC_ATTRIBUTE_{name.upper()}")
         return int(call(cu.cuFuncGetAttribute, attr, self.function))
 
-    def launch(self, grid: Sequence[int], block: Sequence[int], args: Sequence[ctypes._SimpleCData | ctypes.Structure],
-               *, stream: Any = None, smem_bytes: int | None = None, cluster: Sequence[int] | None = None,
-               in_stream_context: bool = False, cooperative: bool = False, programmatic: bool = False) -> None:
+    def launch(
+        self,
+        grid: Sequence[int],
+        block: Sequence[int],
+        args: Sequence[ctypes._SimpleCData[Any] | ctypes.Structure],
+        *,
+        stream: Any = None,
+        smem_bytes: int | None = None,
+        cluster: Sequence[int] | None = None,
+        in_stream_context: bool = False,
+        cooperative: bool = False,
+        programmatic: bool = False,
+    ) -> None:
         """Launch with ``args`` given as ctypes objects in parameter order.
 
         ``cluster``: thread-block-cluster shape; the grid must be a multiple of it.
@@ -691,8 +714,9 @@ class LoadedKernel:
         if cluster is None and not cooperative and not programmatic:
             call(cu.cuLaunchKernel, func, *g, *b, smem, stream_handle(stream), ctypes.addressof(ptrs), 0)
             return
-        cfg = _launch_config(g, b, smem, stream_handle(stream), cluster=cluster, cooperative=cooperative,
-                             programmatic=programmatic)
+        cfg = _launch_config(
+            g, b, smem, stream_handle(stream), cluster=cluster, cooperative=cooperative, programmatic=programmatic
+        )
         call(cu.cuLaunchKernelEx, cfg, func, ctypes.addressof(ptrs), 0)
 
     def max_active_clusters(self, block: Sequence[int], cluster: Sequence[int], smem_bytes: int | None = None) -> int:
@@ -702,7 +726,9 @@ class LoadedKernel:
         so a persistent grid of sm_count / cluster_size clusters may not fit in one wave.
         """
         key = (tuple(block), tuple(cluster), smem_bytes)
-        cache = self.__dict__.setdefault("_cluster_occupancy", {})
+        cache: dict[tuple[tuple[int, ...], tuple[int, ...], int | None], int] = self.__dict__.setdefault(
+            "_cluster_occupancy", {}
+        )
         if key not in cache:
             smem = self.dynamic_smem_bytes if smem_bytes is None else smem_bytes
             b = tuple(block) + (1,) * (3 - len(block))
@@ -715,7 +741,7 @@ class LoadedKernel:
         smem = self.dynamic_smem_bytes if smem_bytes is None else smem_bytes
         return int(call(_cu().cuOccupancyMaxActiveBlocksPerMultiprocessor, self.function, block_threads, smem))
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             if getattr(self, "library", None) is not None:
                 _cu().cuLibraryUnload(self.library)

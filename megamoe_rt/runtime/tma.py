@@ -12,11 +12,20 @@ _ELEM_BYTES = {"e4m3": 1, "uint8": 1, "bf16": 2, "float32": 4}
 
 @dataclass(frozen=True)
 class TensorMap2D:
-    raw: ctypes.Array  # 128 opaque bytes as c_uint64 * 16, ready to be a kernel parameter
+    raw: ctypes.Array[ctypes.c_uint64]  # 128 opaque bytes as c_uint64 * 16, ready to be a kernel parameter
 
 
-def validate_2d(ptr: int, dtype: str, *, inner: int, outer: int, row_stride_bytes: int, box_inner: int,
-                box_outer: int, swizzle_128b: bool) -> None:
+def validate_2d(
+    ptr: int,
+    dtype: str,
+    *,
+    inner: int,
+    outer: int,
+    row_stride_bytes: int,
+    box_inner: int,
+    box_outer: int,
+    swizzle_128b: bool,
+) -> None:
     """The TMA constraints that matter here, checked before the driver sees them."""
     eb = _ELEM_BYTES[dtype]
     if ptr % 16:
@@ -33,10 +42,27 @@ def validate_2d(ptr: int, dtype: str, *, inner: int, outer: int, row_stride_byte
         raise ValueError(f"TMA tensor {inner}x{outer} must be non-empty")
 
 
-def encode_tensor_map_2d(ptr: int, dtype: str, *, inner: int, outer: int, row_stride_bytes: int, box_inner: int,
-                         box_outer: int, swizzle_128b: bool) -> TensorMap2D:
-    validate_2d(ptr, dtype, inner=inner, outer=outer, row_stride_bytes=row_stride_bytes, box_inner=box_inner,
-                box_outer=box_outer, swizzle_128b=swizzle_128b)
+def encode_tensor_map_2d(
+    ptr: int,
+    dtype: str,
+    *,
+    inner: int,
+    outer: int,
+    row_stride_bytes: int,
+    box_inner: int,
+    box_outer: int,
+    swizzle_128b: bool,
+) -> TensorMap2D:
+    validate_2d(
+        ptr,
+        dtype,
+        inner=inner,
+        outer=outer,
+        row_stride_bytes=row_stride_bytes,
+        box_inner=box_inner,
+        box_outer=box_outer,
+        swizzle_128b=swizzle_128b,
+    )
     from cuda.bindings import driver as cu
 
     dt = {
@@ -44,10 +70,16 @@ def encode_tensor_map_2d(ptr: int, dtype: str, *, inner: int, outer: int, row_st
         2: cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
         4: cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
     }[_ELEM_BYTES[dtype]]
-    swz = (cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B if swizzle_128b
-           else cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE)
+    swz = (
+        cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B
+        if swizzle_128b
+        else cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE
+    )
     tmap = driver.call(
-        cu.cuTensorMapEncodeTiled, dt, 2, ptr,
+        cu.cuTensorMapEncodeTiled,
+        dt,
+        2,
+        ptr,
         [cu.cuuint64_t(inner), cu.cuuint64_t(outer)],
         [cu.cuuint64_t(row_stride_bytes)],
         [cu.cuuint32_t(box_inner), cu.cuuint32_t(box_outer)],

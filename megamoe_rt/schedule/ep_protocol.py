@@ -38,9 +38,9 @@ STEPS = ("clear", "publish", "gather", "pull", "scatter", "combine")
 class Bank:
     """The words peers write into one rank's bank; payload words carry the launch that wrote them."""
 
-    count_ready: set = field(default_factory=set)     # sources whose count_ready word is set
-    combine_ready: set = field(default_factory=set)   # ranks whose combine_ready word is set
-    counts: dict = field(default_factory=dict)        # source rank -> launch that wrote them
+    count_ready: set = field(default_factory=set)  # sources whose count_ready word is set
+    combine_ready: set = field(default_factory=set)  # ranks whose combine_ready word is set
+    counts: dict = field(default_factory=dict)  # source rank -> launch that wrote them
 
     def clear(self) -> None:
         self.count_ready.clear()
@@ -51,15 +51,22 @@ class Bank:
 @dataclass
 class RankState:
     launch: int = 0
-    step: int = 0           # index into STEPS
-    progress: int = 0       # per-peer progress inside publish / pull / scatter
+    step: int = 0  # index into STEPS
+    progress: int = 0  # per-peer progress inside publish / pull / scatter
 
 
 class EpModel:
     """``num_ranks`` ranks running ``num_launches`` back-to-back launches."""
 
-    def __init__(self, num_ranks: int, num_launches: int, *, banks: int = 2, clear_other_bank: bool = True,
-                 withhold: int | None = None):
+    def __init__(
+        self,
+        num_ranks: int,
+        num_launches: int,
+        *,
+        banks: int = 2,
+        clear_other_bank: bool = True,
+        withhold: int | None = None,
+    ):
         if num_ranks < 1 or num_launches < 1 or banks not in (1, 2):
             raise ValueError(f"num_ranks={num_ranks}, num_launches={num_launches}, banks={banks}")
         self.num_ranks = num_ranks

@@ -16,7 +16,13 @@ from dataclasses import dataclass
 from megamoe_rt.kernels.interface import ep as ep_interface
 from megamoe_rt.kernels.interface import fused as fused_interface
 from megamoe_rt.schedule.arith import align_up
-from megamoe_rt.schedule.plan import _require_choice, _require_int, align_tokens, fused_schedule, pool_blocks_upper_bound
+from megamoe_rt.schedule.plan import (
+    _require_choice,
+    _require_int,
+    align_tokens,
+    fused_schedule,
+    pool_blocks_upper_bound,
+)
 
 __all__ = [
     "DTYPE_SIZES",
@@ -104,18 +110,13 @@ class BufferLayout:
         for r in self.regions:
             if r.name == name:
                 return r
-        raise ValueError(
-            f"name={name!r}: expected one of {', '.join(r.name for r in self.regions)}"
-        )
+        raise ValueError(f"name={name!r}: expected one of {', '.join(r.name for r in self.regions)}")
 
     def workspace_region(self, name: str) -> Region:
         for r in self.workspace:
             if r.name == name:
                 return r
-        raise ValueError(
-            f"name={name!r}: expected one of "
-            f"{', '.join(r.name for r in self.workspace)}"
-        )
+        raise ValueError(f"name={name!r}: expected one of {', '.join(r.name for r in self.workspace)}")
 
     def offsets(self) -> dict[str, int]:
         """Absolute byte offset of every top-level region."""
@@ -150,9 +151,7 @@ class BufferLayout:
         widths = [max(len(x[i]) for x in (header, total, *rows)) for i in range(1, 4)]
 
         def fmt(row: tuple[str, str, str, str]) -> str:
-            return "  ".join(
-                [row[0].ljust(w0)] + [c.rjust(w) for c, w in zip(row[1:], widths)]
-            )
+            return "  ".join([row[0].ljust(w0)] + [c.rjust(w) for c, w in zip(row[1:], widths)])
 
         title = (
             f"symmetric buffer: hidden={self.hidden} intermediate={self.intermediate} "
@@ -206,9 +205,7 @@ def symm_buffer_layout(
     if h % _SF_BLOCK:
         raise ValueError(f"hidden={h}: expected a positive multiple of {_SF_BLOCK}")
     if i % _SF_BLOCK:
-        raise ValueError(
-            f"intermediate={i}: expected a positive multiple of {_SF_BLOCK}"
-        )
+        raise ValueError(f"intermediate={i}: expected a positive multiple of {_SF_BLOCK}")
     r = _require_int("num_ranks", num_ranks, minimum=1)
     e = _require_int("num_experts", num_experts, minimum=1)
     if e % r:
@@ -216,9 +213,7 @@ def symm_buffer_layout(
     k = _require_int("num_topk", num_topk, minimum=1)
     if k > e:
         raise ValueError(f"num_topk={k}: expected 1 <= num_topk <= num_experts={e}")
-    t = align_tokens(
-        _require_int("num_max_tokens_per_rank", num_max_tokens_per_rank, minimum=1)
-    )
+    t = align_tokens(_require_int("num_max_tokens_per_rank", num_max_tokens_per_rank, minimum=1))
     _require_choice("block_m", block_m, _BLOCK_M_CHOICES)
     _require_choice("act_sf_gran", act_sf_gran, _ACT_SF_GRAN_CHOICES)
     _require_choice("pool", pool, _POOL_CHOICES)
@@ -228,16 +223,12 @@ def symm_buffer_layout(
     if num_tokens_bound is not None:
         bound = _require_int("num_tokens_bound", num_tokens_bound, minimum=1)
         if bound > t:
-            raise ValueError(
-                f"num_tokens_bound={bound}: expected at most the token capacity {t}"
-            )
+            raise ValueError(f"num_tokens_bound={bound}: expected at most the token capacity {t}")
 
     full_blocks = pool_blocks_upper_bound(t, r, k, el, block_m)
     if pool == "full":
         if ring_blocks is not None:
-            raise ValueError(
-                f"ring_blocks={ring_blocks!r}: expected None when pool='full'"
-            )
+            raise ValueError(f"ring_blocks={ring_blocks!r}: expected None when pool='full'")
         pool_blocks = full_blocks
     else:
         if ring_blocks is not None:
@@ -253,30 +244,47 @@ def symm_buffer_layout(
 
     # Workspace first: its size is part of the top-level layout.
     ws = _Packer(WORKSPACE_ALIGN)
-    ws.add("expert_recv_counts", "int32", (r, el),
-           "rows each source rank sends to each local expert")
-    ws.add("expert_pool_offsets", "int32", (el + 1,),
-           "first pool row of each local expert (block-aligned prefix sum, last = total rows)")
-    ws.add("expert_cursors", "int32", (el,),
-           "rows placed so far per local expert while dispatching")
-    ws.add("grid_sync", "uint32", (_GRID_SYNC_WORDS,),
-           "grid-wide barrier counters")
-    ws.add("fused_banks", "uint32", (_PARITY_BANKS, fused_interface.bank_words(e, full_blocks)),
-           "fused kernel, per launch parity: expert counts and cursors, per-block arrivals, "
-           "L1 publishes and L2 reads, the tile ticket")
-    ws.add("launch_epoch", "uint32", (_GRID_SYNC_WORDS,),
-           "launches so far; the parity picks the fused kernel's counter bank")
-    ws.add("error_flags", "uint32", (_ERROR_FLAG_WORDS,),
-           "device-side input checks (bit 0: expert id out of range, bit 1: pool overflow)")
+    ws.add("expert_recv_counts", "int32", (r, el), "rows each source rank sends to each local expert")
+    ws.add(
+        "expert_pool_offsets",
+        "int32",
+        (el + 1,),
+        "first pool row of each local expert (block-aligned prefix sum, last = total rows)",
+    )
+    ws.add("expert_cursors", "int32", (el,), "rows placed so far per local expert while dispatching")
+    ws.add("grid_sync", "uint32", (_GRID_SYNC_WORDS,), "grid-wide barrier counters")
+    ws.add(
+        "fused_banks",
+        "uint32",
+        (_PARITY_BANKS, fused_interface.bank_words(e, full_blocks)),
+        "fused kernel, per launch parity: expert counts and cursors, per-block arrivals, "
+        "L1 publishes and L2 reads, the tile ticket",
+    )
+    ws.add(
+        "launch_epoch",
+        "uint32",
+        (_GRID_SYNC_WORDS,),
+        "launches so far; the parity picks the fused kernel's counter bank",
+    )
+    ws.add(
+        "error_flags",
+        "uint32",
+        (_ERROR_FLAG_WORDS,),
+        "device-side input checks (bit 0: expert id out of range, bit 1: pool overflow)",
+    )
     if r > 1:
         ws.add("ep_send_counts", "int32", (e,), "this rank's pairs per global expert")
         ws.add("ep_send_offsets", "int32", (e + 1,), "send list layout: exclusive scan of ep_send_counts")
         ws.add("ep_send_cursors", "int32", (e,), "send-list entries claimed so far per global expert")
         ws.add("ep_src_rows", "int32", (el, r + 1), "first pool row of each (local expert, source rank)")
         ws.add("ep_expert_totals", "int32", (el,), "rows received per local expert from all ranks")
-        ws.add("ep_banks", "uint32", (_PARITY_BANKS, ep_bank_words(r, el)),
-               "written by peers, per launch parity: received counts and send-list offsets, "
-               "count_ready and combine_ready words")
+        ws.add(
+            "ep_banks",
+            "uint32",
+            (_PARITY_BANKS, ep_bank_words(r, el)),
+            "written by peers, per launch parity: received counts and send-list offsets, "
+            "count_ready and combine_ready words",
+        )
         ws.add("peer_bases", "uint64", (r,), "base address of every rank's buffer, as this rank maps it")
     ws_bytes = align_up(ws.cursor, REGION_ALIGN)
 
@@ -285,22 +293,32 @@ def symm_buffer_layout(
         # One rank reads the caller's x and x_sf directly; across ranks they are staged here,
         # where the ranks owning a token's experts pull its row from.
         top.add("x", "e4m3", (t, h), "input tokens, FP8, staged for peers to pull")
-        top.add("x_sf", "float32", (t, h // _SF_BLOCK),
-                "input scales, one row per token as the caller passes them (peers pull a token's row)")
+        top.add(
+            "x_sf",
+            "float32",
+            (t, h // _SF_BLOCK),
+            "input scales, one row per token as the caller passes them (peers pull a token's row)",
+        )
     top.add("l1_pool", "e4m3", (rows, h), "received rows grouped by local expert")
     top.add("l1_pool_sf", "float32", (h // _SF_BLOCK, rows), "scales of l1_pool, k-block-major")
-    top.add("l1_pool_src", "int32", (meta_rows,),
-            "source of each row: (src_rank*T + token)*K + slot, -1 for padding")
-    top.add("l1_pool_weight", "float32", (meta_rows,),
-            "top-k weight of each row, applied in the L1 epilogue")
-    top.add("l1_pool_dst", "uint64", (meta_rows,),
-            "byte address each row's L2 output goes to (its combine slot, local or a peer's)")
+    top.add("l1_pool_src", "int32", (meta_rows,), "source of each row: (src_rank*T + token)*K + slot, -1 for padding")
+    top.add("l1_pool_weight", "float32", (meta_rows,), "top-k weight of each row, applied in the L1 epilogue")
+    top.add(
+        "l1_pool_dst",
+        "uint64",
+        (meta_rows,),
+        "byte address each row's L2 output goes to (its combine slot, local or a peer's)",
+    )
     top.add("l2_pool", "e4m3", (rows, i), "L1 output (activated), L2 input")
     top.add("l2_pool_sf", "float32", (i // act_sf_gran, rows), "scales of l2_pool, k-block-major")
     top.add("combine", "bf16", (k, t, h), "expert outputs returned per top-k slot")
     if r > 1:
-        top.add("send_list", "uint64", (t * k,),
-                "this rank's routed pairs grouped by expert: (weight bits << 32) | token * K + slot")
+        top.add(
+            "send_list",
+            "uint64",
+            (t * k,),
+            "this rank's routed pairs grouped by expert: (weight bits << 32) | token * K + slot",
+        )
     top.add("workspace", "uint8", (ws_bytes,), "counters, flags and barrier words")
 
     return BufferLayout(

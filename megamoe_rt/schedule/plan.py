@@ -181,8 +181,7 @@ class FusedSchedule:
             _require_int(name, getattr(self, name), minimum=0)
         if self.ring_blocks > self.full_pool_blocks:
             raise ValueError(
-                f"ring_blocks={self.ring_blocks}: expected at most "
-                f"full_pool_blocks={self.full_pool_blocks}"
+                f"ring_blocks={self.ring_blocks}: expected at most full_pool_blocks={self.full_pool_blocks}"
             )
         # A wrapping ring smaller than the live window would let a producer
         # overwrite a block whose L2 task has not consumed it yet.
@@ -222,9 +221,7 @@ def fused_schedule(
     e = _require_int("num_experts", num_experts, minimum=1)
     _require_choice("block_m", block_m, _BLOCK_M_CHOICES)
     if e % r:
-        raise ValueError(
-            f"num_experts={e}: expected a multiple of num_ranks={r}"
-        )
+        raise ValueError(f"num_experts={e}: expected a multiple of num_ranks={r}")
     if k > e:
         raise ValueError(f"num_topk={k}: expected at most num_experts={e}")
     el = e // r
@@ -232,9 +229,7 @@ def fused_schedule(
     group = LAG_GROUP_UNITS
     full = pool_blocks_upper_bound(t, r, k, el, block_m)
     ring = min(UNIT_BLOCKS * (lag + group) + RING_MARGIN_BLOCKS, full)
-    return FusedSchedule(
-        lag_units=lag, group_units=group, ring_blocks=ring, full_pool_blocks=full
-    )
+    return FusedSchedule(lag_units=lag, group_units=group, ring_blocks=ring, full_pool_blocks=full)
 
 
 def single_wave_fits(
@@ -284,10 +279,5 @@ def num_cycles_across_ranks(per_rank_cycles: Sequence[int]) -> int:
     """
     values = list(per_rank_cycles)
     if not values:
-        raise ValueError(
-            f"per_rank_cycles={per_rank_cycles!r}: expected at least one rank's count"
-        )
-    return max(
-        _require_int(f"per_rank_cycles[{i}]", v, minimum=1)
-        for i, v in enumerate(values)
-    )
+        raise ValueError(f"per_rank_cycles={per_rank_cycles!r}: expected at least one rank's count")
+    return max(_require_int(f"per_rank_cycles[{i}]", v, minimum=1) for i, v in enumerate(values))

@@ -22,8 +22,8 @@ payload of another generation and no producer overwrites an unconsumed slot.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 EPOCH_SHIFT = 32
 SEQ_MASK = (1 << EPOCH_SHIFT) - 1
@@ -61,11 +61,11 @@ class RingModel:
     num_slots: int
     num_chunks: int
     epoch: int = 1
-    gen_of: Callable[[int, int], int] = chunk_generation   # (epoch, chunk) -> generation word
+    gen_of: Callable[[int, int], int] = chunk_generation  # (epoch, chunk) -> generation word
     slots: list = field(default_factory=list)
-    _prod: list = field(default_factory=list)   # per rank: (chunk, step)
-    _cons: tuple = (0, 0)                      # (chunk, step)
-    reads: list = field(default_factory=list)   # (rank, chunk, route payload seen, layout payload seen)
+    _prod: list = field(default_factory=list)  # per rank: (chunk, step)
+    _cons: tuple = (0, 0)  # (chunk, step)
+    reads: list = field(default_factory=list)  # (rank, chunk, route payload seen, layout payload seen)
     call: int = 0
 
     def __post_init__(self):
@@ -101,8 +101,10 @@ class RingModel:
             # Overwriting a payload nobody has consumed yet would lose it.
             held = slot.route_payload if step == 1 else slot.layout_payload
             if held is not None and slot.consumed != held[2]:
-                raise ProtocolViolation(f"producer {r} overwrote slot {c % self.num_slots} (chunk {held[1]} of "
-                                        f"call {held[0]}) before it was consumed")
+                raise ProtocolViolation(
+                    f"producer {r} overwrote slot {c % self.num_slots} (chunk {held[1]} of "
+                    f"call {held[0]}) before it was consumed"
+                )
             if step == 1:
                 slot.route_payload = (self.call, c, g)
             else:
@@ -121,8 +123,11 @@ class RingModel:
             return False
         if step == 0:
             g = self.gen_of(self.epoch, c)
-            return all(self.slots[r][c % self.num_slots].route_ready == g and
-                       self.slots[r][c % self.num_slots].layout_ready == g for r in range(self.num_ranks))
+            return all(
+                self.slots[r][c % self.num_slots].route_ready == g
+                and self.slots[r][c % self.num_slots].layout_ready == g
+                for r in range(self.num_ranks)
+            )
         return True
 
     def consumer_step(self) -> None:
@@ -136,8 +141,10 @@ class RingModel:
                 self.reads.append((r, c, s.route_payload, s.layout_payload))
                 want = (self.call, c, g)
                 if s.route_payload != want or s.layout_payload != want:
-                    raise ProtocolViolation(f"consumer read chunk {c} of rank {r} in call {self.call} but the slot "
-                                            f"holds {s.route_payload} / {s.layout_payload}")
+                    raise ProtocolViolation(
+                        f"consumer read chunk {c} of rank {r} in call {self.call} but the slot "
+                        f"holds {s.route_payload} / {s.layout_payload}"
+                    )
         elif step == 2:
             for r in range(self.num_ranks):
                 self.slots[r][c % self.num_slots].consumed = g
@@ -147,9 +154,9 @@ class RingModel:
     def done(self) -> bool:
         return self._cons[0] >= self.num_chunks and all(c >= self.num_chunks for c, _ in self._prod)
 
-    def runnable(self) -> list:
+    def runnable(self) -> list[int | str]:
         """Actors that can take a step: rank ids and "consumer"."""
-        out = [r for r in range(self.num_ranks) if self.producer_can_step(r)]
+        out: list[int | str] = [r for r in range(self.num_ranks) if self.producer_can_step(r)]
         if self.consumer_can_step():
             out.append("consumer")
         return out

@@ -22,18 +22,18 @@ device walk (cuda_src/fused/task_stream.cuh) hands tiles out and checks it again
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from megamoe_rt.schedule.plan import LAG_GROUP_UNITS, RING_MARGIN_BLOCKS, UNIT_BLOCKS
 
 
 @dataclass(frozen=True)
 class Unit:
-    index: int          # position in L1 order
+    index: int  # position in L1 order
     expert: int
-    first_block: int    # global L1 block sequence number of its first block
-    num_blocks: int     # 1..UNIT_BLOCKS
+    first_block: int  # global L1 block sequence number of its first block
+    num_blocks: int  # 1..UNIT_BLOCKS
 
     @property
     def blocks(self) -> range:
@@ -42,16 +42,16 @@ class Unit:
 
 @dataclass(frozen=True)
 class Task:
-    kind: str           # "l1" or "l2"
+    kind: str  # "l1" or "l2"
     unit: Unit
 
 
 @dataclass(frozen=True)
 class Tile:
-    kind: str           # "l1" (gate|up GEMM + SwiGLU) or "l2" (down projection)
-    block: int          # pool block: its BLOCK_M rows
+    kind: str  # "l1" (gate|up GEMM + SwiGLU) or "l2" (down projection)
+    block: int  # pool block: its BLOCK_M rows
     expert: int
-    n_block: int        # which BLOCK_N columns of the GEMM's N
+    n_block: int  # which BLOCK_N columns of the GEMM's N
 
 
 def task_tiles(task: Task, l1_n_blocks: int, l2_n_blocks: int) -> list[Tile]:
@@ -127,10 +127,10 @@ def check_stream(stream: Sequence[Task], ring_blocks: int) -> int:
     """
     if ring_blocks < 1:
         raise ValueError(f"ring_blocks={ring_blocks}: expected >= 1")
-    slot_owner: dict[int, int] = {}     # slot -> block whose L1 output it holds
+    slot_owner: dict[int, int] = {}  # slot -> block whose L1 output it holds
     l1_done: set[int] = set()
     l2_done: set[int] = set()
-    read_blocks: set[int] = set()       # blocks whose L2 task has been issued
+    read_blocks: set[int] = set()  # blocks whose L2 task has been issued
     live = 0
     max_live = 0
     for pos, task in enumerate(stream):
@@ -144,7 +144,8 @@ def check_stream(stream: Sequence[Task], ring_blocks: int) -> int:
                 if prev is not None and prev not in read_blocks:
                     raise RingViolation(
                         f"task {pos}: L1 of block {b} (unit {u.index}) overwrites ring slot {slot} "
-                        f"while block {prev} still waits for its L2")
+                        f"while block {prev} still waits for its L2"
+                    )
                 slot_owner[slot] = b
             l1_done.add(u.index)
             live += u.num_blocks
@@ -166,7 +167,10 @@ def check_stream(stream: Sequence[Task], ring_blocks: int) -> int:
 
 # --- prefill: the dispatch pull in cycles --------------------------------------------------
 
-def pull_cycles(blocks_per_expert: Sequence[int], ring_blocks: int, num_cycles: int | None = None) -> list[list[tuple[int, int]]]:
+
+def pull_cycles(
+    blocks_per_expert: Sequence[int], ring_blocks: int, num_cycles: int | None = None
+) -> list[list[tuple[int, int]]]:
     """Split the pool's blocks (in expert order) into pull cycles of at most ``ring_blocks``.
 
     Returns, per cycle, the ``(expert, block)`` pairs pulled in it. ``num_cycles`` (the
@@ -176,7 +180,7 @@ def pull_cycles(blocks_per_expert: Sequence[int], ring_blocks: int, num_cycles: 
     if ring_blocks < 1:
         raise ValueError(f"ring_blocks={ring_blocks}: expected >= 1")
     blocks = [(e, b) for e, n in enumerate(blocks_per_expert) for b in range(n)]
-    cycles = [blocks[i:i + ring_blocks] for i in range(0, len(blocks), ring_blocks)] or [[]]
+    cycles = [blocks[i : i + ring_blocks] for i in range(0, len(blocks), ring_blocks)] or [[]]
     if num_cycles is not None:
         if num_cycles < len(cycles):
             raise ValueError(f"num_cycles={num_cycles}: this rank needs {len(cycles)}")

@@ -10,8 +10,13 @@ from megamoe_rt.runtime.arrays import DeviceArray, as_device_array, check_array,
 
 class FakeCai:
     def __init__(self, shape, typestr, ptr=0x10000, strides=None):
-        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "data": (ptr, False),
-                                         "version": 3, "strides": strides}
+        self.__cuda_array_interface__ = {
+            "shape": shape,
+            "typestr": typestr,
+            "data": (ptr, False),
+            "version": 3,
+            "strides": strides,
+        }
 
 
 def test_cai_parsing_and_raw_bit_aliases():

@@ -18,8 +18,7 @@ def _bare(cls, **attrs):
 def test_device_and_symmetric_buffers_satisfy_their_protocols():
     layout = symm_buffer_layout(512, 256, 16, 2, 128, 2)
     plain = _bare(DeviceBuffer, layout=layout, device=0, base_ptr=0x10000)
-    symm = _bare(SymmetricBuffer, layout=layout, device=1, base_ptr=0x20000, rank=1,
-                 peer_base_ptrs=[0x30000, 0x20000])
+    symm = _bare(SymmetricBuffer, layout=layout, device=1, base_ptr=0x20000, rank=1, peer_base_ptrs=[0x30000, 0x20000])
     assert isinstance(plain, LayerBuffer) and not isinstance(plain, SymmetricLayerBuffer)
     assert isinstance(symm, LayerBuffer) and isinstance(symm, SymmetricLayerBuffer)
     # What the protocol promises works on the bare objects: region addresses and peer tables.

@@ -21,7 +21,7 @@ def test_plan_prints_region_table_for_pro():
     out = run_cli("plan", "--preset", "pro", "--tokens", "8192", "--ranks", "8")
     assert out.returncode == 0, out.stderr
     layout = symm_buffer_layout(7168, 3072, 384, 6, 8192, 8)
-    for name, nbytes, mib in layout.report():
+    for name, _nbytes, mib in layout.report():
         line = next(l for l in out.stdout.splitlines() if l.split() and l.split()[0] == name)
         assert f"{mib:.2f}" in line
     assert f"{layout.total_bytes / 2**20:.2f}" in out.stdout
@@ -70,17 +70,20 @@ def test_info_runs_without_gpu():
     assert "megamoe_rt" in out.stdout and "nvrtc" in out.stdout and "cache" in out.stdout
 
 
-@pytest.mark.parametrize("args", [
-    ("plan", "--preset", "nope"),
-    ("plan", "--tokens", "0"),
-    ("plan", "--tokens", "abc"),
-    ("plan", "--ranks", "3"),
-    ("plan", "--block-m", "96"),
-    ("compile",),
-    ("compile", "no_such_kernel"),
-    ("frobnicate",),
-    (),
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("plan", "--preset", "nope"),
+        ("plan", "--tokens", "0"),
+        ("plan", "--tokens", "abc"),
+        ("plan", "--ranks", "3"),
+        ("plan", "--block-m", "96"),
+        ("compile",),
+        ("compile", "no_such_kernel"),
+        ("frobnicate",),
+        (),
+    ],
+)
 def test_invalid_arguments_exit_2_with_one_line(args):
     out = run_cli(*args)
     assert out.returncode == 2
@@ -90,8 +93,12 @@ def test_invalid_arguments_exit_2_with_one_line(args):
 
 
 def test_bench_module_forwards_to_the_cli_outside_a_launch():
-    out = subprocess.run([sys.executable, "-m", "megamoe_rt.cli.bench", "moe", "--preset", "nosuch"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "megamoe_rt.cli.bench", "moe", "--preset", "nosuch"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2 and "nosuch" in out.stderr  # the CLI's own argument check
 
 
@@ -108,8 +115,14 @@ def test_sweep_without_vary_runs_the_spec_once(monkeypatch, capsys):
 
     def fake_run_sweep(spec, vary, values, *, device, reps):
         calls.append((spec.name, vary, values, device, reps))
-        return [{"value": None, "partitions": {"gemm": 64, "copy": 64}, "nodes_us": {"gemm": 10.0, "copy": 20.0},
-                 "total_us": 25.0}]
+        return [
+            {
+                "value": None,
+                "partitions": {"gemm": 64, "copy": 64},
+                "nodes_us": {"gemm": 10.0, "copy": 20.0},
+                "total_us": 25.0,
+            }
+        ]
 
     monkeypatch.setattr(sweep, "run_sweep", fake_run_sweep)
     monkeypatch.setattr(cli, "_hopper_or_none", lambda command: SimpleNamespace(ordinal=0, name="H200", sm_count=132))
@@ -124,11 +137,14 @@ def test_sweep_without_vary_runs_the_spec_once(monkeypatch, capsys):
     assert [v for v, _ in sweep.sweep_points(spec, "gemm", [16, 32])] == [16, 32]
 
 
-@pytest.mark.parametrize("extra, message", [
-    (("--plot", "sweep.png"), "--plot needs --vary"),
-    (("--vary", "nope=8..16"), "--vary names partition 'nope'"),
-    (("--vary", "gemm=16"), "expected NAME=START..STOP"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (("--plot", "sweep.png"), "--plot needs --vary"),
+        (("--vary", "nope=8..16"), "--vary names partition 'nope'"),
+        (("--vary", "gemm=16"), "expected NAME=START..STOP"),
+    ],
+)
 def test_sweep_argument_errors_exit_2_before_any_gpu_work(extra, message):
     out = run_cli("sweep", "--spec", str(GRAPHS / "membound_vs_gemm.toml"), *extra)
     assert out.returncode == 2, out.stderr

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 from megamoe_rt.runtime.deadlines import wait_timeout_ns

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from helpers.streams import TorchLikeStream
 
 from megamoe_rt import CudaError, GpuUnavailableError
 from megamoe_rt.runtime import driver
 from megamoe_rt.runtime.errors import NvrtcError
-
-from helpers.streams import TorchLikeStream
 
 
 def test_cuda_error_carries_call_and_result():
@@ -85,8 +84,6 @@ class _OldProtocol:
     """Early cuda.core: ``__cuda_stream__`` as an attribute holding the tuple."""
 
     __cuda_stream__ = (0, 55)
-
-
 
 
 class _CupyLike:
@@ -225,6 +222,7 @@ def test_a_kernel_fault_from_cuda_core_carries_the_timeout_record():
     CUDAError = _core_cuda_error()
     driver.register_fault_explainer(_explain_trap)
     try:
+
         def trapped():
             raise CUDAError("CUDA_ERROR_LAUNCH_FAILED: unspecified launch failure")
 
@@ -255,8 +253,16 @@ def test_the_cuda_core_api_we_use_is_there():
     import inspect
 
     core = pytest.importorskip("cuda.core")
-    for name in ("name", "compute_capability", "properties", "set_current", "create_stream", "create_event",
-                 "allocate", "device_id"):
+    for name in (
+        "name",
+        "compute_capability",
+        "properties",
+        "set_current",
+        "create_stream",
+        "create_event",
+        "allocate",
+        "device_id",
+    ):
         assert hasattr(core.Device, name), name
     props = importlib.import_module("cuda.core._device").DeviceProperties
     for name in ("multiprocessor_count", "l2_cache_size", "max_shared_memory_per_block_optin", "clock_rate"):

@@ -66,10 +66,10 @@ def test_bad_arguments():
     with pytest.raises(ValueError):
         EpModel(0, 1)
     model = EpModel(2, 1)
-    for _ in range(3):      # clear, then publish to ranks 0 and 1
+    for _ in range(3):  # clear, then publish to ranks 0 and 1
         model.step(0)
     with pytest.raises(ValueError, match="cannot step"):
-        model.step(0)       # gather waits for rank 1's counts
+        model.step(0)  # gather waits for rank 1's counts
 
 
 @pytest.mark.parametrize("ranks,experts", [(2, 16), (4, 256), (8, 384)])
@@ -83,7 +83,11 @@ def test_the_kernels_bank_layout_matches_the_buffer_region(ranks, experts):
     assert lay.workspace_region("ep_banks").shape == (2, bank.words)
     # recv_counts | recv_offsets | count_ready | combine_ready, back to back, nothing past the end.
     assert (bank.recv_counts, bank.recv_offsets, bank.count_ready, bank.combine_ready) == (
-        0, ranks * el, 2 * ranks * el, 2 * ranks * el + ranks)
+        0,
+        ranks * el,
+        2 * ranks * el,
+        2 * ranks * el + ranks,
+    )
     assert bank.combine_ready + ranks == bank.words
     assert lay.workspace_region("ep_src_rows").shape == (el, ranks + 1)
     assert lay.region("send_list").shape == (lay.num_max_tokens_per_rank * 4,)

@@ -24,8 +24,7 @@ def _load(name: str):
 
 
 def _run(name: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(EXAMPLES / f"{name}.py")], capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run([sys.executable, str(EXAMPLES / f"{name}.py")], capture_output=True, text=True, timeout=600)
 
 
 def test_torch_interop_exits_with_one_line_without_torch_or_a_hopper_gpu():

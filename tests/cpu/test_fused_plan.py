@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megamoe_rt.modes.fused import BLOCK_M, FusedSchedules, buffer_schedule, call_schedule
 from megamoe_rt.kernels import fused as fk
+from megamoe_rt.modes.fused import BLOCK_M, FusedSchedules, buffer_schedule, call_schedule
+from megamoe_rt.presets import get_preset
 from megamoe_rt.schedule.layout import symm_buffer_layout
 from megamoe_rt.schedule.plan import live_blocks_upper_bound, pool_blocks_upper_bound
-from megamoe_rt.presets import get_preset
 from megamoe_rt.schedule.task_stream import check_stream, lag_ordered_stream
 
 
@@ -32,16 +32,15 @@ def test_flash_slice_schedule_at_capacity():
 def test_small_bounds_run_single_wave_and_mid_bounds_a_shorter_lag():
     lay = _layout()
     s = buffer_schedule(lay)
-    small = call_schedule(lay, s, 2048)   # worst case (2048*6 + 32*63)/64 = 223 blocks <= 380
+    small = call_schedule(lay, s, 2048)  # worst case (2048*6 + 32*63)/64 = 223 blocks <= 380
     assert small.single_wave and small.lag_units >= s.full_pool_blocks
-    mid = call_schedule(lay, s, 4096)     # 415 blocks > 380: lag order, lag from the bound
+    mid = call_schedule(lay, s, 4096)  # 415 blocks > 380: lag order, lag from the bound
     # 4096 x 6 / 32 = 768 rows = 12 blocks = 2 units per expert, 64 units: round(28.8) = 29.
     assert not mid.single_wave and mid.lag_units == 29 < s.lag_units
 
 
 @settings(max_examples=200, deadline=None)
-@given(cap=st.integers(1, 8192), frac=st.floats(0.0, 1.0), e=st.sampled_from([1, 4, 16, 32, 48]),
-       k=st.integers(1, 8))
+@given(cap=st.integers(1, 8192), frac=st.floats(0.0, 1.0), e=st.sampled_from([1, 4, 16, 32, 48]), k=st.integers(1, 8))
 def test_every_call_schedule_fits_the_buffer_ring(cap, frac, e, k):
     k = min(k, e)
     lay = symm_buffer_layout(512, 256, e, k, cap, 1, block_m=BLOCK_M, pool="ring")
@@ -91,7 +90,7 @@ def test_bank_layout_matches_the_workspace_region():
 def test_ring_stream_of_a_skewed_call_is_safe_at_tile_level():
     lay = _layout(cap=4096)
     s = buffer_schedule(lay)
-    counts = [4096 * 6 // 2, 4096 * 6 // 2] + [0] * 30   # everything on two experts
+    counts = [4096 * 6 // 2, 4096 * 6 // 2] + [0] * 30  # everything on two experts
     blocks = [-(-c // BLOCK_M) for c in counts]
     c = call_schedule(lay, s, 4096)
     if not c.single_wave:

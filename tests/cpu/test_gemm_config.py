@@ -32,13 +32,31 @@ def test_heuristic_returns_a_compiled_valid_config(shape, sm_count):
     for layout, masked_rows in (("contiguous", 0), ("masked", max(64, -(-per_expert // 64) * 64))):
         if stage == "l1":
             for gran in (64, 128):
-                cfg = choose_config(layout=layout, epilogue="swiglu_fp8", num_rows=rows, n=n, k=k, num_groups=groups,
-                                    sm_count=sm_count, masked_rows=masked_rows, out_sf_gran=gran)
+                cfg = choose_config(
+                    layout=layout,
+                    epilogue="swiglu_fp8",
+                    num_rows=rows,
+                    n=n,
+                    k=k,
+                    num_groups=groups,
+                    sm_count=sm_count,
+                    masked_rows=masked_rows,
+                    out_sf_gran=gran,
+                )
                 _check(cfg, n)
         for epi in ("bf16", "scatter_bf16") if layout == "contiguous" else ("bf16",):
             for a_gran in (64, 128):
-                cfg = choose_config(layout=layout, epilogue=epi, num_rows=rows, n=n, k=k, num_groups=groups,
-                                    sm_count=sm_count, masked_rows=masked_rows, a_sf_gran=a_gran)
+                cfg = choose_config(
+                    layout=layout,
+                    epilogue=epi,
+                    num_rows=rows,
+                    n=n,
+                    k=k,
+                    num_groups=groups,
+                    sm_count=sm_count,
+                    masked_rows=masked_rows,
+                    a_sf_gran=a_gran,
+                )
                 _check(cfg, n)
 
 
@@ -95,9 +113,18 @@ def test_epilogue_rules_reject_configs_and_steer_the_heuristic():
         GemmConfig(64, 256, 4, b_sf_n=128, out_sf_gran=64, epilogue="swiglu_fp8")
     with pytest.raises(ValueError, match="epilogue 'nope' unknown"):
         get_epilogue("nope")
-    cfg = choose_config(layout="contiguous", epilogue="swiglu_fp8", num_rows=8192, n=4096, k=2048, num_groups=4,
-                        sm_count=132, out_sf_gran=128)
+    cfg = choose_config(
+        layout="contiguous",
+        epilogue="swiglu_fp8",
+        num_rows=8192,
+        n=4096,
+        k=2048,
+        num_groups=4,
+        sm_count=132,
+        out_sf_gran=128,
+    )
     assert (cfg.block_m, cfg.block_n, cfg.b_sf_n, cfg.out_sf_gran) == (64, 256, 64, 128)
-    cfg = choose_config(layout="contiguous", epilogue="bf16", num_rows=8192, n=4096, k=2048, num_groups=4,
-                        sm_count=132, out_sf_gran=64)
+    cfg = choose_config(
+        layout="contiguous", epilogue="bf16", num_rows=8192, n=4096, k=2048, num_groups=4, sm_count=132, out_sf_gran=64
+    )
     assert (cfg.block_m, cfg.block_n, cfg.b_sf_n, cfg.out_sf_gran) == (128, 128, 128, 128)

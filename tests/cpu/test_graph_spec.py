@@ -11,14 +11,17 @@ from megamoe_rt.graph import SpecError, load_spec, parse_spec, plan_partitions, 
 GRAPHS = Path(__file__).resolve().parents[2] / "graphs"
 
 
-@pytest.mark.parametrize("requests,expected,remainder", [
-    ([("a", 64), ("b", 64)], [("a", 64), ("b", 64)], 4),
-    ([("a", 64), ("b", "rest")], [("a", 64), ("b", 64)], 4),
-    ([("k1", 96), ("k2", 32)], [("k1", 96), ("k2", 32)], 4),
-    ([("a", 8), ("b", "rest")], [("a", 8), ("b", 120)], 4),
-    ([("x", 128)], [("x", 128)], 4),
-    ([("a", 40), ("b", 48), ("c", "rest")], [("a", 40), ("b", 48), ("c", 40)], 4),
-])
+@pytest.mark.parametrize(
+    "requests,expected,remainder",
+    [
+        ([("a", 64), ("b", 64)], [("a", 64), ("b", 64)], 4),
+        ([("a", 64), ("b", "rest")], [("a", 64), ("b", 64)], 4),
+        ([("k1", 96), ("k2", 32)], [("k1", 96), ("k2", 32)], 4),
+        ([("a", 8), ("b", "rest")], [("a", 8), ("b", 120)], 4),
+        ([("x", 128)], [("x", 128)], 4),
+        ([("a", 40), ("b", 48), ("c", "rest")], [("a", 40), ("b", 48), ("c", 40)], 4),
+    ],
+)
 def test_splits_of_132_sms_in_units_of_8(requests, expected, remainder):
     plan = plan_partitions(132, 8, requests)
     assert list(plan.sizes) == expected and plan.remainder == remainder
@@ -26,7 +29,9 @@ def test_splits_of_132_sms_in_units_of_8(requests, expected, remainder):
 
 
 def test_invalid_partitions_name_the_problem():
-    with pytest.raises(ValueError, match=r"'a': 60 SMs is not a positive multiple of 8; valid counts on this device: 8, 16"):
+    with pytest.raises(
+        ValueError, match=r"'a': 60 SMs is not a positive multiple of 8; valid counts on this device: 8, 16"
+    ):
         plan_partitions(132, 8, [("a", 60)])
     with pytest.raises(ValueError, match="ask for 136 SMs; the device has 132"):
         plan_partitions(132, 8, [("a", 128), ("b", 8)])
@@ -60,17 +65,20 @@ def test_dependency_order_and_node_fields():
     assert [n.name for n in parse_spec(reordered).topological_order()] == ["a", "b", "c"]
 
 
-@pytest.mark.parametrize("mutate,message", [
-    (lambda d: d["node"][0].update(deps=["c"]), "dependency cycle a -> c -> a"),
-    (lambda d: d["node"][1].update(partition="zz"), "unknown partition 'zz'"),
-    (lambda d: d["node"][1].update(kernel="nope"), "unknown kernel 'nope'"),
-    (lambda d: d["node"][1].update(deps=["ghost"]), "depends on unknown node 'ghost'"),
-    (lambda d: d["node"][1].update(block=48), "block = 48"),
-    (lambda d: d["node"][1].update(grid=0), "grid = 0"),
-    (lambda d: d["node"][1].pop("grid"), "missing grid"),
-    (lambda d: d["partition"][0].update(sms=-8), "sms = -8"),
-    (lambda d: d.update(partition=[]), "at least one"),
-])
+@pytest.mark.parametrize(
+    "mutate,message",
+    [
+        (lambda d: d["node"][0].update(deps=["c"]), "dependency cycle a -> c -> a"),
+        (lambda d: d["node"][1].update(partition="zz"), "unknown partition 'zz'"),
+        (lambda d: d["node"][1].update(kernel="nope"), "unknown kernel 'nope'"),
+        (lambda d: d["node"][1].update(deps=["ghost"]), "depends on unknown node 'ghost'"),
+        (lambda d: d["node"][1].update(block=48), "block = 48"),
+        (lambda d: d["node"][1].update(grid=0), "grid = 0"),
+        (lambda d: d["node"][1].pop("grid"), "missing grid"),
+        (lambda d: d["partition"][0].update(sms=-8), "sms = -8"),
+        (lambda d: d.update(partition=[]), "at least one"),
+    ],
+)
 def test_spec_errors(mutate, message):
     data = _spec()
     mutate(data)
@@ -118,21 +126,38 @@ def test_sweep_cli_rejects_bad_arguments_without_a_gpu():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "megamoe_rt", "sweep", "--spec", str(GRAPHS / "nope.toml"),
-                          "--vary", "a=8..16"], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "megamoe_rt", "sweep", "--spec", str(GRAPHS / "nope.toml"), "--vary", "a=8..16"],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
-    out = subprocess.run([sys.executable, "-m", "megamoe_rt", "sweep", "--spec",
-                          str(GRAPHS / "two_partitions_probe.toml"), "--vary", "left=8-16"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "megamoe_rt",
+            "sweep",
+            "--spec",
+            str(GRAPHS / "two_partitions_probe.toml"),
+            "--vary",
+            "left=8-16",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 2 and "--vary" in out.stderr
 
 
-@pytest.mark.parametrize("mutate,message", [
-    (lambda d: d.update(node=["not a table"]), "expected a table"),
-    (lambda d: d["node"][2].update(deps=["a", "a"]), "lists a node twice"),
-    (lambda d: d["node"][0].update(grid=2**31), "exceeds"),
-    (lambda d: d["node"][0].update(smem=300_000), "shared-memory limit"),
-])
+@pytest.mark.parametrize(
+    "mutate,message",
+    [
+        (lambda d: d.update(node=["not a table"]), "expected a table"),
+        (lambda d: d["node"][2].update(deps=["a", "a"]), "lists a node twice"),
+        (lambda d: d["node"][0].update(grid=2**31), "exceeds"),
+        (lambda d: d["node"][0].update(smem=300_000), "shared-memory limit"),
+    ],
+)
 def test_more_spec_errors(mutate, message):
     data = _spec()
     mutate(data)

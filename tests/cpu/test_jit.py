@@ -7,11 +7,11 @@ import stat
 
 import pytest
 
-from megamoe_rt.runtime.errors import NvrtcError
 from megamoe_rt.jit import CubinCache, KernelSpec, compile_kernel, parse_ptxas_report
 from megamoe_rt.jit import compiler as jit_compiler
 from megamoe_rt.jit.sass import dump_sass, find_cuobjdump, sass_opcodes
 from megamoe_rt.kernels.registry import all_kernel_specs
+from megamoe_rt.runtime.errors import NvrtcError
 
 ALL_SPECS = all_kernel_specs()
 
@@ -92,7 +92,8 @@ def test_cache_key_follows_included_header(toy_tree, cache):
 def test_cache_key_follows_pre_included_header(toy_tree, cache):
     """A spec's pre-included header (a GEMM epilogue policy) and what it includes key the cubin."""
     (toy_tree / "ptx" / "policy.cuh").write_text(
-        '#pragma once\n#include "ptx/value.cuh"\nstruct Policy { static __device__ int v() { return kValue; } };\n')
+        '#pragma once\n#include "ptx/value.cuh"\nstruct Policy { static __device__ int v() { return kValue; } };\n'
+    )
     (toy_tree / "policy_toy.cu").write_text("template <class P> __global__ void ptoy(int* out) { out[0] = P::v(); }\n")
     spec = KernelSpec(name="ptoy", source="policy_toy.cu", entry="ptoy<Policy>", includes=("ptx/policy.cuh",))
     a = compile_kernel(spec, cache=cache)
@@ -102,16 +103,18 @@ def test_cache_key_follows_pre_included_header(toy_tree, cache):
     assert a.cache_key != b.cache_key and not b.from_cache
     assert a.cubin != b.cubin
     with pytest.raises(FileNotFoundError, match="pre-included header 'ptx/none.cuh'"):
-        compile_kernel(KernelSpec(name="x", source="policy_toy.cu", entry="ptoy<Policy>", includes=("ptx/none.cuh",)),
-                       cache=cache)
+        compile_kernel(
+            KernelSpec(name="x", source="policy_toy.cu", entry="ptoy<Policy>", includes=("ptx/none.cuh",)), cache=cache
+        )
 
 
 def test_cache_key_follows_options_and_entry(toy_tree, cache):
     base = compile_kernel(TOY, cache=cache)
     with_lines = compile_kernel(TOY, cache=cache, lineinfo=True)
     other_n = compile_kernel(KernelSpec(name="toy[32]", source="toy.cu", entry="toy<32>"), cache=cache)
-    defined = compile_kernel(KernelSpec(name="toy[64]d", source="toy.cu", entry="toy<64>",
-                                        defines=(("UNUSED_FLAG", "1"),)), cache=cache)
+    defined = compile_kernel(
+        KernelSpec(name="toy[64]d", source="toy.cu", entry="toy<64>", defines=(("UNUSED_FLAG", "1"),)), cache=cache
+    )
     keys = {base.cache_key, with_lines.cache_key, other_n.cache_key, defined.cache_key}
     assert len(keys) == 4
 

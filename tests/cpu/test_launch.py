@@ -13,7 +13,6 @@ import pytest
 from megamoe_rt.ep.launch import RankFailed, spawn
 from tests.helpers import ranks
 
-
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -64,7 +63,8 @@ def test_a_dying_rank_is_reported_with_its_status():
 
 def test_launch_command_runs_a_script_per_rank(tmp_path):
     script = tmp_path / "job.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import os, sys
         from megamoe_rt.ep.launch import context_from_env
         ctx = context_from_env()
@@ -73,26 +73,39 @@ def test_launch_command_runs_a_script_per_rank(tmp_path):
         line = (f"rank {ctx.rank}/{ctx.world_size} uid={uid.decode()} nvls={os.environ['NVSHMEM_DISABLE_NVLS']} "
                 f"arg={sys.argv[1]}\\n")
         os.write(1, line.encode())  # one write: lines from the two ranks cannot interleave
-    """))
-    out = subprocess.run([sys.executable, "-m", "megamoe_rt", "launch", "-n", "2", str(script), "X"],
-                         capture_output=True, text=True, timeout=120, env=_env())
+    """)
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "megamoe_rt", "launch", "-n", "2", str(script), "X"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+    )
     assert out.returncode == 0, out.stderr
     lines = sorted(l for l in out.stdout.splitlines() if l.startswith("rank"))
     assert lines == ["rank 0/2 uid=abc nvls=1 arg=X", "rank 1/2 uid=abc nvls=1 arg=X"]
 
 
 def test_launch_command_runs_a_module_per_rank(tmp_path):
-    (tmp_path / "rank_job.py").write_text(textwrap.dedent("""
+    (tmp_path / "rank_job.py").write_text(
+        textwrap.dedent("""
         import os, sys
         from megamoe_rt.ep.launch import context_from_env, launched
         ctx = context_from_env()
         ctx.barrier()
         os.write(1, f"module rank {ctx.rank} launched={launched()} arg={sys.argv[1]}\\n".encode())
-    """))
+    """)
+    )
     env = _env()
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
-    out = subprocess.run([sys.executable, "-m", "megamoe_rt", "launch", "-n", "2", "-m", "rank_job", "Y"],
-                         capture_output=True, text=True, timeout=120, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "megamoe_rt", "launch", "-n", "2", "-m", "rank_job", "Y"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr
     lines = sorted(l for l in out.stdout.splitlines() if l.startswith("module"))
     assert lines == ["module rank 0 launched=True arg=Y", "module rank 1 launched=True arg=Y"]
@@ -100,7 +113,8 @@ def test_launch_command_runs_a_module_per_rank(tmp_path):
 
 def test_launch_command_stops_the_others_when_one_fails(tmp_path):
     script = tmp_path / "job.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import os, sys, time
         from megamoe_rt.ep.launch import context_from_env
         ctx = context_from_env()
@@ -109,10 +123,16 @@ def test_launch_command_stops_the_others_when_one_fails(tmp_path):
             time.sleep(0.5)
             sys.exit(3)
         time.sleep(120)
-    """))
+    """)
+    )
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "megamoe_rt", "launch", "-n", "3", str(script), str(tmp_path)],
-                         capture_output=True, text=True, timeout=120, env=_env())
+    out = subprocess.run(
+        [sys.executable, "-m", "megamoe_rt", "launch", "-n", "3", str(script), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+    )
     assert out.returncode == 3
     assert "rank 0 exited with status 3" in out.stderr
     assert time.monotonic() - t0 < 60

@@ -8,17 +8,27 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from megamoe_rt.presets import get_preset
 from megamoe_rt.schedule.layout import BufferLayout, symm_buffer_layout
 from megamoe_rt.schedule.plan import fused_schedule, pool_blocks_upper_bound
-from megamoe_rt.presets import get_preset
 
 # Independent of the module's own table on purpose.
-DTYPE_BYTES = {"e4m3": 1, "uint8": 1, "bf16": 2, "int32": 4, "uint32": 4,
-               "float32": 4, "uint64": 8}
+DTYPE_BYTES = {"e4m3": 1, "uint8": 1, "bf16": 2, "int32": 4, "uint32": 4, "float32": 4, "uint64": 8}
 
 # x and x_sf (inputs staged for peers) and send_list exist across ranks only.
-TOP_LEVEL = ["x", "x_sf", "l1_pool", "l1_pool_sf", "l1_pool_src", "l1_pool_weight", "l1_pool_dst", "l2_pool",
-             "l2_pool_sf", "combine", "workspace"]
+TOP_LEVEL = [
+    "x",
+    "x_sf",
+    "l1_pool",
+    "l1_pool_sf",
+    "l1_pool_src",
+    "l1_pool_weight",
+    "l1_pool_dst",
+    "l2_pool",
+    "l2_pool_sf",
+    "combine",
+    "workspace",
+]
 EP_ONLY = ("x", "x_sf", "send_list")
 
 MiB = 2**20
@@ -28,8 +38,15 @@ def up(n: int, a: int = 1024) -> int:
     return -(-n // a) * a
 
 
-EP_WORKSPACE = ["ep_send_counts", "ep_send_offsets", "ep_send_cursors", "ep_src_rows", "ep_expert_totals",
-                "ep_banks", "peer_bases"]
+EP_WORKSPACE = [
+    "ep_send_counts",
+    "ep_send_offsets",
+    "ep_send_cursors",
+    "ep_src_rows",
+    "ep_expert_totals",
+    "ep_banks",
+    "peer_bases",
+]
 
 
 def check_invariants(lay: BufferLayout) -> None:
@@ -73,8 +90,7 @@ def check_invariants(lay: BufferLayout) -> None:
     assert lay.pool_rows == lay.pool_blocks * lay.block_m
     T = lay.num_max_tokens_per_rank
     assert T % 128 == 0
-    full = pool_blocks_upper_bound(T, lay.num_ranks, lay.num_topk,
-                                   lay.num_local_experts, lay.block_m)
+    full = pool_blocks_upper_bound(T, lay.num_ranks, lay.num_topk, lay.num_local_experts, lay.block_m)
     assert 1 <= lay.pool_blocks <= full
     if lay.pool == "full":
         assert lay.pool_blocks == full
@@ -105,8 +121,7 @@ def test_layout_invariants(h, i, r, el, k, t, pool, gran, bm):
 
 def _ep8_slice(name: str, pool: str = "full") -> BufferLayout:
     p = get_preset(name)
-    return symm_buffer_layout(p.hidden, p.intermediate, p.num_experts, p.num_topk,
-                              8192, 8, pool=pool)
+    return symm_buffer_layout(p.hidden, p.intermediate, p.num_experts, p.num_topk, 8192, 8, pool=pool)
 
 
 def test_flash_full_pool_sizes():
@@ -130,48 +145,48 @@ def test_flash_full_pool_sizes():
     }
     # Workspace: each part starts on 128 bytes, the whole rounded to 1024.
     ws_parts = [
-        R * EL * 4,        # expert_recv_counts      1024
-        (EL + 1) * 4,      # expert_pool_offsets      132
-        EL * 4,            # expert_cursors           128
-        32 * 4,            # grid_sync                128
+        R * EL * 4,  # expert_recv_counts      1024
+        (EL + 1) * 4,  # expert_pool_offsets      132
+        EL * 4,  # expert_cursors           128
+        32 * 4,  # grid_sync                128
         2 * (2 * 256 + 3 * blocks + 1) * 4,  # fused_banks 78576 (counts and cursors per global expert)
-        32 * 4,            # launch_epoch             128
-        4 * 4,             # error_flags               16
-        256 * 4,           # ep_send_counts          1024
-        257 * 4,           # ep_send_offsets         1028
-        256 * 4,           # ep_send_cursors         1024
+        32 * 4,  # launch_epoch             128
+        4 * 4,  # error_flags               16
+        256 * 4,  # ep_send_counts          1024
+        257 * 4,  # ep_send_offsets         1028
+        256 * 4,  # ep_send_cursors         1024
         EL * (R + 1) * 4,  # ep_src_rows             1152
-        EL * 4,            # ep_expert_totals         128
+        EL * 4,  # ep_expert_totals         128
         2 * (2 * R * EL + 2 * R) * 4,  # ep_banks    4224
-        R * 8,             # peer_bases                64
+        R * 8,  # peer_bases                64
     ]
     ws_end = 0
     for part in ws_parts:
         ws_end = up(ws_end, 128) + part
     expected["workspace"] = up(ws_end, 1024)
-    assert expected["workspace"] == up(1024 + 256 + 128 + 128 + 78592 + 128 + 128
-                                       + 1024 + 1152 + 1024 + 1152 + 128 + 4224 + 64, 1024)
+    assert expected["workspace"] == up(
+        1024 + 256 + 128 + 128 + 78592 + 128 + 128 + 1024 + 1152 + 1024 + 1152 + 128 + 4224 + 64, 1024
+    )
     expected["send_list"] = 8192 * 6 * 8
 
     for name, nbytes in expected.items():
         assert lay.region(name).nbytes == nbytes, name
-    assert (T, H, I, K) == (lay.num_max_tokens_per_rank, lay.hidden,
-                            lay.intermediate, lay.num_topk)
+    assert (lay.num_max_tokens_per_rank, lay.hidden, lay.intermediate, lay.num_topk) == (T, H, I, K)
 
     # Hand sum: each region rounded up to 1024, in buffer order.
     total = (
-        up(8192 * 4096)                     # x
-        + up(8192 * 32 * 4)                 # x_sf
-        + up(3103 * 128 * 4096)             # l1_pool
-        + up(32 * 3103 * 128 * 4)           # l1_pool_sf
-        + up(3103 * 128 * 4)                # l1_pool_src
-        + up(3103 * 128 * 4)                # l1_pool_weight
-        + up(3103 * 128 * 8)                # l1_pool_dst
-        + up(3103 * 128 * 2048)             # l2_pool
-        + up(16 * 3103 * 128 * 4)           # l2_pool_sf
-        + up(6 * 8192 * 4096 * 2)           # combine
-        + up(8192 * 6 * 8)                  # send_list
-        + expected["workspace"]             # workspace
+        up(8192 * 4096)  # x
+        + up(8192 * 32 * 4)  # x_sf
+        + up(3103 * 128 * 4096)  # l1_pool
+        + up(32 * 3103 * 128 * 4)  # l1_pool_sf
+        + up(3103 * 128 * 4)  # l1_pool_src
+        + up(3103 * 128 * 4)  # l1_pool_weight
+        + up(3103 * 128 * 8)  # l1_pool_dst
+        + up(3103 * 128 * 2048)  # l2_pool
+        + up(16 * 3103 * 128 * 4)  # l2_pool_sf
+        + up(6 * 8192 * 4096 * 2)  # combine
+        + up(8192 * 6 * 8)  # send_list
+        + expected["workspace"]  # workspace
     )
     assert lay.total_bytes == total == 2_960_653_312
     assert lay.region("l1_pool").offset == sum(up(expected[n]) for n in TOP_LEVEL[:2])
@@ -229,8 +244,7 @@ def test_ring_options():
     lay = symm_buffer_layout(4096, 2048, 256, 6, 256, 8, pool="ring", ring_blocks=10**6)
     assert lay.pool_blocks == (8 * 256 * 6 + 32 * 127) // 128
     # A smaller token bound gives the smaller schedule's ring (lag 14 at 2048).
-    lay = symm_buffer_layout(4096, 2048, 256, 6, 8192, 8, pool="ring",
-                             num_tokens_bound=2048)
+    lay = symm_buffer_layout(4096, 2048, 256, 6, 8192, 8, pool="ring", num_tokens_bound=2048)
     assert lay.pool_blocks == 8 * (14 + 4) + 4
 
 
@@ -265,8 +279,7 @@ def test_one_rank_has_no_staging_regions():
     ],
 )
 def test_validation_names_argument(kwargs, argname):
-    args = dict(hidden=4096, intermediate=2048, num_experts=256, num_topk=6,
-                num_max_tokens_per_rank=8192, num_ranks=8)
+    args = dict(hidden=4096, intermediate=2048, num_experts=256, num_topk=6, num_max_tokens_per_rank=8192, num_ranks=8)
     args.update(kwargs)
     with pytest.raises(ValueError) as err:
         symm_buffer_layout(**args)

@@ -36,8 +36,9 @@ class RecordingPlan:
         self.launches = []
 
     def params(self, moe, schedule, *, timeout_s=None):
-        return fk.FusedParams(moe=moe, lag_units=schedule.lag_units, group_units=schedule.group_units,
-                              withhold_block=fk.NO_BLOCK)
+        return fk.FusedParams(
+            moe=moe, lag_units=schedule.lag_units, group_units=schedule.group_units, withhold_block=fk.NO_BLOCK
+        )
 
     def launch(self, idx, params, stream, *, programmatic=False):
         self.launches.append((idx, params, stream, programmatic))
@@ -55,8 +56,9 @@ def _mode(cls, spec, ring_blocks=None):
 
 
 def _call(t=100, bound=2048, idx="int32"):
-    return Call(x=0x1000, x_sf=0x2000, topk_idx=0x3000, topk_weights=0x4000, y=0x5000, num_tokens=t, idx=idx,
-                bound=bound)
+    return Call(
+        x=0x1000, x_sf=0x2000, topk_idx=0x3000, topk_weights=0x4000, y=0x5000, num_tokens=t, idx=idx, bound=bound
+    )
 
 
 # --- registry and selection ----------------------------------------------------------------
@@ -73,12 +75,15 @@ def test_registry_names_the_mode_classes_and_the_layer_lists_them():
     assert MODES[DEFAULT_ORDER[-1]].refusal(_spec(h=384, num_ranks=64, e=64)) is None
 
 
-@pytest.mark.parametrize("spec,expected", [
-    (_spec(), "fused"),
-    (_spec(h=384), "unfused"),                      # the fused L2 tile is 256 wide
-    (_spec(e=64, num_ranks=32), "fused"),
-    (_spec(e=66, num_ranks=33), "unfused"),         # the fused kernel runs on at most 32 ranks
-])
+@pytest.mark.parametrize(
+    "spec,expected",
+    [
+        (_spec(), "fused"),
+        (_spec(h=384), "unfused"),  # the fused L2 tile is 256 wide
+        (_spec(e=64, num_ranks=32), "fused"),
+        (_spec(e=66, num_ranks=33), "unfused"),  # the fused kernel runs on at most 32 ranks
+    ],
+)
 def test_the_default_is_the_first_mode_that_runs_the_shape(spec, expected):
     assert select_mode(None, spec) is MODES[expected]
 
@@ -131,10 +136,15 @@ def test_a_ring_below_the_live_window_is_refused_when_the_mode_is_created():
 # --- binding: the fixed part of a call's parameters ------------------------------------------
 
 
-@pytest.mark.parametrize("cls,ranks,counts", [(UnfusedMode, 1, "expert_recv_counts"),
-                                              (UnfusedMode, 2, "ep_expert_totals"),
-                                              (FusedMode, 1, "expert_recv_counts"),
-                                              (FusedMode, 2, "expert_recv_counts")])
+@pytest.mark.parametrize(
+    "cls,ranks,counts",
+    [
+        (UnfusedMode, 1, "expert_recv_counts"),
+        (UnfusedMode, 2, "ep_expert_totals"),
+        (FusedMode, 1, "expert_recv_counts"),
+        (FusedMode, 2, "expert_recv_counts"),
+    ],
+)
 def test_moe_params_of_a_call(monkeypatch, cls, ranks, counts):
     tables = []
     monkeypatch.setattr(base, "write_peer_table", tables.append)
@@ -144,8 +154,7 @@ def test_moe_params_of_a_call(monkeypatch, cls, ranks, counts):
     b = mode.buffer
     p = mode.moe_params(_call(t=100))
     assert isinstance(p, mk.MoeParams)
-    assert (p.x, p.x_sf, p.topk_idx, p.topk_weights, p.y, p.num_tokens) == (0x1000, 0x2000, 0x3000, 0x4000,
-                                                                           0x5000, 100)
+    assert (p.x, p.x_sf, p.topk_idx, p.topk_weights, p.y, p.num_tokens) == (0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 100)
     assert p.pool_align == mode.layout.block_m and p.pool_rows == mode.layout.pool_rows
     assert p.token_capacity == mode.layout.num_max_tokens_per_rank
     assert p.num_local_experts == 16 // ranks and p.first_local_expert == (ranks - 1) * 16 // ranks

@@ -95,7 +95,8 @@ def test_context_from_env_needs_a_launcher(monkeypatch):
 def test_ranks_under_mpiexec(tmp_path):
     pytest.importorskip("mpi4py")
     script = tmp_path / "ranks.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         from megamoe_rt.ep.launch import context_from_env
         from megamoe_rt.ep.mpi_context import MpiRankContext
         ctx = context_from_env()
@@ -104,12 +105,14 @@ def test_ranks_under_mpiexec(tmp_path):
         ctx.barrier()
         with open(f"{OUT}/rank{ctx.rank}.txt", "w") as f:  # stdout of ranks may interleave
             f.write(f"rank {ctx.rank}/{ctx.world_size} device {ctx.device} got {got.decode()}")
-    """).replace("{OUT}", str(tmp_path)))
+    """).replace("{OUT}", str(tmp_path))
+    )
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     for name in ("MEGAMOE_RT_RANK", "MEGAMOE_RT_HUB"):
         env.pop(name, None)
-    out = subprocess.run(["mpiexec", "-n", "3", sys.executable, str(script)], env=env, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        ["mpiexec", "-n", "3", sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     got = [(tmp_path / f"rank{r}.txt").read_text() for r in range(3)]
     assert got == [f"rank {r}/3 device {r} got from-1" for r in range(3)]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from megamoe_rt.kernels import grouped_gemm
 from megamoe_rt.kernels import operands as ops
 from megamoe_rt.kernels.gemm import GemmConfig, GemmLaunch, GemmParams
-from megamoe_rt.kernels import grouped_gemm
 from megamoe_rt.runtime.arrays import ELEMENT_SIZE, DeviceArray
 
 _next_ptr = [0x7F0000000000]
@@ -51,6 +51,7 @@ def _problem(g=2, m=256, n=256, k=256, a_gran=128):
 
 # --- the messages the public planners keep (tests/gpu/test_gemm_gpu.py checks them on a GPU) ---------
 
+
 def test_bad_arguments_are_named_before_any_gpu_work():
     a, a_sf, b, b_sf = _problem()
     offs = _arr((3,), "int32")
@@ -81,8 +82,7 @@ def test_swiglu_planner_checks_its_operands_the_same_way():
     with pytest.raises(ValueError, match=r"w1p_sf: expected shape \[2, 8, 2\], got \[2, 4, 2\]"):
         plan_grouped_gemm_swiglu_fp8(a, a_sf, w1p, _arr((2, 4, 2), "float32"), rw, group_offsets=offs)
     with pytest.raises(ValueError, match=r"w1p: N = 2I = 320 .* multiple of 256"):
-        plan_grouped_gemm_swiglu_fp8(a, a_sf, _arr((2, 320, 256)), _arr((2, 5, 2), "float32"), rw,
-                                     group_offsets=offs)
+        plan_grouped_gemm_swiglu_fp8(a, a_sf, _arr((2, 320, 256)), _arr((2, 5, 2), "float32"), rw, group_offsets=offs)
     # The fused epilogue reads 1x128 A scales only.
     with pytest.raises(ValueError, match=r"a_sf: expected shape \[256, 2\] \(1x128 scales\), got \[256, 4\]"):
         plan_grouped_gemm_swiglu_fp8(a, _arr((256, 4), "float32"), w1p, w1p_sf, rw, group_offsets=offs)
@@ -91,6 +91,7 @@ def test_swiglu_planner_checks_its_operands_the_same_way():
 
 
 # --- operand descriptions ------------------------------------------------------------------------
+
 
 def test_activation_scales_granularity_and_layout_come_from_their_shape():
     _, _, b, b_sf = _problem()
@@ -119,11 +120,11 @@ def test_validate_names_the_argument_and_what_was_expected():
         ops.Fp8Operand("x", 0x1000, rows=64, k=128, scales=ops.ScaleFactors("x_sf", 0x2000, gran_k=32)).validate()
     blocks = ops.ScaleFactors("w_sf", 0x2000, gran_k=128, gran_rows=128)
     with pytest.raises(ValueError, match=r"w: N = 192 \(shape \[4, 192, 128\]\) must be a positive multiple of 128"):
-        ops.Fp8Operand("w", 0x1000, rows=192, k=128, groups=4, stacked=True, scales=blocks,
-                       rows_label="N").validate()
+        ops.Fp8Operand("w", 0x1000, rows=192, k=128, groups=4, stacked=True, scales=blocks, rows_label="N").validate()
     with pytest.raises(ValueError, match="row-major"):
-        ops.Fp8Operand("x", 0x1000, rows=64, k=128, scales=ops.ScaleFactors("x_sf", 0x2000, gran_k=128)
-                       ).scale_tensor_map(64)
+        ops.Fp8Operand(
+            "x", 0x1000, rows=64, k=128, scales=ops.ScaleFactors("x_sf", 0x2000, gran_k=128)
+        ).scale_tensor_map(64)
 
 
 @pytest.mark.parametrize("masked", [False, True])
@@ -140,10 +141,34 @@ def test_gemm_launch_tensor_maps(maps, masked):
     cfg = GemmConfig(64, 256, 4, a_sf_gran=64, layout="masked" if masked else "contiguous")
     GemmLaunch(cfg, a, w, GemmParams()).tensor_maps()
     assert maps == [
-        dict(ptr=a_arr.ptr, dtype="e4m3", inner=384, outer=rows, row_stride_bytes=384, box_inner=128, box_outer=64,
-             swizzle_128b=True),
-        dict(ptr=b.ptr, dtype="e4m3", inner=384, outer=2 * 512, row_stride_bytes=384, box_inner=128, box_outer=256,
-             swizzle_128b=True),
-        dict(ptr=copy.ptr, dtype="float32", inner=rows, outer=6, row_stride_bytes=4 * ops.kmajor_rows(rows),
-             box_inner=64, box_outer=2, swizzle_128b=False),
+        dict(
+            ptr=a_arr.ptr,
+            dtype="e4m3",
+            inner=384,
+            outer=rows,
+            row_stride_bytes=384,
+            box_inner=128,
+            box_outer=64,
+            swizzle_128b=True,
+        ),
+        dict(
+            ptr=b.ptr,
+            dtype="e4m3",
+            inner=384,
+            outer=2 * 512,
+            row_stride_bytes=384,
+            box_inner=128,
+            box_outer=256,
+            swizzle_128b=True,
+        ),
+        dict(
+            ptr=copy.ptr,
+            dtype="float32",
+            inner=rows,
+            outer=6,
+            row_stride_bytes=4 * ops.kmajor_rows(rows),
+            box_inner=64,
+            box_outer=2,
+            swizzle_128b=False,
+        ),
     ]

@@ -9,8 +9,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megamoe_rt.schedule.plan import LAG_GROUP_UNITS, TOKEN_ALIGN, FusedSchedule, align_tokens, estimated_units, fused_schedule, lag_units, live_blocks_upper_bound, num_cycles, num_cycles_across_ranks, pool_blocks_upper_bound, single_wave_fits
 from megamoe_rt.presets import DEFAULT_EP_RANKS, PRESETS, get_preset
+from megamoe_rt.schedule.plan import (
+    LAG_GROUP_UNITS,
+    TOKEN_ALIGN,
+    FusedSchedule,
+    align_tokens,
+    estimated_units,
+    fused_schedule,
+    lag_units,
+    live_blocks_upper_bound,
+    num_cycles,
+    num_cycles_across_ranks,
+    pool_blocks_upper_bound,
+    single_wave_fits,
+)
 
 # --------------------------------------------------------------------------
 # presets
@@ -19,12 +32,9 @@ from megamoe_rt.presets import DEFAULT_EP_RANKS, PRESETS, get_preset
 
 def test_presets_shapes():
     flash, pro, v3 = get_preset("flash"), get_preset("pro"), get_preset("v3")
-    assert (flash.hidden, flash.intermediate, flash.num_experts, flash.num_topk) == (
-        4096, 2048, 256, 6)
-    assert (pro.hidden, pro.intermediate, pro.num_experts, pro.num_topk) == (
-        7168, 3072, 384, 6)
-    assert (v3.hidden, v3.intermediate, v3.num_experts, v3.num_topk) == (
-        7168, 2048, 256, 8)
+    assert (flash.hidden, flash.intermediate, flash.num_experts, flash.num_topk) == (4096, 2048, 256, 6)
+    assert (pro.hidden, pro.intermediate, pro.num_experts, pro.num_topk) == (7168, 3072, 384, 6)
+    assert (v3.hidden, v3.intermediate, v3.num_experts, v3.num_topk) == (7168, 2048, 256, 8)
     assert set(PRESETS) == {"flash", "pro", "v3"}
     assert all(p.name == n for n, p in PRESETS.items())
     assert DEFAULT_EP_RANKS == 8
@@ -43,9 +53,7 @@ def test_get_preset_unknown_lists_names():
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "n, expected", [(0, 0), (1, 128), (127, 128), (128, 128), (129, 256), (8192, 8192)]
-)
+@pytest.mark.parametrize("n, expected", [(0, 0), (1, 128), (127, 128), (128, 128), (129, 256), (8192, 8192)])
 def test_align_tokens(n, expected):
     assert TOKEN_ALIGN == 128
     assert align_tokens(n) == expected

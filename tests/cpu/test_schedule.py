@@ -7,8 +7,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from megamoe_rt.schedule.plan import LAG_GROUP_UNITS, UNIT_BLOCKS, fused_schedule, lag_units
-from megamoe_rt.schedule.task_stream import (RingViolation, Task, check_stream, expert_units, lag_ordered_stream,
-                                             ring_blocks_for, single_wave_stream, task_tiles)
+from megamoe_rt.schedule.task_stream import (
+    RingViolation,
+    Task,
+    check_stream,
+    expert_units,
+    lag_ordered_stream,
+    ring_blocks_for,
+    single_wave_stream,
+    task_tiles,
+)
 
 blocks_lists = st.lists(st.integers(min_value=0, max_value=40), min_size=1, max_size=48)
 
@@ -25,7 +33,7 @@ def test_l2_trails_l1_by_the_lag_in_groups():
     # The first L2 group (units 0-3) is released right after L1 of unit 11 = 0 + lag + group - 1.
     first_l2 = order.index(("l2", 0))
     assert order[first_l2 - 1] == ("l1", 11)
-    assert order[first_l2:first_l2 + 4] == [("l2", 0), ("l2", 1), ("l2", 2), ("l2", 3)]
+    assert order[first_l2 : first_l2 + 4] == [("l2", 0), ("l2", 1), ("l2", 2), ("l2", 3)]
     for u in range(20):
         assert order.index(("l1", u)) < order.index(("l2", u))
 
@@ -82,8 +90,11 @@ def test_host_schedule_is_safe_for_uniform_routing_at_the_bound(preset, tokens, 
 
     p = get_preset(preset)
     sched = fused_schedule(tokens, 8, p.num_topk, p.num_experts)
-    assert sched.lag_units == expect_lag == lag_units(
-        (p.num_experts // 8) * -(-(-(-8 * tokens * p.num_topk // p.num_experts) // 128) // 8))
+    assert (
+        sched.lag_units
+        == expect_lag
+        == lag_units((p.num_experts // 8) * -(-(-(-8 * tokens * p.num_topk // p.num_experts) // 128) // 8))
+    )
     per_expert = -(-8 * tokens * p.num_topk // p.num_experts) // 128 + 1
     check_stream(lag_ordered_stream([per_expert] * (p.num_experts // 8), sched.lag_units), sched.ring_blocks)
 
@@ -116,6 +127,7 @@ def test_a_rank_cannot_run_fewer_cycles_than_it_needs():
 
 # --- the stream expanded to tiles (the device order: tests/gpu/test_task_stream_gpu.py) ---------------
 
+
 def _tiles(stream, n1, n2):
     return [t for task in stream for t in task_tiles(task, n1, n2)]
 
@@ -123,13 +135,18 @@ def _tiles(stream, n1, n2):
 def test_a_task_expands_n_block_major_over_its_unit():
     unit = expert_units([0, 3])[0]
     assert [(t.kind, t.block, t.expert, t.n_block) for t in task_tiles(Task("l1", unit), 2, 5)] == [
-        ("l1", 0, 1, 0), ("l1", 1, 1, 0), ("l1", 2, 1, 0), ("l1", 0, 1, 1), ("l1", 1, 1, 1), ("l1", 2, 1, 1)]
+        ("l1", 0, 1, 0),
+        ("l1", 1, 1, 0),
+        ("l1", 2, 1, 0),
+        ("l1", 0, 1, 1),
+        ("l1", 1, 1, 1),
+        ("l1", 2, 1, 1),
+    ]
     assert [(t.block, t.n_block) for t in task_tiles(Task("l2", unit), 2, 1)] == [(0, 0), (1, 0), (2, 0)]
 
 
 @settings(max_examples=300, deadline=None)
-@given(blocks=blocks_lists, lag=st.integers(0, 70), group=st.integers(1, 8), n1=st.integers(1, 5),
-       n2=st.integers(1, 5))
+@given(blocks=blocks_lists, lag=st.integers(0, 70), group=st.integers(1, 8), n1=st.integers(1, 5), n2=st.integers(1, 5))
 def test_every_tile_comes_once_and_l2_tiles_after_their_blocks_l1_tiles(blocks, lag, group, n1, n2):
     tiles = _tiles(lag_ordered_stream(blocks, lag, group), n1, n2)
     assert len({(t.kind, t.block, t.n_block) for t in tiles}) == len(tiles) == sum(blocks) * (n1 + n2)

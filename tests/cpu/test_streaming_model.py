@@ -21,14 +21,15 @@ def _run(model: RingModel, choices) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(ranks=st.integers(1, 4), slots=st.integers(1, 4), chunks=st.integers(0, 12), calls=st.integers(1, 3),
-       data=st.data())
+@given(
+    ranks=st.integers(1, 4), slots=st.integers(1, 4), chunks=st.integers(0, 12), calls=st.integers(1, 3), data=st.data()
+)
 def test_no_stale_reads_no_lost_payloads_across_wraps_and_replays(ranks, slots, chunks, calls, data):
     model = RingModel(ranks, slots, chunks, epoch=7)
     for call in range(calls):
         if call:
             model.start_call(7 + call)  # a replay: same ring state, next epoch
-        _run(model, lambda i, n: data.draw(st.integers(0, n - 1), label=f"step{call}.{i}"))
+        _run(model, lambda i, n: data.draw(st.integers(0, n - 1), label=f"step{call}.{i}"))  # noqa: B023 (_run calls it in this iteration)
         assert len(model.reads) == ranks * chunks * (call + 1)
 
 

@@ -8,7 +8,6 @@ import textwrap
 
 import pytest
 
-
 _WAIT = textwrap.dedent("""
     import ctypes, sys
     import cupy as cp

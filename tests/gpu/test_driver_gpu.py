@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from helpers.streams import TorchLikeStream
 
 from megamoe_rt import CudaError
 from megamoe_rt.runtime import driver
-
-from helpers.streams import TorchLikeStream
-
 
 # --- on a GPU: what cuda.core now does for the driver layer ----------------------------------
 
@@ -24,8 +22,10 @@ def test_device_info_matches_the_driver_attributes():
     def get(a):
         return int(driver.call(cu.cuDeviceGetAttribute, a, dev))
 
-    assert info.compute_capability == (get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
-                                       get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR))
+    assert info.compute_capability == (
+        get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+        get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR),
+    )
     assert info.sm_count == get(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
     assert info.l2_cache_bytes == get(attr.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
     assert info.max_smem_per_block_optin == get(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
@@ -80,8 +80,15 @@ def test_kernels_launch_on_every_kind_of_stream():
     k = get_kernel(SPEC, 0)
     cps = cp.cuda.Stream(non_blocking=True)
     ours = driver.Stream()
-    kinds = {"int": cps.ptr, "cupy": cps, "torch-like": TorchLikeStream(cps.ptr), "cuda.core": ours.core,
-             "wrapped": core.Stream.from_handle(cps.ptr), "ours": ours, "none": None}
+    kinds = {
+        "int": cps.ptr,
+        "cupy": cps,
+        "torch-like": TorchLikeStream(cps.ptr),
+        "cuda.core": ours.core,
+        "wrapped": core.Stream.from_handle(cps.ptr),
+        "ours": ours,
+        "none": None,
+    }
     for name, stream in kinds.items():
         bufs = cp.zeros(4, cp.uint32), cp.zeros(4, cp.uint64), cp.zeros(4, cp.uint64)
         args = [SmProbeParams(*(int(b.data.ptr) for b in bufs), 1000)]
@@ -107,7 +114,7 @@ def test_cuda_core_setup_in_a_new_thread_keeps_the_current_green_context():
             s = driver.Stream()  # first cuda.core use in this thread
             seen["current"] = int(driver.call(cu.cuCtxGetCurrent))
             s.close()
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             seen["error"] = exc
 
     with GreenPartitions([("a", 16), ("b", "rest")]) as parts:

@@ -12,8 +12,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _run(name: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(EXAMPLES / f"{name}.py")], capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run([sys.executable, str(EXAMPLES / f"{name}.py")], capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.gpu

@@ -38,21 +38,27 @@ def _skewed_inputs(rng, t, h, i, e, k, hot_share):
 def _run(layer, inp, bound):
     x = cp.asarray(inp["x"].view(np.uint8))
     out = cp.full((x.shape[0], layer.hidden), BF16_NAN, dtype=cp.uint16)
-    layer(x, cp.asarray(inp["x_sf"]), cp.asarray(inp["topk_idx"]), cp.asarray(inp["topk_weights"]), out=out,
-          num_tokens_bound=bound)
+    layer(
+        x,
+        cp.asarray(inp["x_sf"]),
+        cp.asarray(inp["topk_idx"]),
+        cp.asarray(inp["topk_weights"]),
+        out=out,
+        num_tokens_bound=bound,
+    )
     return cp.asnumpy(out)
 
 
 # hidden, intermediate, experts, topk, capacity, tokens of the four launches
 RING_SHAPES = [
-    (512, 256, 16, 6, 2048, (2048, 1500, 2048, 700)),    # ring 148 of 207 blocks: wraps at the capacity
-    (512, 256, 16, 6, 2048, (1024, 1023, 1, 1024)),      # bounds whose worst case fits: single wave
-    (1024, 512, 8, 8, 4096, (4096, 4000, 100, 4096)),    # top-8 of 8: every token everywhere
+    (512, 256, 16, 6, 2048, (2048, 1500, 2048, 700)),  # ring 148 of 207 blocks: wraps at the capacity
+    (512, 256, 16, 6, 2048, (1024, 1023, 1, 1024)),  # bounds whose worst case fits: single wave
+    (1024, 512, 8, 8, 4096, (4096, 4000, 100, 4096)),  # top-8 of 8: every token everywhere
     (512, 512, 32, 4, 4096, (4096, 3000, 4096, 2500)),
-    (1024, 256, 48, 6, 8192, (8192, 5000, 8192, 64)),    # many experts, short units
-    (512, 256, 4, 2, 8192, (8192, 8192, 4000, 8192)),    # few experts, long units: lag ring wraps often
-    (768, 384, 16, 6, 1536, (1536, 1536, 900, 1536)),    # bound near the single-wave threshold
-    (512, 256, 16, 6, 2048, (1200, 1100, 1200, 1000)),   # bounds just past the threshold: lag order
+    (1024, 256, 48, 6, 8192, (8192, 5000, 8192, 64)),  # many experts, short units
+    (512, 256, 4, 2, 8192, (8192, 8192, 4000, 8192)),  # few experts, long units: lag ring wraps often
+    (768, 384, 16, 6, 1536, (1536, 1536, 900, 1536)),  # bound near the single-wave threshold
+    (512, 256, 16, 6, 2048, (1200, 1100, 1200, 1000)),  # bounds just past the threshold: lag order
 ]
 
 
@@ -86,8 +92,16 @@ def test_ring_matches_full_pool_bitwise_over_back_to_back_launches(h, i, e, k, c
 
 
 def _ref_args(inp):
-    return dict(x=inp["x"], x_sf=inp["x_sf"], topk_idx=inp["topk_idx"], topk_weights=inp["topk_weights"],
-                w1=inp["w1"], w1_sf=inp["w1_sf"], w2=inp["w2"], w2_sf=inp["w2_sf"])
+    return dict(
+        x=inp["x"],
+        x_sf=inp["x_sf"],
+        topk_idx=inp["topk_idx"],
+        topk_weights=inp["topk_weights"],
+        w1=inp["w1"],
+        w1_sf=inp["w1_sf"],
+        w2=inp["w2"],
+        w2_sf=inp["w2_sf"],
+    )
 
 
 def test_fused_and_unfused_agree():
@@ -165,12 +179,21 @@ def _trap_script(t, h, i, e, k, timeout_s, setup, hook):
 _WITHHELD = _trap_script(256, 512, 256, 8, 2, 0.5, "", "testing.withhold_block(layer, int(sys.argv[1]))")
 
 # What a bound below a peer's count does across ranks: a single wave larger than the ring.
-_OVERFLOW = _trap_script(2048, 512, 256, 16, 6, 1.0, """
+_OVERFLOW = _trap_script(
+    2048,
+    512,
+    256,
+    16,
+    6,
+    1.0,
+    """
     from megamoe_rt.modes.fused import CallSchedule
     full = testing.fused_schedule_of(layer).full_pool_blocks
     assert layer.layout.pool_blocks < 192 <= full
     single_wave = CallSchedule(True, full, 4)
-""", "testing.force_call_schedule(layer, single_wave)")
+""",
+    "testing.force_call_schedule(layer, single_wave)",
+)
 
 
 def test_a_single_wave_larger_than_the_ring_traps_with_a_message():

@@ -10,7 +10,12 @@ import numpy as np
 import pytest
 
 from megamoe_rt import reference as ref
-from megamoe_rt.kernels.grouped_gemm import GROUP_ALIGN, grouped_gemm_fp8, grouped_gemm_swiglu_fp8, prepare_swiglu_weights
+from megamoe_rt.kernels.grouped_gemm import (
+    GROUP_ALIGN,
+    grouped_gemm_fp8,
+    grouped_gemm_swiglu_fp8,
+    prepare_swiglu_weights,
+)
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
@@ -63,31 +68,41 @@ def _dev(x):
     return cp.asarray(x)
 
 
-@pytest.mark.parametrize("counts,n,k", [
-    ([1000], 256, 7168),
-    ([0, 1, 63, 65], 512, 256),
-    ([64, 4096, 1], 7168, 512),
-    ([37, 0, 128, 129, 5, 300, 64, 1], 384, 1024),
-    (list(np.random.default_rng(7).integers(0, 100, size=64)), 256, 256),
-    ([1536] * 4, 4096, 4096),
-])
+@pytest.mark.parametrize(
+    "counts,n,k",
+    [
+        ([1000], 256, 7168),
+        ([0, 1, 63, 65], 512, 256),
+        ([64, 4096, 1], 7168, 512),
+        ([37, 0, 128, 129, 5, 300, 64, 1], 384, 1024),
+        (list(np.random.default_rng(7).integers(0, 100, size=64)), 256, 256),
+        ([1536] * 4, 4096, 4096),
+    ],
+)
 def test_contiguous_bf16_matches_reference(counts, n, k):
     rng = np.random.default_rng()
     a, a_sf, b, b_sf, offsets, cnt = _contiguous_problem(rng, counts, n, k)
     out = cp.full((a.shape[0], n), BF16_NAN, dtype=cp.uint16)
-    grouped_gemm_fp8(_dev(a), _dev(a_sf), _dev(b), _dev(b_sf), group_offsets=cp.asarray(offsets),
-                     group_counts=cp.asarray(cnt), out=out)
+    grouped_gemm_fp8(
+        _dev(a),
+        _dev(a_sf),
+        _dev(b),
+        _dev(b_sf),
+        group_offsets=cp.asarray(offsets),
+        group_counts=cp.asarray(cnt),
+        out=out,
+    )
     got = cp.asnumpy(out)
     for g, c in enumerate(counts):
         start = offsets[g]
-        exp = _expected_rows(a[start:start + c], a_sf[start:start + c], b[g], b_sf[g])
-        res = _bf16_bits_to_f32(got[start:start + c])
+        exp = _expected_rows(a[start : start + c], a_sf[start : start + c], b[g], b_sf[g])
+        res = _bf16_bits_to_f32(got[start : start + c])
         if c:
             assert np.isfinite(res).all(), f"group {g}: rows left unwritten"
             assert ref.calc_diff(res, exp) < 1e-5, f"group {g} ({c} rows)"
         # Padding rows of the group are not written.
-        assert (got[start + c:offsets[g + 1]] == BF16_NAN).all()
-    assert (got[offsets[-1]:] == BF16_NAN).all()
+        assert (got[start + c : offsets[g + 1]] == BF16_NAN).all()
+    assert (got[offsets[-1] :] == BF16_NAN).all()
 
 
 def test_group_offsets_without_counts_write_every_row():
@@ -101,11 +116,14 @@ def test_group_offsets_without_counts_write_every_row():
         assert ref.calc_diff(got[s:e], _expected_rows(a[s:e], a_sf[s:e], b[g], b_sf[g])) < 1e-5
 
 
-@pytest.mark.parametrize("groups,m_max,counts", [
-    (4, 64, [0, 1, 63, 64]),
-    (3, 192, [192, 65, 0]),
-    (32, 64, None),
-])
+@pytest.mark.parametrize(
+    "groups,m_max,counts",
+    [
+        (4, 64, [0, 1, 63, 64]),
+        (3, 192, [192, 65, 0]),
+        (32, 64, None),
+    ],
+)
 def test_masked_bf16_matches_reference(groups, m_max, counts):
     rng = np.random.default_rng()
     n, k = 512, 1024
@@ -114,8 +132,14 @@ def test_masked_bf16_matches_reference(groups, m_max, counts):
     a, a_sf = _quantized_rows(rng, groups * m_max, k)
     b, b_sf = _weights(rng, groups, n, k)
     out = cp.full((groups, m_max, n), BF16_NAN, dtype=cp.uint16)
-    grouped_gemm_fp8(_dev(a).reshape(groups, m_max, k), _dev(a_sf).reshape(groups, m_max, k // 128), _dev(b),
-                     _dev(b_sf), masked_counts=cp.asarray(np.array(counts, np.int32)), out=out)
+    grouped_gemm_fp8(
+        _dev(a).reshape(groups, m_max, k),
+        _dev(a_sf).reshape(groups, m_max, k // 128),
+        _dev(b),
+        _dev(b_sf),
+        masked_counts=cp.asarray(np.array(counts, np.int32)),
+        out=out,
+    )
     got = cp.asnumpy(out)
     for g, c in enumerate(counts):
         rows = slice(g * m_max, g * m_max + c)
@@ -129,13 +153,20 @@ def test_1x64_activation_scales():
     rng = np.random.default_rng()
     a, a_sf, b, b_sf, offsets, cnt = _contiguous_problem(rng, [300, 77], 256, 768, a_gran=64)
     out = cp.full((a.shape[0], 256), BF16_NAN, dtype=cp.uint16)
-    grouped_gemm_fp8(_dev(a), _dev(a_sf), _dev(b), _dev(b_sf), group_offsets=cp.asarray(offsets),
-                     group_counts=cp.asarray(cnt), out=out)
+    grouped_gemm_fp8(
+        _dev(a),
+        _dev(a_sf),
+        _dev(b),
+        _dev(b_sf),
+        group_offsets=cp.asarray(offsets),
+        group_counts=cp.asarray(cnt),
+        out=out,
+    )
     got = cp.asnumpy(out)
     for g, c in enumerate([300, 77]):
         s = offsets[g]
-        exp = _expected_rows(a[s:s + c], a_sf[s:s + c], b[g], b_sf[g], a_gran=64)
-        assert ref.calc_diff(_bf16_bits_to_f32(got[s:s + c]), exp) < 1e-5
+        exp = _expected_rows(a[s : s + c], a_sf[s : s + c], b[g], b_sf[g], a_gran=64)
+        assert ref.calc_diff(_bf16_bits_to_f32(got[s : s + c]), exp) < 1e-5
 
 
 def test_scatter_epilogue_writes_rows_to_their_addresses():
@@ -148,17 +179,24 @@ def test_scatter_epilogue_writes_rows_to_their_addresses():
     perm = rng.permutation(rows)
     keep = rng.random(rows) < 0.8
     row_dst = np.where(keep, dest.data.ptr + perm * n * 2, 0).astype(np.uint64)
-    grouped_gemm_fp8(_dev(a), _dev(a_sf), _dev(b), _dev(b_sf), group_offsets=cp.asarray(offsets),
-                     group_counts=cp.asarray(cnt), row_dst=cp.asarray(row_dst))
+    grouped_gemm_fp8(
+        _dev(a),
+        _dev(a_sf),
+        _dev(b),
+        _dev(b_sf),
+        group_offsets=cp.asarray(offsets),
+        group_counts=cp.asarray(cnt),
+        row_dst=cp.asarray(row_dst),
+    )
     got = cp.asnumpy(dest)
     written = np.zeros(rows, bool)
     for g, c in enumerate(counts):
         s = offsets[g]
-        exp = _expected_rows(a[s:s + c], a_sf[s:s + c], b[g], b_sf[g])
-        sel = keep[s:s + c]
-        res = _bf16_bits_to_f32(got[perm[s:s + c][sel]])
+        exp = _expected_rows(a[s : s + c], a_sf[s : s + c], b[g], b_sf[g])
+        sel = keep[s : s + c]
+        res = _bf16_bits_to_f32(got[perm[s : s + c][sel]])
         assert ref.calc_diff(res, exp[sel]) < 1e-5
-        written[perm[s:s + c][sel]] = True
+        written[perm[s : s + c][sel]] = True
     assert (got[~written] == BF16_NAN).all()
 
 
@@ -181,18 +219,30 @@ def test_swiglu_epilogue_within_requant(gran, limit, pow2):
     q = cp.full((rows, inter), E4M3_NAN, dtype=cp.uint8)
     rows_pad = -(-rows // 4) * 4
     sf = cp.full((inter // gran, rows_pad), np.nan, dtype=cp.float32)
-    grouped_gemm_swiglu_fp8(_dev(a), _dev(a_sf), cp.asarray(w1p), cp.asarray(w1p_sf), cp.asarray(weight),
-                            group_offsets=cp.asarray(offsets), group_counts=cp.asarray(cnt), act_sf_gran=gran,
-                            swiglu_limit=limit, pow2_scale=pow2, out=q, out_sf=sf)
+    grouped_gemm_swiglu_fp8(
+        _dev(a),
+        _dev(a_sf),
+        cp.asarray(w1p),
+        cp.asarray(w1p_sf),
+        cp.asarray(weight),
+        group_offsets=cp.asarray(offsets),
+        group_counts=cp.asarray(cnt),
+        act_sf_gran=gran,
+        swiglu_limit=limit,
+        pow2_scale=pow2,
+        out=q,
+        out_sf=sf,
+    )
     gq, gsf = cp.asnumpy(q), cp.asnumpy(sf)
     for g, c in enumerate(counts):
         s = offsets[g]
         if not c:
-            assert (gq[s:offsets[g + 1]] == E4M3_NAN).all()
+            assert (gq[s : offsets[g + 1]] == E4M3_NAN).all()
             continue
-        act, (rq, rsf) = _swiglu_reference(a[s:s + c], a_sf[s:s + c], w1[g], w1_sf[g], weight[s:s + c], limit,
-                                            gran, pow2)
-        got_sf = gsf[:, s:s + c].T
+        act, (rq, rsf) = _swiglu_reference(
+            a[s : s + c], a_sf[s : s + c], w1[g], w1_sf[g], weight[s : s + c], limit, gran, pow2
+        )
+        got_sf = gsf[:, s : s + c].T
         assert np.isfinite(got_sf).all()
         if pow2:
             assert (np.frexp(got_sf)[0] == 0.5).all()
@@ -201,12 +251,12 @@ def test_swiglu_epilogue_within_requant(gran, limit, pow2):
             assert np.isin(ratio, [0.5, 1.0, 2.0]).all() and (ratio == 1.0).mean() > 0.99
         else:
             np.testing.assert_allclose(got_sf, rsf, rtol=2e-3)
-        got = ref.dequantize_act(gq[s:s + c].view(ref.E4M3), got_sf, gran=gran)
+        got = ref.dequantize_act(gq[s : s + c].view(ref.E4M3), got_sf, gran=gran)
         assert ref.calc_diff(got, act) < 1e-3
         # Codes agree with the reference's except where fp32 rounding differences cross a rounding boundary.
-        same = (gq[s:s + c] == rq.view(np.uint8)).mean()
+        same = (gq[s : s + c] == rq.view(np.uint8)).mean()
         assert same > 0.97, same
-        assert (gq[s + c:offsets[g + 1]] == E4M3_NAN).all()
+        assert (gq[s + c : offsets[g + 1]] == E4M3_NAN).all()
 
 
 def test_two_runs_are_bitwise_identical():
@@ -217,7 +267,7 @@ def test_two_runs_are_bitwise_identical():
     o2 = grouped_gemm_fp8(*args, group_offsets=cp.asarray(offsets), group_counts=cp.asarray(cnt))
     for g, c in enumerate([700, 300, 1000]):  # padding rows are never written: compare real rows
         s = int(offsets[g])
-        assert bool((o1[s:s + c] == o2[s:s + c]).all()), f"group {g} differs between runs"
+        assert bool((o1[s : s + c] == o2[s : s + c]).all()), f"group {g} differs between runs"
 
 
 def test_bad_arguments_raise_before_launch():
@@ -267,20 +317,37 @@ def test_l2_consumes_swiglu_output_in_place():
     weight = rng.uniform(0.1, 1.0, size=a.shape[0]).astype(np.float32)
     w1p, w1p_sf = prepare_swiglu_weights(w1.view(np.uint8), w1_sf)
     for gran in (64, 128):
-        q, sf = grouped_gemm_swiglu_fp8(_dev(a), _dev(a_sf), cp.asarray(w1p), cp.asarray(w1p_sf), cp.asarray(weight),
-                                        group_offsets=cp.asarray(offsets), group_counts=cp.asarray(cnt),
-                                        act_sf_gran=gran)
-        y = grouped_gemm_fp8(q, sf, _dev(w2), _dev(w2_sf), group_offsets=cp.asarray(offsets),
-                             group_counts=cp.asarray(cnt), a_sf_kmajor=True)
+        q, sf = grouped_gemm_swiglu_fp8(
+            _dev(a),
+            _dev(a_sf),
+            cp.asarray(w1p),
+            cp.asarray(w1p_sf),
+            cp.asarray(weight),
+            group_offsets=cp.asarray(offsets),
+            group_counts=cp.asarray(cnt),
+            act_sf_gran=gran,
+        )
+        y = grouped_gemm_fp8(
+            q,
+            sf,
+            _dev(w2),
+            _dev(w2_sf),
+            group_offsets=cp.asarray(offsets),
+            group_counts=cp.asarray(cnt),
+            a_sf_kmajor=True,
+        )
         gq, gsf, gy = cp.asnumpy(q), cp.asnumpy(sf), cp.asnumpy(y)
         for g, c in enumerate(counts):
             s = offsets[g]
-            exp = _expected_rows(gq[s:s + c].view(ref.E4M3), gsf[:, s:s + c].T.copy(), w2[g], w2_sf[g], a_gran=gran)
-            assert ref.calc_diff(_bf16_bits_to_f32(gy[s:s + c]), exp) < 1e-5
+            exp = _expected_rows(gq[s : s + c].view(ref.E4M3), gsf[:, s : s + c].T.copy(), w2[g], w2_sf[g], a_gran=gran)
+            assert ref.calc_diff(_bf16_bits_to_f32(gy[s : s + c]), exp) < 1e-5
 
 
-_BF16_CONTIGUOUS = [c for c in __import__("megamoe_rt.kernels.gemm_heuristics", fromlist=["x"]).candidate_configs()
-                    if c.layout == "contiguous" and c.epilogue == "bf16"]
+_BF16_CONTIGUOUS = [
+    c
+    for c in __import__("megamoe_rt.kernels.gemm_heuristics", fromlist=["x"]).candidate_configs()
+    if c.layout == "contiguous" and c.epilogue == "bf16"
+]
 
 
 @pytest.mark.parametrize("config", _BF16_CONTIGUOUS, ids=lambda c: c.name)
@@ -290,19 +357,30 @@ def test_every_bf16_tile_config(config):
     counts, n, k = [0, 1, 200, 129, 64, 600], 512, 768
     a, a_sf, b, b_sf, offsets, cnt = _contiguous_problem(rng, counts, n, k, a_gran=config.a_sf_gran)
     out = cp.full((a.shape[0], n), BF16_NAN, dtype=cp.uint16)
-    grouped_gemm_fp8(_dev(a), _dev(a_sf), _dev(b), _dev(b_sf), group_offsets=cp.asarray(offsets),
-                     group_counts=cp.asarray(cnt), out=out, config=config)
+    grouped_gemm_fp8(
+        _dev(a),
+        _dev(a_sf),
+        _dev(b),
+        _dev(b_sf),
+        group_offsets=cp.asarray(offsets),
+        group_counts=cp.asarray(cnt),
+        out=out,
+        config=config,
+    )
     got = cp.asnumpy(out)
     for g, c in enumerate(counts):
         s = offsets[g]
         if c:
-            exp = _expected_rows(a[s:s + c], a_sf[s:s + c], b[g], b_sf[g], a_gran=config.a_sf_gran)
-            assert ref.calc_diff(_bf16_bits_to_f32(got[s:s + c]), exp) < 1e-5, f"group {g}"
-        assert (got[s + c:offsets[g + 1]] == BF16_NAN).all()
+            exp = _expected_rows(a[s : s + c], a_sf[s : s + c], b[g], b_sf[g], a_gran=config.a_sf_gran)
+            assert ref.calc_diff(_bf16_bits_to_f32(got[s : s + c]), exp) < 1e-5, f"group {g}"
+        assert (got[s + c : offsets[g + 1]] == BF16_NAN).all()
 
 
-_SWIGLU_CONTIGUOUS = [c for c in __import__("megamoe_rt.kernels.gemm_heuristics", fromlist=["x"]).candidate_configs()
-                      if c.layout == "contiguous" and c.epilogue == "swiglu_fp8"]
+_SWIGLU_CONTIGUOUS = [
+    c
+    for c in __import__("megamoe_rt.kernels.gemm_heuristics", fromlist=["x"]).candidate_configs()
+    if c.layout == "contiguous" and c.epilogue == "swiglu_fp8"
+]
 
 
 @pytest.mark.parametrize("config", _SWIGLU_CONTIGUOUS, ids=lambda c: c.name)
@@ -313,14 +391,22 @@ def test_every_swiglu_tile_config(config):
     a, a_sf, w1, w1_sf, offsets, cnt = _contiguous_problem(rng, counts, 2 * inter, hidden)
     weight = rng.uniform(0.05, 1.0, size=a.shape[0]).astype(np.float32)
     w1p, w1p_sf = prepare_swiglu_weights(w1.view(np.uint8), w1_sf)
-    q, sf = grouped_gemm_swiglu_fp8(_dev(a), _dev(a_sf), cp.asarray(w1p), cp.asarray(w1p_sf), cp.asarray(weight),
-                                    group_offsets=cp.asarray(offsets), group_counts=cp.asarray(cnt),
-                                    act_sf_gran=gran, config=config)
+    q, sf = grouped_gemm_swiglu_fp8(
+        _dev(a),
+        _dev(a_sf),
+        cp.asarray(w1p),
+        cp.asarray(w1p_sf),
+        cp.asarray(weight),
+        group_offsets=cp.asarray(offsets),
+        group_counts=cp.asarray(cnt),
+        act_sf_gran=gran,
+        config=config,
+    )
     gq, gsf = cp.asnumpy(q), cp.asnumpy(sf)
     for g, c in enumerate(counts):
         if not c:
             continue
         s = offsets[g]
-        act, _ = _swiglu_reference(a[s:s + c], a_sf[s:s + c], w1[g], w1_sf[g], weight[s:s + c], None, gran, False)
-        got = ref.dequantize_act(gq[s:s + c].view(ref.E4M3), gsf[:, s:s + c].T.copy(), gran=gran)
+        act, _ = _swiglu_reference(a[s : s + c], a_sf[s : s + c], w1[g], w1_sf[g], weight[s : s + c], None, gran, False)
+        got = ref.dequantize_act(gq[s : s + c].view(ref.E4M3), gsf[:, s : s + c].T.copy(), gran=gran)
         assert ref.calc_diff(got, act) < 1e-3

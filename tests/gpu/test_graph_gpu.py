@@ -27,16 +27,16 @@ def _args(bufs, spin=SPIN_NS):
 
 
 def _kernel():
-    from megamoe_rt.runtime import driver
     from megamoe_rt.kernels.loader import get_kernel
     from megamoe_rt.kernels.probe import SPEC
+    from megamoe_rt.runtime import driver
 
     return get_kernel(SPEC, driver.current_device())
 
 
 def test_partition_granularity_is_queried_and_splits_match():
-    from megamoe_rt.runtime import driver
     from megamoe_rt.graph.green import GreenPartitions, partition_granularity
+    from megamoe_rt.runtime import driver
 
     g = partition_granularity(0)
     assert g == 8  # Hopper
@@ -75,8 +75,10 @@ def test_graph_nodes_stay_in_their_partitions_and_overlap():
     s_r, e_r = int(cp.asnumpy(right[1]).min()), int(cp.asnumpy(right[2]).max())
     overlap = min(e_l, e_r) - max(s_l, s_r)
     assert overlap > 0.5 * min(e_l - s_l, e_r - s_r), (s_l, e_l, s_r, e_r)
-    print(f"left used {len(sm_l)} SMs, right {len(sm_r)} SMs, overlap {overlap / 1e3:.0f} us of "
-          f"{(e_l - s_l) / 1e3:.0f}/{(e_r - s_r) / 1e3:.0f} us")
+    print(
+        f"left used {len(sm_l)} SMs, right {len(sm_r)} SMs, overlap {overlap / 1e3:.0f} us of "
+        f"{(e_l - s_l) / 1e3:.0f}/{(e_r - s_r) / 1e3:.0f} us"
+    )
 
 
 def test_dependency_serialises_and_params_update_between_replays():
@@ -104,8 +106,8 @@ def test_dependency_serialises_and_params_update_between_replays():
 def test_stream_capture_from_a_green_context_stream_keeps_the_partition():
     from cuda.bindings import driver as cu
 
-    from megamoe_rt.runtime import driver
     from megamoe_rt.graph.green import GreenPartitions
+    from megamoe_rt.runtime import driver
 
     k = _kernel()
     bufs = _probe_buffers(GRID)
@@ -131,8 +133,25 @@ def test_sweep_runs_a_spec_across_splits(tmp_path):
 
     spec = Path(__file__).resolve().parents[2] / "graphs" / "membound_vs_gemm.toml"
     out_json = tmp_path / "sweep.json"
-    run = subprocess.run([sys.executable, "-m", "megamoe_rt", "sweep", "--spec", str(spec), "--vary", "gemm=32..64:32",
-                          "--reps", "3", "--json", str(out_json)], capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "megamoe_rt",
+            "sweep",
+            "--spec",
+            str(spec),
+            "--vary",
+            "gemm=32..64:32",
+            "--reps",
+            "3",
+            "--json",
+            str(out_json),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     rows = json.loads(out_json.read_text())["rows"]
     assert [r["value"] for r in rows] == [32, 64]

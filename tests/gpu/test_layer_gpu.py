@@ -25,8 +25,12 @@ def _layer(h, i, e, k, cap, **kw):
 
 
 def _to_dev(inp):
-    return (cp.asarray(inp["x"].view(np.uint8)), cp.asarray(inp["x_sf"]), cp.asarray(inp["topk_idx"]),
-            cp.asarray(inp["topk_weights"]))
+    return (
+        cp.asarray(inp["x"].view(np.uint8)),
+        cp.asarray(inp["x_sf"]),
+        cp.asarray(inp["topk_idx"]),
+        cp.asarray(inp["topk_weights"]),
+    )
 
 
 def _load(layer, inp):
@@ -38,8 +42,19 @@ def _bf16(bits):
 
 
 def _reference(inp, limit=None, gran=128, pow2=False):
-    y = ref.moe_forward(inp["x"], inp["x_sf"], inp["topk_idx"], inp["topk_weights"], inp["w1"], inp["w1_sf"],
-                        inp["w2"], inp["w2_sf"], swiglu_limit=limit, act_sf_gran=gran, pow2_scale=pow2)
+    y = ref.moe_forward(
+        inp["x"],
+        inp["x_sf"],
+        inp["topk_idx"],
+        inp["topk_weights"],
+        inp["w1"],
+        inp["w1_sf"],
+        inp["w2"],
+        inp["w2_sf"],
+        swiglu_limit=limit,
+        act_sf_gran=gran,
+        pow2_scale=pow2,
+    )
     return y.astype(np.float32)
 
 
@@ -165,8 +180,12 @@ def test_bad_inputs_raise_before_launch(mode):
     with pytest.raises(TypeError, match="x: dtype float32"):
         layer(x.astype(cp.float32), x_sf, idx, w)
     with pytest.raises(ValueError, match="x: 128 tokens exceed"):
-        layer(cp.zeros((128, h), cp.uint8), cp.ones((128, h // 128), cp.float32), cp.zeros((128, k), cp.int32),
-              cp.ones((128, k), cp.float32))
+        layer(
+            cp.zeros((128, h), cp.uint8),
+            cp.ones((128, h // 128), cp.float32),
+            cp.zeros((128, k), cp.int32),
+            cp.ones((128, k), cp.float32),
+        )
     with pytest.raises(ValueError, match="topk_idx: expected shape"):
         layer(x, x_sf, idx[:, :1].copy(), w)
     with pytest.raises(TypeError, match="topk_idx: dtype float32"):

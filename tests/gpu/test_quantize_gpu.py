@@ -19,15 +19,15 @@ def _random_activations(rng, rows, hidden):
     x = rng.standard_normal((rows, hidden)).astype(np.float32)
     x *= np.exp2(rng.integers(-12, 9, size=(rows, 1))).astype(np.float32)
     if rows >= 4 and hidden >= 256:
-        x[0, :128] = 0.0                                  # all-zero group: floor scale
-        x[1, 128:256] = rng.standard_normal(128) * 1e-7   # amax below the 1e-4 floor
-        x[2, 5] = 3.0e4                                   # one outlier dominates its group
-        x[3, :128] = -x[3, :128]                          # sign coverage
+        x[0, :128] = 0.0  # all-zero group: floor scale
+        x[1, 128:256] = rng.standard_normal(128) * 1e-7  # amax below the 1e-4 floor
+        x[2, 5] = 3.0e4  # one outlier dominates its group
+        x[3, :128] = -x[3, :128]  # sign coverage
     return x
 
 
 def _poisoned_outputs(rows, hidden):
-    q = cp.full((rows, hidden), 0x7F, dtype=cp.uint8)          # e4m3 NaN
+    q = cp.full((rows, hidden), 0x7F, dtype=cp.uint8)  # e4m3 NaN
     sf = cp.full((rows, hidden // 128), np.nan, dtype=cp.float32)
     return q, sf
 

@@ -15,33 +15,52 @@ import numpy as np
 import pytest
 
 from megamoe_rt.schedule.plan import fused_schedule
-from megamoe_rt.schedule.task_stream import (Task, check_stream, expert_units, lag_ordered_stream, ring_blocks_for,
-                                             single_wave_stream, task_tiles)
+from megamoe_rt.schedule.task_stream import (
+    Task,
+    check_stream,
+    expert_units,
+    lag_ordered_stream,
+    ring_blocks_for,
+    single_wave_stream,
+    task_tiles,
+)
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
 
 POISON = 0xFFFFFFFF
-SLACK_TILES = 64          # rows past the expected end that must stay poisoned
-SINGLE_WAVE_GROUP = 4     # the group the host passes with a single-wave lag (modes/fused.py)
-BLOCK_M = 64              # the fused kernel's rows per pool block (kernels/fused.py BLOCK_M)
+SLACK_TILES = 64  # rows past the expected end that must stay poisoned
+SINGLE_WAVE_GROUP = 4  # the group the host passes with a single-wave lag (modes/fused.py)
+BLOCK_M = 64  # the fused kernel's rows per pool block (kernels/fused.py BLOCK_M)
 
 
 def _block_vectors() -> list[list[int]]:
     """Per-expert block counts: edge cases, then random ones from a fixed seed."""
     vectors = [
-        [0], [1], [7], [8], [9], [0, 0, 0], [0, 0, 5, 0], [64], [201],
-        [0, 3, 17, 8], [8] * 20, [1] * 40, [3, 0] * 17, list(range(33)),
+        [0],
+        [1],
+        [7],
+        [8],
+        [9],
+        [0, 0, 0],
+        [0, 0, 5, 0],
+        [64],
+        [201],
+        [0, 3, 17, 8],
+        [8] * 20,
+        [1] * 40,
+        [3, 0] * 17,
+        list(range(33)),
     ]
     rng = np.random.default_rng(7)
     for _ in range(40):
         e = int(rng.choice([1, 2, 5, 8, 16, 31, 32, 33, 64, 100, 256, 384]))
         hi = int(rng.choice([2, 9, 24, 40]))
         b = rng.integers(0, hi + 1, size=e)
-        b[rng.random(e) < 0.25] = 0                       # empty experts
+        b[rng.random(e) < 0.25] = 0  # empty experts
         if rng.random() < 0.3:
             b[rng.integers(0, e)] = rng.integers(50, 300)  # one hot expert: many units
-        if b.sum() > 6000:                                 # keep tiles (and shared memory) small
+        if b.sum() > 6000:  # keep tiles (and shared memory) small
             b = b * 6000 // b.sum()
         vectors.append([int(x) for x in b])
     return vectors
@@ -50,8 +69,17 @@ def _block_vectors() -> list[list[int]]:
 VECTORS = _block_vectors()
 
 # lag, group, l1 n-blocks, l2 n-blocks of the lag-ordered runs (None: a lag past the unit count)
-LAG_SCHEDULES = [(0, 1, 1, 1), (1, 1, 2, 1), (3, 4, 1, 3), (8, 4, 2, 3), (8, 1, 3, 2), (13, 3, 4, 1),
-                 (29, 4, 2, 2), (64, 8, 1, 2), (None, 4, 2, 3)]
+LAG_SCHEDULES = [
+    (0, 1, 1, 1),
+    (1, 1, 2, 1),
+    (3, 4, 1, 3),
+    (8, 4, 2, 3),
+    (8, 1, 3, 2),
+    (13, 3, 4, 1),
+    (29, 4, 2, 2),
+    (64, 8, 1, 2),
+    (None, 4, 2, 3),
+]
 
 
 def _smem_bytes(num_experts: int, max_blocks: int) -> int:
@@ -75,9 +103,18 @@ def _run_probe(blocks, lag, group, n1, n2, *, max_blocks=None, capacity=None):
     tiles = cp.full((max(capacity, 1), 4), POISON, dtype=cp.uint32)
     info = cp.full(4, POISON, dtype=cp.uint32)
     kernel = get_kernel(TASK_STREAM_SPEC, driver.current_device())
-    args = [ctypes.c_uint64(int(counts.data.ptr)), ctypes.c_uint32(len(blocks)), ctypes.c_uint32(max_blocks),
-            ctypes.c_uint32(lag), ctypes.c_uint32(group), ctypes.c_uint32(n1), ctypes.c_uint32(n2),
-            ctypes.c_uint64(int(tiles.data.ptr)), ctypes.c_uint32(capacity), ctypes.c_uint64(int(info.data.ptr))]
+    args = [
+        ctypes.c_uint64(int(counts.data.ptr)),
+        ctypes.c_uint32(len(blocks)),
+        ctypes.c_uint32(max_blocks),
+        ctypes.c_uint32(lag),
+        ctypes.c_uint32(group),
+        ctypes.c_uint32(n1),
+        ctypes.c_uint32(n2),
+        ctypes.c_uint64(int(tiles.data.ptr)),
+        ctypes.c_uint32(capacity),
+        ctypes.c_uint64(int(info.data.ptr)),
+    ]
     kernel.launch((1,), (32,), args, smem_bytes=_smem_bytes(len(blocks), max_blocks))
     cp.cuda.get_current_stream().synchronize()
     return cp.asnumpy(tiles), cp.asnumpy(info)
@@ -101,10 +138,11 @@ def _device_tasks(blocks, rows: np.ndarray, n1: int, n2: int) -> list[Task]:
         assert l2 in (0, 1) and block < len(unit_of_block), f"tile {pos}: {rows[pos].tolist()} is no tile of the pool"
         task = Task("l2" if l2 else "l1", unit_of_block[block])
         want = _as_rows(task_tiles(task, n1, n2))
-        got = rows[pos:pos + len(want)]
+        got = rows[pos : pos + len(want)]
         assert np.array_equal(got, want), (
             f"tiles {pos}..{pos + len(want) - 1} ({task.kind} of unit {task.unit.index}): device {got.tolist()}, "
-            f"model {want.tolist()}")
+            f"model {want.tolist()}"
+        )
         tasks.append(task)
         pos += len(want)
     return tasks
@@ -128,8 +166,9 @@ def test_lag_ordered_stream_on_the_device_is_the_model(blocks):
     units = len(expert_units(blocks))
     for lag, group, n1, n2 in LAG_SCHEDULES:
         lag = units + 3 if lag is None else lag
-        _check_against_model(blocks, lag, group, n1, n2, lag_ordered_stream(blocks, lag, group),
-                             ring_blocks_for(lag, group))
+        _check_against_model(
+            blocks, lag, group, n1, n2, lag_ordered_stream(blocks, lag, group), ring_blocks_for(lag, group)
+        )
 
 
 @pytest.mark.parametrize("blocks", VECTORS, ids=[f"v{i}" for i in range(len(VECTORS))])
@@ -148,8 +187,15 @@ def test_the_hosts_schedule_on_a_routing_at_real_n_blocks(tokens, topk, experts)
     rows = np.bincount(picks.ravel(), minlength=experts)
     blocks = [int(-(-r // BLOCK_M)) for r in rows]
     sched = fused_schedule(tokens, 1, topk, experts, block_m=BLOCK_M)
-    _check_against_model(blocks, sched.lag_units, sched.group_units, 2 * 2048 // 256, 7168 // 256,
-                         lag_ordered_stream(blocks, sched.lag_units, sched.group_units), sched.ring_blocks)
+    _check_against_model(
+        blocks,
+        sched.lag_units,
+        sched.group_units,
+        2 * 2048 // 256,
+        7168 // 256,
+        lag_ordered_stream(blocks, sched.lag_units, sched.group_units),
+        sched.ring_blocks,
+    )
 
 
 def test_a_walk_past_the_output_is_counted_and_not_written():

@@ -28,6 +28,8 @@ def _enough_gpus():
 
     if hopper_gpu_count() < WORLD:
         pytest.skip(f"MEGAMOE_RT_TEST_RANKS={WORLD} needs {WORLD} Hopper GPUs")
+
+
 BF16_NAN = 0x7FC1
 
 
@@ -81,8 +83,16 @@ def _run_rank(ctx, tokens_per_rank, routing, launches, graph, seed, mode):
         got = (cp.asnumpy(out).astype(np.uint32) << 16).view(np.float32)
         if t:
             sample = slice(0, min(t, 48))
-            exp = ref.moe_forward(inp["x"][sample], inp["x_sf"][sample], inp["topk_idx"][sample],
-                                  inp["topk_weights"][sample], inp["w1"], inp["w1_sf"], inp["w2"], inp["w2_sf"])
+            exp = ref.moe_forward(
+                inp["x"][sample],
+                inp["x_sf"][sample],
+                inp["topk_idx"][sample],
+                inp["topk_weights"][sample],
+                inp["w1"],
+                inp["w1_sf"],
+                inp["w2"],
+                inp["w2_sf"],
+            )
             diffs.append(float(ref.calc_diff(got[sample], exp.astype(np.float32))))
             assert np.isfinite(got).all()
             empty = (inp["topk_idx"] < 0).all(axis=1)
@@ -105,9 +115,11 @@ MODES = ["unfused", "fused"]
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("tokens,routing", [(_tokens(200, 77), "random"), (_tokens(150, 0), "random"),
-                                            (_tokens(64, 96), "to_peer")],
-                         ids=["uneven", "one_rank_empty", "all_to_peer"])
+@pytest.mark.parametrize(
+    "tokens,routing",
+    [(_tokens(200, 77), "random"), (_tokens(150, 0), "random"), (_tokens(64, 96), "to_peer")],
+    ids=["uneven", "one_rank_empty", "all_to_peer"],
+)
 def test_ep_matches_the_reference(tokens, routing, mode):
     results = spawn(_run_rank, WORLD, args=(tokens, routing, 2, False, 7, mode), timeout=600)
     for diffs, _ in results:
@@ -144,8 +156,12 @@ def _withholding_rank(ctx, mode):
 
     from megamoe_rt.runtime import driver
 
-    layer(cp.asarray(inp["x"].view(np.uint8)), cp.asarray(inp["x_sf"]), cp.asarray(inp["topk_idx"]),
-          cp.asarray(inp["topk_weights"]))
+    layer(
+        cp.asarray(inp["x"].view(np.uint8)),
+        cp.asarray(inp["x_sf"]),
+        cp.asarray(inp["topk_idx"]),
+        cp.asarray(inp["topk_weights"]),
+    )
     ctx.barrier()
     driver.call(cu.cuCtxSynchronize)  # raises the CudaError that names the wait and the peer
     return ref  # not reached: every other rank waits for the silent one

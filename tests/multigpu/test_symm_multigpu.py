@@ -51,11 +51,11 @@ def _signal(ctx, withhold):
     import cupy as cp
     from cuda.bindings import driver as cu
 
-    from megamoe_rt.runtime import driver
-    from megamoe_rt.runtime.deadlines import TimeoutRecord
+    from megamoe_rt.ep.symm import NvshmemRuntime, SymmetricBuffer
     from megamoe_rt.kernels.loader import get_kernel
     from megamoe_rt.kernels.probe import WAIT_SPEC
-    from megamoe_rt.ep.symm import NvshmemRuntime, SymmetricBuffer
+    from megamoe_rt.runtime import driver
+    from megamoe_rt.runtime.deadlines import TimeoutRecord
 
     cp.cuda.Device(ctx.device).use()
     rt = NvshmemRuntime.initialize(ctx)
@@ -64,9 +64,15 @@ def _signal(ctx, withhold):
         seen = cp.zeros(1, cp.uint64)
         kernel = get_kernel(WAIT_SPEC, ctx.device)
         # Any zeroed u64 word of the symmetric buffer serves as the signal: the first send-list entry.
-        args = [ctypes.c_uint64(buf.ptr("send_list")), ctypes.c_uint64(7), ctypes.c_uint64(500_000_000),
-                ctypes.c_uint32(0), ctypes.c_uint32(1), ctypes.c_uint64(int(seen.data.ptr)),
-                ctypes.c_uint64(TimeoutRecord.get().device_ptr)]
+        args = [
+            ctypes.c_uint64(buf.ptr("send_list")),
+            ctypes.c_uint64(7),
+            ctypes.c_uint64(500_000_000),
+            ctypes.c_uint32(0),
+            ctypes.c_uint32(1),
+            ctypes.c_uint64(int(seen.data.ptr)),
+            ctypes.c_uint64(TimeoutRecord.get().device_ptr),
+        ]
         kernel.launch((1,), (32,), args)  # waits for rank 1's store while the host moves on
         ctx.barrier()
         driver.call(cu.cuCtxSynchronize)  # raises CudaError naming the wait when it traps

@@ -162,8 +162,7 @@ def _render_struct(s: Struct, ns: str) -> list[str]:
     for f in s.fields:
         off = s.offsets()[f.name]
         lines.append(
-            f"MEGAMOE_RT_ASSERT_OFFSET({s.name}, {f.name}, {off}, "
-            f'"{s.name}::{f.name}: offset differs from {where}");'
+            f'MEGAMOE_RT_ASSERT_OFFSET({s.name}, {f.name}, {off}, "{s.name}::{f.name}: offset differs from {where}");'
         )
     return lines
 

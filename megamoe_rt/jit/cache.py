@@ -7,6 +7,12 @@ length, and the trailing digest covers header and cubin alike. Entries are
 written to a temporary file in the same directory and renamed into place, so a
 reader sees either nothing or a whole file; a truncated or altered entry fails
 verification, is removed and rebuilt, and is never loaded.
+
+Cubins are executed, so the cache is trusted only as far as its files can be: a directory not
+owned by the user, or writable by group or others, is refused with a warning and a private
+directory is used instead; entries are opened without following links and must be regular
+files owned by the user and writable by nobody else. The trailing digest catches damage, not
+tampering: the trust comes from ownership and modes.
 """
 
 from __future__ import annotations
@@ -14,12 +20,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import struct
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 MAGIC = b"MMRTCUBIN2\n"
+_TMP_PREFIX = ".tmp-"
+# Bits that would let another user replace what we load.
+_FOREIGN_WRITE = stat.S_IWGRP | stat.S_IWOTH
 _LEN = struct.Struct("<I")
 _DIGEST = 32
 
@@ -34,38 +46,110 @@ def default_cache_dir() -> Path:
 @dataclass(frozen=True)
 class CacheEntry:
     key: str
-    meta: dict
+    meta: dict[str, Any]
     cubin: bytes
 
 
+class UntrustedCacheWarning(UserWarning):
+    """The configured cache directory could not be trusted; a private one is used instead."""
+
+
+def _uid() -> int | None:
+    return os.getuid() if hasattr(os, "getuid") else None
+
+
+def untrusted_reason(st: os.stat_result, what: str) -> str | None:
+    """Why a file or directory with this stat must not be trusted, or None."""
+    uid = _uid()
+    if uid is not None and st.st_uid != uid:
+        return f"{what} is owned by uid {st.st_uid}, not by this user (uid {uid})"
+    if st.st_mode & _FOREIGN_WRITE:
+        return f"{what} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def _private_fallback() -> Path:
+    """A per-user directory under the system temp dir, made 0700; a fresh one if that is
+    not trustworthy either."""
+    uid = _uid()
+    cand = Path(tempfile.gettempdir()) / f"megamoe_rt-cache-{uid if uid is not None else 'user'}"
+    try:
+        os.makedirs(cand, mode=0o700, exist_ok=True)
+        st = os.lstat(cand)
+        if stat.S_ISDIR(st.st_mode) and untrusted_reason(st, str(cand)) is None:
+            return cand
+    except OSError:
+        pass
+    return Path(tempfile.mkdtemp(prefix="megamoe_rt-cache-"))
+
+
 class CubinCache:
-    def __init__(self, directory: str | os.PathLike | None = None):
+    def __init__(self, directory: str | os.PathLike[str] | None = None):
         self.directory = Path(directory).expanduser() if directory is not None else default_cache_dir()
-        self.rejected = 0  # entries found corrupt and removed (observable for tests and `info`)
+        self.rejected = 0  # entries found corrupt, foreign or malformed and removed (tests, `info`)
+        self._checked = False
 
     def _ensure_dir(self) -> None:
-        if not self.directory.is_dir():
+        """Create the directory (0700), or check an existing one; fall back to a private
+        directory, with a warning, when it cannot be trusted."""
+        if self._checked:
+            return
+        if not os.path.lexists(self.directory):
             # 0700: cubins are loaded and executed, so other users must not plant them.
             os.makedirs(self.directory, mode=0o700, exist_ok=True)
             os.chmod(self.directory, 0o700)
+        try:
+            st = os.stat(self.directory)  # a link to a directory of one's own is fine
+            reason = (
+                f"{self.directory} is not a directory"
+                if not stat.S_ISDIR(st.st_mode)
+                else untrusted_reason(st, str(self.directory))
+            )
+        except OSError as exc:
+            reason = f"{self.directory} cannot be read ({exc.strerror})"
+        if reason is not None:
+            fallback = _private_fallback()
+            warnings.warn(
+                f"megamoe_rt: not using the kernel cache: {reason}; using {fallback}",
+                UntrustedCacheWarning,
+                stacklevel=3,
+            )
+            self.directory = fallback
+        self._checked = True
 
     def path_for(self, key: str) -> Path:
         return self.directory / f"{key}.cubin"
 
     def load(self, key: str) -> CacheEntry | None:
+        if not os.path.isdir(self.directory):
+            return None
+        self._ensure_dir()
         path = self.path_for(key)
         try:
-            blob = path.read_bytes()
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:
             return None
-        entry = self._parse(key, blob)
+        except OSError:  # a symbolic link (ELOOP) or unreadable: never load it
+            self.reject(key)
+            return None
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode) or untrusted_reason(st, str(path)) is not None:
+                entry = None
+            else:
+                entry = self._parse(key, f.read())
         if entry is None:
-            self.rejected += 1
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                pass
+            self.reject(key)
         return entry
+
+    def reject(self, key: str) -> None:
+        """Remove an entry that must not be loaded (corrupt, foreign, or of an unexpected
+        layout), so the next compile rebuilds it."""
+        self.rejected += 1
+        try:
+            os.unlink(self.path_for(key))
+        except FileNotFoundError:
+            pass
 
     @staticmethod
     def _parse(key: str, blob: bytes) -> CacheEntry | None:
@@ -94,11 +178,11 @@ class CubinCache:
             return None
         return CacheEntry(key, meta, payload)
 
-    def store(self, key: str, cubin: bytes, meta: dict) -> Path:
+    def store(self, key: str, cubin: bytes, meta: dict[str, Any]) -> Path:
         self._ensure_dir()
         header = dict(meta, key=key, cubin_bytes=len(cubin), cubin_sha256=hashlib.sha256(cubin).hexdigest())
         hbytes = json.dumps(header, sort_keys=True).encode()
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".cubin", dir=self.directory)
+        fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, suffix=".cubin", dir=self.directory)
         try:
             with os.fdopen(fd, "wb") as f:
                 body = MAGIC + _LEN.pack(len(hbytes)) + hbytes + cubin
@@ -115,13 +199,18 @@ class CubinCache:
         return self.path_for(key)
 
     def entries(self) -> list[Path]:
+        """Complete entries; another process's temporary files being written are not entries."""
         if not self.directory.is_dir():
             return []
-        return sorted(self.directory.glob("*.cubin"))
+        return sorted(p for p in self.directory.glob("*.cubin") if not p.name.startswith(_TMP_PREFIX))
 
     def clear(self) -> int:
+        """Remove every entry (not the temporary files of writers still running)."""
         n = 0
         for p in self.entries():
-            p.unlink()
-            n += 1
+            try:
+                p.unlink()
+                n += 1
+            except FileNotFoundError:
+                pass
         return n

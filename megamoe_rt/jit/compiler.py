@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from megamoe_rt._version import __version__
 from megamoe_rt.jit.cache import CubinCache
 from megamoe_rt.jit.paths import cuda_src_dir, header_set_version, include_dirs, missing_header_message
 from megamoe_rt.jit.resources import KernelResources, parse_ptxas_report, ptxas_entry_names
@@ -30,7 +31,7 @@ from megamoe_rt.runtime.errors import NvrtcError
 
 ARCH = "sm_90a"
 CXX_STD = "c++17"
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 2  # 2: the package version joined the key
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,7 @@ def cache_key(spec: KernelSpec, options: list[str], external: dict[str, str]) ->
         headers.update(project_headers(path, root))
     material = {
         "format": _CACHE_FORMAT,
+        "package": __version__,
         "entry_file": spec.source,
         "entry_sha256": hashlib.sha256(entry.read_bytes()).hexdigest(),
         "headers": dict(sorted(headers.items())),
@@ -191,10 +193,16 @@ def compile_kernel(
     if use_cache:
         hit = cache.load(key)
         if hit is not None:
-            res = KernelResources(**hit.meta["resources"])
-            return CompiledKernel(
-                spec, hit.cubin, hit.meta["lowered_name"], res, hit.meta.get("log", ""), key, True, 0.0, tuple(options)
-            )
+            try:
+                res = KernelResources(**hit.meta["resources"])
+                lowered = hit.meta["lowered_name"]
+                if not isinstance(lowered, str):
+                    raise TypeError("lowered_name")
+                return CompiledKernel(
+                    spec, hit.cubin, lowered, res, str(hit.meta.get("log", "")), key, True, 0.0, tuple(options)
+                )
+            except (KeyError, TypeError):  # an entry of another layout: rebuild it
+                cache.reject(key)
     t0 = time.perf_counter()
     cubin, lowered, log = _nvrtc_compile(spec, options)
     cubin, res = _cubin_with_resources(spec, options, cubin, lowered, log)

@@ -1,0 +1,106 @@
+"""The cubin cache trusts only what only this user can write (cubins are executed)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from megamoe_rt.jit import CubinCache, KernelSpec, compile_kernel
+from megamoe_rt.jit import cache as cache_mod
+from megamoe_rt.jit import compiler as jit_compiler
+
+
+@pytest.fixture()
+def toy_tree(tmp_path, monkeypatch):
+    root = tmp_path / "src"
+    root.mkdir()
+    (root / "toy.cu").write_text("template <int N> __global__ void toy(int* out) { out[threadIdx.x] = N; }\n")
+    monkeypatch.setattr(jit_compiler, "cuda_src_dir", lambda: root)
+    return root
+
+
+TOY = KernelSpec(name="toy[3]", source="toy.cu", entry="toy<3>", block_threads=32)
+
+
+@pytest.fixture()
+def private_tmp(tmp_path, monkeypatch):
+    """The fallback directory lives under this test's own temp dir."""
+    base = tmp_path / "systmp"
+    base.mkdir()
+    monkeypatch.setattr(cache_mod.tempfile, "gettempdir", lambda: str(base))
+    return base
+
+
+def test_a_group_writable_directory_is_refused_with_a_private_fallback(toy_tree, tmp_path, private_tmp):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    cache = CubinCache(shared)
+    with pytest.warns(cache_mod.UntrustedCacheWarning, match="writable by group or others"):
+        built = compile_kernel(TOY, cache=cache)
+    assert not any(shared.iterdir())  # nothing written where others could have planted it
+    assert cache.directory.parent == private_tmp and cache.directory.stat().st_mode & 0o777 == 0o700
+    assert compile_kernel(TOY, cache=cache).from_cache and not built.from_cache
+
+
+def test_a_directory_owned_by_another_user_is_refused(toy_tree, tmp_path, private_tmp, monkeypatch):
+    mine = tmp_path / "theirs"
+    mine.mkdir(mode=0o700)
+    other = os.getuid() + 1
+    monkeypatch.setattr(cache_mod, "_uid", lambda: other)  # as seen by a different user
+    cache = CubinCache(mine)
+    with pytest.warns(cache_mod.UntrustedCacheWarning, match="owned by uid"):
+        cache.store("k" * 40, b"\x00" * 8, {"lowered_name": "x"})
+    assert cache.directory != mine and not any(mine.iterdir())
+
+
+def test_a_symlinked_entry_is_never_loaded(toy_tree, tmp_path):
+    cache = CubinCache(tmp_path / "c")
+    good = compile_kernel(TOY, cache=cache)
+    path = cache.path_for(good.cache_key)
+    planted = tmp_path / "planted.cubin"
+    planted.write_bytes(path.read_bytes())  # a valid entry, but reached through a link
+    path.unlink()
+    path.symlink_to(planted)
+    assert cache.load(good.cache_key) is None and not path.exists() and cache.rejected == 1
+    again = compile_kernel(TOY, cache=cache)
+    assert not again.from_cache and again.cubin == good.cubin
+
+
+def test_an_entry_others_can_write_is_never_loaded(toy_tree, tmp_path):
+    cache = CubinCache(tmp_path / "c")
+    good = compile_kernel(TOY, cache=cache)
+    os.chmod(cache.path_for(good.cache_key), 0o666)
+    assert cache.load(good.cache_key) is None and cache.rejected == 1
+    assert not compile_kernel(TOY, cache=cache).from_cache
+
+
+def test_an_entry_of_another_layout_is_rebuilt_not_a_type_error(toy_tree, tmp_path):
+    cache = CubinCache(tmp_path / "c")
+    good = compile_kernel(TOY, cache=cache)
+    # Verifies (digest and key match) but carries metadata this version does not understand.
+    cache.store(good.cache_key, good.cubin, {"lowered_name": 7, "resources": {"registers": "many"}})
+    again = compile_kernel(TOY, cache=cache)
+    assert not again.from_cache and cache.rejected == 1
+    cache.store(good.cache_key, good.cubin, {"lowered_name": good.lowered_name})  # no resources at all
+    assert not compile_kernel(TOY, cache=cache).from_cache and cache.rejected == 2
+    assert compile_kernel(TOY, cache=cache).from_cache
+
+
+def test_the_key_follows_the_package_version(toy_tree, tmp_path, monkeypatch):
+    cache = CubinCache(tmp_path / "c")
+    a = compile_kernel(TOY, cache=cache)
+    monkeypatch.setattr(jit_compiler, "__version__", "0.0.0+other")
+    b = compile_kernel(TOY, cache=cache)
+    assert a.cache_key != b.cache_key and not b.from_cache
+
+
+def test_clear_leaves_other_processes_temporary_files(toy_tree, tmp_path):
+    cache = CubinCache(tmp_path / "c")
+    compile_kernel(TOY, cache=cache)
+    writing = cache.directory / ".tmp-inflight.cubin"  # another process, between write and rename
+    writing.write_bytes(b"partial")
+    assert cache.entries() == [cache.path_for(compile_kernel(TOY, cache=cache).cache_key)]
+    assert cache.clear() == 1
+    assert writing.exists() and cache.entries() == []

@@ -250,7 +250,9 @@ def test_swiglu_epilogue_within_requant(gran, limit, pow2):
             ratio = got_sf / rsf
             assert np.isin(ratio, [0.5, 1.0, 2.0]).all() and (ratio == 1.0).mean() > 0.99
         else:
-            np.testing.assert_allclose(got_sf, rsf, rtol=2e-3)
+            # The accumulation error of a dot product scales with its terms, not with its result:
+            # a row whose amax comes out of heavy cancellation needs an absolute allowance too.
+            np.testing.assert_allclose(got_sf, rsf, rtol=2e-3, atol=2e-3 * float(np.median(rsf)))
         got = ref.dequantize_act(gq[s : s + c].view(ref.E4M3), got_sf, gran=gran)
         assert ref.calc_diff(got, act) < 1e-3
         # Codes agree with the reference's except where fp32 rounding differences cross a rounding boundary.

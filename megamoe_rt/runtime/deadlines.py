@@ -13,13 +13,21 @@ from megamoe_rt.runtime import driver
 
 DEFAULT_TIMEOUT_S = 60.0
 ENV = "MEGAMOE_RT_TIMEOUT_S"
+# Deadlines are clamped to [1 ms, 2^58 ns]: below a millisecond a healthy wait would already
+# trap, and waits that can only be stuck behind another one scale the deadline by up to 2^5,
+# which must stay inside the device's 64-bit nanosecond arithmetic.
+MIN_TIMEOUT_NS = 1_000_000
+MAX_TIMEOUT_NS = 1 << 58
 
 
 def wait_timeout_ns(timeout_s: float | None = None) -> int:
     """The deadline every cross-rank or cross-block wait of a launch gets, in nanoseconds.
 
-    ``timeout_s`` wins; else ``$MEGAMOE_RT_TIMEOUT_S``; else 60 s.
+    ``timeout_s`` wins; else ``$MEGAMOE_RT_TIMEOUT_S``; else 60 s. Non-finite, zero or negative
+    values are refused; the rest is clamped to ``[MIN_TIMEOUT_NS, MAX_TIMEOUT_NS]``.
     """
+    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))):
+        raise TypeError(f"timeout_s: expected a number of seconds or None, got {type(timeout_s).__name__}")
     if timeout_s is None:
         raw = os.environ.get(ENV)
         if raw is None or raw.strip() == "":
@@ -31,7 +39,7 @@ def wait_timeout_ns(timeout_s: float | None = None) -> int:
                 raise ValueError(f"{ENV}={raw!r}: expected a number of seconds") from None
     if not (math.isfinite(timeout_s) and timeout_s > 0):
         raise ValueError(f"timeout: expected a positive number of seconds, got {timeout_s!r}")
-    return int(timeout_s * 1e9)
+    return max(MIN_TIMEOUT_NS, min(MAX_TIMEOUT_NS, int(min(timeout_s, MAX_TIMEOUT_NS * 1e-9) * 1e9)))
 
 
 # --- timeout records ------------------------------------------------------------------------

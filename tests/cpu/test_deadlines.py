@@ -19,3 +19,15 @@ def test_timeout_setting(monkeypatch):
     for bad in (0, -1, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="positive number of seconds"):
             wait_timeout_ns(bad)
+
+
+def test_timeouts_are_clamped_to_what_the_device_can_count():
+    from megamoe_rt.runtime.deadlines import MAX_TIMEOUT_NS, MIN_TIMEOUT_NS
+
+    assert wait_timeout_ns(1e-10) == MIN_TIMEOUT_NS  # was 0 ns: every wait would trap at once
+    assert wait_timeout_ns(1e30) == MAX_TIMEOUT_NS  # was past 2^64 ns
+    assert wait_timeout_ns(1e-3) == MIN_TIMEOUT_NS and wait_timeout_ns(7) == 7 * 10**9
+    assert MAX_TIMEOUT_NS << 5 < 2**64  # the longest scaled deadline still fits
+    for bad in (True, "5", None.__class__):
+        with pytest.raises(TypeError, match="timeout_s"):
+            wait_timeout_ns(bad)

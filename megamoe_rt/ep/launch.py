@@ -9,6 +9,7 @@ reports the failing rank's error; no process is left behind.
 
 from __future__ import annotations
 
+import math
 import multiprocessing as mp
 import os
 import pickle
@@ -278,6 +279,10 @@ def launch_script(
 ) -> int:
     """Run ``python script args`` (``python -m script args`` with ``module``) as ``nprocs`` ranks;
     returns the exit status to use."""
+    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
+        raise ValueError(f"nprocs: expected an integer >= 1, got {nprocs!r}")
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        raise ValueError(f"timeout: expected a positive number of seconds or None, got {timeout!r}")
     # SIGTERM / SIGHUP to the launcher must still run the clean-up below (no orphans).
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _exit_on_signal)

@@ -81,6 +81,10 @@ def test_info_runs_without_gpu():
         ("compile",),
         ("compile", "no_such_kernel"),
         ("frobnicate",),
+        ("launch", "-n", "0", "x.py"),
+        ("launch", "-n", "2", "--timeout", "-1", "x.py"),
+        ("launch", "-n", "2", "--timeout", "nan", "x.py"),
+        ("launch", "-n", "2", "--timeout", "inf", "x.py"),
         (),
     ],
 )

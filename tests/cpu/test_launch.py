@@ -151,3 +151,11 @@ def test_an_unpicklable_result_is_an_error_not_a_hang():
 def test_a_rank_exiting_cleanly_without_a_result_is_reported():
     with pytest.raises(RankFailed, match="rank 1 failed: process exited with status 0 without a result"):
         spawn(ranks.quiet_exit, 2, timeout=60)
+
+
+@pytest.mark.parametrize("nprocs,timeout", [(0, None), (-1, None), (True, None), (2, 0.0), (2, float("nan"))])
+def test_launch_script_refuses_bad_counts_and_timeouts_before_starting_anything(nprocs, timeout):
+    from megamoe_rt.ep.launch import launch_script
+
+    with pytest.raises(ValueError, match="nprocs|timeout"):
+        launch_script(nprocs, "never_started.py", [], timeout=timeout)

@@ -46,8 +46,8 @@ _TYPESTR = {
     "f8": "float64",
     "i8": "int64",
     "u8": "uint64",
-    "b1": "uint8",
 }
+# Bools ("b1") are deliberately absent: a bool array is never a container of e4m3 codes.
 
 
 @dataclass(frozen=True)
@@ -97,9 +97,11 @@ def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
 def _from_cai(obj: Any, name: str) -> DeviceArray:
     cai = obj.__cuda_array_interface__
     typestr = cai["typestr"]
-    key = typestr[1:]
+    order, key = typestr[:1], typestr[1:]
     if key not in _TYPESTR:
         raise TypeError(f"{name}: unsupported __cuda_array_interface__ typestr {typestr!r}")
+    if order == ">" and key[1:] != "1":  # GPUs are little-endian: byte-swapped data would be misread
+        raise TypeError(f"{name}: byte-swapped (big-endian) data is not supported, got typestr {typestr!r}")
     dtype = _TYPESTR[key]
     shape = tuple(int(s) for s in cai["shape"])
     strides = cai.get("strides")

@@ -138,3 +138,12 @@ def test_cai_that_cannot_name_its_dtype_falls_back_to_dlpack():
 
     with pytest.raises(TypeError, match="w: its __cuda_array_interface__ failed"):
         arrays.as_device_array(NoDLPack(), "w")
+
+
+def test_bools_and_byte_swapped_data_are_refused_naming_the_argument():
+    with pytest.raises(TypeError, match=r"x: unsupported __cuda_array_interface__ typestr '\|b1'"):
+        as_device_array(FakeCai((8, 256), "|b1"), "x")
+    with pytest.raises(TypeError, match=r"x_sf: byte-swapped \(big-endian\) data is not supported, got typestr '>f4'"):
+        as_device_array(FakeCai((8, 2), ">f4"), "x_sf")
+    assert as_device_array(FakeCai((8, 2), "=f4"), "x_sf").dtype == "float32"
+    assert as_device_array(FakeCai((8, 256), ">u1"), "x").dtype == "uint8"  # one byte has no order

@@ -115,6 +115,16 @@ def test_the_layer_checks_the_mode_before_looking_for_a_gpu():
         MegaMoE(512, 256, 8, 2, 64, mode="unfused", ring_blocks=10)
 
 
+def test_a_device_other_than_the_rank_groups_is_refused_before_looking_for_a_gpu():
+    from megamoe_rt.layer import MegaMoE
+
+    class Group:  # rank 1 of 2, on device 1
+        rank, world_size, device = 1, 2, 1
+
+    with pytest.raises(ValueError, match="device=0: the rank group runs this rank on device 1"):
+        MegaMoE(512, 256, 8, 2, 64, device=0, group=Group())
+
+
 def test_each_mode_says_which_buffer_it_needs():
     spec = _spec()
     assert UnfusedMode.layout_needs(spec) == LayoutNeeds(pool="full", block_m=128)

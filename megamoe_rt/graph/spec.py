@@ -64,24 +64,33 @@ class PipelineSpec:
             raise SpecError(f"spec {self.name!r}: {exc}") from None
 
     def topological_order(self) -> list[NodeSpec]:
+        """Nodes with every dependency first. Iterative, so a long dependency chain is an
+        order, not a RecursionError; a cycle is a SpecError naming it."""
         by_name = {n.name: n for n in self.nodes}
         order: list[NodeSpec] = []
-        state: dict[str, int] = {}  # 1 = visiting, 2 = done
-
-        def visit(name: str, path: list[str]) -> None:
-            if state.get(name) == 2:
-                return
-            if state.get(name) == 1:
-                cycle = path[path.index(name) :] + [name]
-                raise SpecError(f"spec {self.name!r}: dependency cycle {' -> '.join(cycle)}")
-            state[name] = 1
-            for dep in by_name[name].deps:
-                visit(dep, path + [name])
-            state[name] = 2
-            order.append(by_name[name])
-
-        for n in self.nodes:
-            visit(n.name, [])
+        state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+        for root in self.nodes:
+            if state.get(root.name) == 2:
+                continue
+            path: list[str] = [root.name]
+            pending: list[list[str]] = [list(root.deps)]  # deps still to visit, per path entry
+            state[root.name] = 1
+            while path:
+                if not pending[-1]:
+                    done = path.pop()
+                    pending.pop()
+                    state[done] = 2
+                    order.append(by_name[done])
+                    continue
+                dep = pending[-1].pop(0)
+                if state.get(dep) == 2:
+                    continue
+                if state.get(dep) == 1:
+                    cycle = path[path.index(dep) :] + [dep]
+                    raise SpecError(f"spec {self.name!r}: dependency cycle {' -> '.join(cycle)}")
+                state[dep] = 1
+                path.append(dep)
+                pending.append(list(by_name[dep].deps))
         return order
 
 
@@ -93,8 +102,19 @@ def _positive_int(where: str, key: str, value: Any, *, allow_zero: bool = False)
     return value
 
 
+_TOP_KEYS = ("name", "partition", "node")
+_PARTITION_KEYS = ("name", "sms")
+
+
+def _no_unknown_keys(where: str, table: dict, known: tuple[str, ...]) -> None:
+    unknown = sorted(k for k in table if k not in known)
+    if unknown:
+        raise SpecError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; expected {', '.join(known)}")
+
+
 def parse_spec(data: dict, *, name: str = "<spec>", known_kernels: Iterable[str] | None = None) -> PipelineSpec:
     spec_name = str(data.get("name", name))
+    _no_unknown_keys(f"spec {spec_name!r}", data, _TOP_KEYS)
     parts_raw = data.get("partition", [])
     if not isinstance(parts_raw, list) or not parts_raw:
         raise SpecError(f"spec {spec_name!r}: needs at least one [[partition]]")
@@ -103,6 +123,7 @@ def parse_spec(data: dict, *, name: str = "<spec>", known_kernels: Iterable[str]
         where = f"spec {spec_name!r}, partition #{i + 1}"
         if not isinstance(p, dict) or "name" not in p or "sms" not in p:
             raise SpecError(f"{where}: needs name and sms")
+        _no_unknown_keys(where, p, _PARTITION_KEYS)
         sms = p["sms"]
         if sms != "rest":
             _positive_int(where, "sms", sms)

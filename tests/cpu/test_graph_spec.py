@@ -163,3 +163,24 @@ def test_more_spec_errors(mutate, message):
     mutate(data)
     with pytest.raises(SpecError, match=message):
         parse_spec(data)
+
+
+def test_unknown_keys_are_spec_errors_naming_them():
+    base = {"partition": [{"name": "a", "sms": 8}], "node": []}
+    with pytest.raises(SpecError, match="unknown key\\(s\\) 'nodes'"):
+        parse_spec(dict(base, nodes=[]))
+    with pytest.raises(SpecError, match="partition #1: unknown key\\(s\\) 'smz'"):
+        parse_spec({"partition": [{"name": "a", "sms": 8, "smz": 3}]})
+
+
+def test_a_long_dependency_chain_is_ordered_not_a_recursion_error():
+    n = 5000
+    nodes = [
+        {"name": f"n{i}", "kernel": "probe", "partition": "a", "grid": 1, "block": 32, "deps": [f"n{i + 1}"]}
+        for i in range(n - 1)
+    ] + [{"name": f"n{n - 1}", "kernel": "probe", "partition": "a", "grid": 1, "block": 32}]
+    spec = parse_spec({"partition": [{"name": "a", "sms": 8}], "node": nodes})
+    assert [x.name for x in spec.topological_order()] == [f"n{i}" for i in reversed(range(n))]
+    nodes[-1]["deps"] = ["n0"]  # close the chain into a cycle
+    with pytest.raises(SpecError, match="dependency cycle n0 -> n1 -> "):
+        parse_spec({"partition": [{"name": "a", "sms": 8}], "node": nodes})

@@ -13,6 +13,7 @@
 #pragma once
 
 #include "common/types.cuh"
+#include "common/warp_scan.cuh"
 #include "ep/params.cuh"
 #include "fused/params.cuh"
 #include "moe/params.cuh"
@@ -59,12 +60,7 @@ __device__ __forceinline__ void scan_send_offsets(const u32* counts, u32 num_exp
     const u32 e0 = min(lane * per, num_experts), e1 = min(e0 + per, num_experts);
     u32 local = 0;
     for (u32 e = e0; e < e1; ++e) local += counts[e];
-    u32 incl = local;
-#pragma unroll
-    for (u32 d = 1; d < 32; d *= 2) {
-        const u32 v = __shfl_up_sync(0xFFFFFFFFu, incl, d);
-        if (lane >= d) incl += v;
-    }
+    const u32 incl = warp_inclusive_sum(local);
     u32 running = incl - local;
     for (u32 e = e0; e < e1; ++e) {
         send_offsets[e] = static_cast<i32>(running);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "common/types.cuh"
+#include "common/warp_scan.cuh"
 #include "fused/task_stream.cuh"
 
 namespace megamoe_rt::fused {
@@ -33,12 +34,7 @@ __device__ __forceinline__ void build_unit_table(const u32* counts, u32 num_expe
         const u32 blocks = ceil_div(counts[e], kBlockRows);
         local += blocks | (ceil_div(blocks, kUnitBlocks) << 16);
     }
-    u32 incl = local;
-#pragma unroll
-    for (u32 d = 1; d < 32; d *= 2) {
-        const u32 v = __shfl_up_sync(0xFFFFFFFFu, incl, d);
-        if (lane >= d) incl += v;
-    }
+    const u32 incl = warp_inclusive_sum(local);
     u32 running = incl - local;
     for (u32 e = e0; e < e1; ++e) {
         const u32 block0 = running & 0xFFFFu, unit0 = running >> 16;

@@ -7,7 +7,7 @@ one-line :class:`GpuUnavailableError` (a RuntimeError) where none is usable.
 from __future__ import annotations
 
 from megamoe_rt._version import __version__
-from megamoe_rt.runtime.errors import CudaError, GpuUnavailableError, NvrtcError
+from megamoe_rt.runtime.errors import CudaError, DeviceInputError, GpuUnavailableError, NvrtcError
 
 # Heavier pieces load on first use so `import megamoe_rt` stays cheap.
 _LAZY = {
@@ -22,7 +22,7 @@ _LAZY = {
     "PRESETS": ("megamoe_rt.presets", "PRESETS"),
 }
 
-__all__ = ["__version__", "CudaError", "GpuUnavailableError", "NvrtcError", *_LAZY]
+__all__ = ["__version__", "CudaError", "DeviceInputError", "GpuUnavailableError", "NvrtcError", *_LAZY]
 
 
 def __getattr__(name: str):

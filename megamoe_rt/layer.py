@@ -30,15 +30,47 @@ from megamoe_rt.runtime import driver
 from megamoe_rt.runtime.arrays import as_device_array, check_array, cupy_stream, require_cupy
 from megamoe_rt.runtime.buffer import DeviceBuffer, LayerBuffer
 from megamoe_rt.runtime.deadlines import wait_timeout_ns
+from megamoe_rt.runtime.error_report import ErrorReport
+from megamoe_rt.runtime.errors import DeviceInputError, Finding
 
 # The names of the execution modes (megamoe_rt.modes.registry.MODES maps them to their classes).
 MODES = mode_names()
+
+# Report kinds about expert ids (the ones validate_ids=False leaves unraised).
+_ID_ERRORS = ("expert_id_out_of_range", "repeated_expert_id")
 
 
 def _positive(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
         raise ValueError(f"{name}: expected a positive integer, got {value!r}")
     return int(value)
+
+
+def describe_findings(findings: tuple[Finding, ...], num_topk: int, num_experts: int, rank: int | None) -> str:
+    """One message for the findings of a layer's report, naming the argument at fault
+    (``rank``: the rank's number across ranks, else None)."""
+    k, lines = num_topk, []
+    for f in findings:
+        token, slot = divmod(f.where, k)
+        if f.kind == "expert_id_out_of_range":
+            lines.append(
+                f"topk_idx: expert id outside [-1, {num_experts}) "
+                f"(e.g. topk_idx[{token}, {slot}] = {f.what_signed}); the slot was treated as empty"
+            )
+        elif f.kind == "repeated_expert_id":
+            lines.append(
+                f"topk_idx: expert repeated within a token's top-k (e.g. topk_idx[{token}, {slot}] "
+                f"= {f.what_signed} repeats an earlier slot of token {token}); the later slot was dropped"
+            )
+        elif f.kind == "pool_overflow":
+            lines.append(
+                f"topk_idx: the routing needs more of the expert pool than the buffer holds "
+                f"({f.where} needed, {f.what} available); the call was skipped"
+            )
+        else:
+            lines.append(f"{f.kind}: details {f.where}, {f.what}")
+    where = "" if rank is None else f" (rank {rank})"
+    return f"MegaMoE{where}: inputs refused on the device by an earlier call:\n  " + "\n  ".join(lines)
 
 
 class MegaMoE:
@@ -55,10 +87,14 @@ class MegaMoE:
     pow2_scale: round intermediate scales up to powers of two (UE8M0-style callers).
     track_expert_stats: keep ``expert_recv_stats`` (int32 ``[E_local]``), increased on the
         device by every call with the (token, slot) pairs each local expert received.
-    validate_ids: check expert ids before launching: in range, and no expert twice in one
-        token's top-k (a few small reductions and host reads; skipped while the stream is being
-        captured into a graph).
-    debug: also check ids on the device and raise after the call.
+    validate_ids: raise :class:`~megamoe_rt.runtime.error_report.DeviceInputError` for expert ids
+        the device refused: outside ``[-1, num_experts)``, or naming an expert an earlier slot of
+        the same token already names. The kernels check every id as they route it and treat a
+        refused slot as empty, whatever this says; the check costs no host synchronisation,
+        so the error comes later (see "Errors found on the device" below). False: refused
+        slots are dropped silently.
+    debug: wait for every call and raise what it reported before returning (and, across ranks,
+        check that every rank passed the same ``num_tokens_bound``).
     mode: ``"fused"`` (one persistent launch, pools sized as rings around the lag-ordered
         schedule; needs hidden % 256 == 0) or ``"unfused"`` (separate kernels, full-size pools).
         Default: fused where the shape allows it (it is faster on every benchmarked shape, on
@@ -76,6 +112,22 @@ class MegaMoE:
 
     ``mode`` is the mode's name; ``runner`` the mode object (megamoe_rt/modes/) that launches
     the calls, which the test and profiling hooks of :mod:`megamoe_rt.testing` act on.
+
+    Errors found on the device
+    --------------------------
+    The kernels report refused inputs into mapped host memory instead of stopping, and a call
+    never waits for the device to learn about them. A report is raised, as
+    :class:`~megamoe_rt.runtime.error_report.DeviceInputError` (a ``ValueError``), by the first
+    of these after the failing call has finished on the device:
+
+    - the next call of the layer (which then launches nothing);
+    - :meth:`check`, which looks without waiting;
+    - :meth:`synchronize`, which first waits for the device.
+
+    Nothing is raised while the stream is being captured into a graph; reports of graph replays
+    are raised the same way once the replay has finished. Every report is raised once. The
+    output of a call whose inputs were refused is what the layer computes with the refused
+    slots left empty.
     """
 
     def __init__(
@@ -186,7 +238,12 @@ class MegaMoE:
             )
             cupy.cuda.Device(self.device).synchronize()
         stats = self.expert_recv_stats
-        self.runner.bind(self.buffer, expert_recv_stats=0 if stats is None else int(stats.data.ptr))
+        self._errors = ErrorReport(self.device)
+        self.runner.bind(
+            self.buffer,
+            expert_recv_stats=0 if stats is None else int(stats.data.ptr),
+            error_report=self._errors.device_ptr,
+        )
 
     # --- weights -------------------------------------------------------------------------
 
@@ -269,6 +326,9 @@ class MegaMoE:
         if self._weights is None:
             raise RuntimeError("MegaMoE: call load_weights(w1, w1_sf, w2, w2_sf) before running the layer")
         sh = driver.stream_handle(stream)
+        capturing = driver.stream_is_capturing(sh)
+        if not capturing:
+            self._raise_reported(wait=False)
         h, k = self.hidden, self.num_topk
         xa = as_device_array(x, "x", stream=sh)
         check_array(xa, "x", dtypes=("e4m3",), ndim=2, device=self.device)
@@ -295,28 +355,42 @@ class MegaMoE:
             check_array(ya, "out", dtypes=("bf16",), shape=(t, h), device=self.device)
             if t == 0 and self.group is None:
                 return y  # across ranks a rank without tokens still serves its experts
-            capturing = driver.stream_is_capturing(sh)
-            if self.validate_ids and not capturing:
-                ids = cupy.asarray(topk_idx)
-                checks = [cupy.count_nonzero((ids < -1) | (ids >= self.num_experts))]
-                if k > 1:
-                    s = cupy.sort(ids, axis=1)
-                    checks.append(cupy.count_nonzero((s[:, 1:] == s[:, :-1]) & (s[:, 1:] >= 0)))
-                counts = cupy.stack(checks).get().tolist() + [0]  # one host read for both checks
-                if counts[0]:
-                    raise ValueError(f"topk_idx: {counts[0]} expert id(s) outside [-1, {self.num_experts})")
-                if counts[1]:
-                    raise ValueError(f"topk_idx: {counts[1]} repeated expert id(s) within a token's top-k")
             if self.group is not None and self.debug:
                 self._check_bound_on_every_rank(bound)
             self.runner.run(Call(xa.ptr, sfa.ptr, ia.ptr, wa.ptr, ya.ptr, t, idx, bound), sh)
-            if self.debug and not capturing:  # a read-back would break the capture
-                flags = int(self.buffer.view("error_flags")[0].get(stream=cupy_stream(cupy, sh)))
-                if flags & mk.ERROR_EXPERT_ID_OUT_OF_RANGE:
-                    raise ValueError(f"topk_idx: expert ids outside [-1, {self.num_experts}) (found on the device)")
-                if flags & mk.ERROR_POOL_OVERFLOW:
-                    raise ValueError("topk_idx: routing overflowed the expert pool (repeated experts in a token?)")
+            if self.debug and not capturing:  # a wait would break the capture
+                driver.synchronize_stream(sh)
+                self._raise_reported(wait=False)
         return y
+
+    # --- errors found on the device ------------------------------------------------------
+
+    def check(self) -> None:
+        """Raise what the device has reported about earlier calls' inputs so far, without
+        waiting for calls still running (:class:`DeviceInputError`; nothing when all is well)."""
+        self._raise_reported(wait=False)
+
+    def synchronize(self) -> None:
+        """Wait until all work on the layer's device has finished (calls and graph replays),
+        then raise what the device reported, like :meth:`check`."""
+        self._raise_reported(wait=True)
+
+    def _raise_reported(self, *, wait: bool) -> None:
+        if self._closed:
+            raise RuntimeError("MegaMoE: the layer was closed")
+        if not wait and not self._errors.pending():
+            return
+        # Let every call in flight finish before the report is cleared, so that a call still
+        # reporting cannot write after the clear. Only errors (and synchronize) wait here.
+        driver.synchronize_device(self.device)
+        findings = self._errors.take()
+        if not self.validate_ids:
+            findings = tuple(f for f in findings if f.kind not in _ID_ERRORS)
+        if findings:
+            raise DeviceInputError(
+                describe_findings(findings, self.num_topk, self.num_experts, self.rank if self.group else None),
+                findings,
+            )
 
     def _check_bound_on_every_rank(self, bound: int) -> None:
         """Debug mode across ranks: every rank publishes its bound and all compare, so all raise
@@ -363,6 +437,9 @@ class MegaMoE:
         close = getattr(self.buffer, "close", None)
         if close is not None:
             close()
+        errors = getattr(self, "_errors", None)
+        if errors is not None:
+            errors.close()
 
     def flops(self, num_pairs: int) -> float:
         """Useful FLOPs of a call with ``num_pairs`` routed (token, slot) pairs."""

@@ -108,9 +108,9 @@ __global__ void __launch_bounds__(kScanThreads) ep_recv_layout(const __grid_cons
     const i32 padded = (total + align - 1) / align * align;
     scan[e] = padded;
     moe::block_inclusive_scan<kScanThreads>(scan);
-    // A routing past the worst-case pool (repeated experts in a token, which the host refuses
-    // when it validates ids) is flagged and leaves every expert empty: the GEMMs then do
-    // nothing, rather than scatter rows of a previous launch into peers' combine buffers.
+    // The routing's checks keep every rank within the worst-case pool; should one still be
+    // exceeded, it is reported and leaves every expert empty: the GEMMs then do nothing,
+    // rather than scatter rows of a previous launch into peers' combine buffers.
     const bool overflow = static_cast<u32>(scan[kScanThreads - 1]) > m.pool_rows;
     if (overflow) total = 0;
     if (e < el) {
@@ -128,7 +128,9 @@ __global__ void __launch_bounds__(kScanThreads) ep_recv_layout(const __grid_cons
     }
     if (e == el - 1) {
         m.expert_offsets[el] = overflow ? 0 : scan[e];
-        if (overflow) atomicOr(m.error_flags, moe::ErrorFlags::kPoolOverflow);
+        if (overflow)
+            errors::report_error(m.errors, errors::ErrorKind::kPoolOverflow, static_cast<u32>(scan[kScanThreads - 1]),
+                                 m.pool_rows);
     }
 }
 

@@ -31,6 +31,9 @@ __global__ void __launch_bounds__(
                           const __grid_constant__ ptx::TmaDescriptor tma_b,
                           const __grid_constant__ ptx::TmaDescriptor tma_sfa) {
     using Cfg = Config<kBlockM, kBlockN, kStages, kASfGran, kBSfN, kOutSfGran, kClusterN, kLayout, Epilogue>;
+    // A group layout the check before this launch refused (and reported): every block of every
+    // cluster reads the same word and leaves before any barrier.
+    if (p.layout_state != nullptr && *p.layout_state != 0) return;
     extern __shared__ u8 smem_raw[];
     const u32 raw_addr = ptx::smem_addr_u32(smem_raw);
     const SharedStorage<Cfg> sm{smem_raw + ((1024 - raw_addr % 1024) % 1024)};

@@ -46,8 +46,9 @@ struct GemmParams {
     const u64* row_dst;        // ScatterBf16Epilogue: per-row destination byte address
     float swiglu_limit;
     u32 pad_;
+    const u32* layout_state;   // written by the group-layout check just before: nonzero = invalid, the GEMM does nothing (nullptr: unchecked)
 };
-static_assert(sizeof(GemmParams) == 112, "GemmParams: size differs from megamoe_rt/kernels/interface");
+static_assert(sizeof(GemmParams) == 120, "GemmParams: size differs from megamoe_rt/kernels/interface");
 static_assert(alignof(GemmParams) == 8, "GemmParams: alignment differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(GemmParams, num_rows, 0, "GemmParams::num_rows: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(GemmParams, n, 4, "GemmParams::n: offset differs from megamoe_rt/kernels/interface");
@@ -67,6 +68,7 @@ MEGAMOE_RT_ASSERT_OFFSET(GemmParams, row_weight, 88, "GemmParams::row_weight: of
 MEGAMOE_RT_ASSERT_OFFSET(GemmParams, row_dst, 96, "GemmParams::row_dst: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(GemmParams, swiglu_limit, 104, "GemmParams::swiglu_limit: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(GemmParams, pad_, 108, "GemmParams::pad_: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(GemmParams, layout_state, 112, "GemmParams::layout_state: offset differs from megamoe_rt/kernels/interface");
 
 // Shared memory of one pipeline stage: A and B tiles and an A-scale slot with room for
 // 64-wide groups, so GEMMs that differ only in A-scale granularity share one carve-up.

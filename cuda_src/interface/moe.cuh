@@ -4,6 +4,7 @@
 #pragma once
 
 #include "common/types.cuh"
+#include "interface/errors.cuh"
 
 namespace megamoe_rt::moe {
 
@@ -15,41 +16,35 @@ constexpr u32 kScanThreads = 1024;  // one block scans every local expert
 constexpr u32 kDispatchThreads = 256;
 constexpr u32 kCombineThreads = 128;
 
-// Bits of MoeParams::error_flags; the host reads them after a call.
-struct ErrorFlags {
-    static constexpr u32 kExpertIdOutOfRange = 1u << 0;  // a routed id is outside [-1, num_experts)
-    static constexpr u32 kPoolOverflow = 1u << 1;        // the routing needs more pool rows than the buffer has
-};
-
 // The routing, dispatch and combine kernels' view of one MoE layer call. Every pointer and
 // stride is resolved on the host from the buffer layout (megamoe_rt/schedule/layout.py).
 struct MoeParams {
-    const void* topk_idx;       // [num_tokens, num_topk], int32 or int64 global expert ids, -1 = empty
-    const float* topk_weights;  // [num_tokens, num_topk]
-    const u8* x;                // [num_tokens, hidden] e4m3
-    const float* x_sf;          // [num_tokens, hidden / 128]
+    const void* topk_idx;         // [num_tokens, num_topk], int32 or int64 global expert ids, -1 = empty
+    const float* topk_weights;    // [num_tokens, num_topk]
+    const u8* x;                  // [num_tokens, hidden] e4m3
+    const float* x_sf;            // [num_tokens, hidden / 128]
     u32 num_tokens;
     u32 num_topk;
     u32 hidden;
-    u32 num_experts;            // global
+    u32 num_experts;              // global
     u32 num_local_experts;
-    u32 first_local_expert;     // global id of local expert 0
-    u32 pool_rows;              // capacity of the expert pool
-    u32 pool_align;             // each expert's rows start on a multiple of this
-    u32 token_capacity;         // T of the combine buffer [K, T, hidden]
+    u32 first_local_expert;       // global id of local expert 0
+    u32 pool_rows;                // capacity of the expert pool
+    u32 pool_align;               // each expert's rows start on a multiple of this
+    u32 token_capacity;           // T of the combine buffer [K, T, hidden]
     u32 pad_;
-    i32* expert_counts;         // [num_local_experts]
-    i32* expert_offsets;        // [num_local_experts + 1]
-    i32* expert_cursors;        // [num_local_experts]
-    i32* expert_recv_stats;     // optional [num_local_experts], += counts every call
-    u32* error_flags;           // ErrorFlags bits
-    u8* pool;                   // [pool_rows, hidden] e4m3
-    float* pool_sf;             // [hidden / 128, pool_rows]
-    i32* pool_src;              // [pool_rows]: token * num_topk + slot
-    float* pool_weight;         // [pool_rows]
-    u64* pool_dst;              // [pool_rows]: byte address of the row's combine slot
-    u8* combine;                // [num_topk, token_capacity, hidden] bf16
-    u16* y;                     // [num_tokens, hidden] bf16 bits
+    i32* expert_counts;           // [num_local_experts]
+    i32* expert_offsets;          // [num_local_experts + 1]
+    i32* expert_cursors;          // [num_local_experts]
+    i32* expert_recv_stats;       // optional [num_local_experts], += counts every call
+    errors::ErrorReport* errors;  // mapped host memory the call reports refused inputs into
+    u8* pool;                     // [pool_rows, hidden] e4m3
+    float* pool_sf;               // [hidden / 128, pool_rows]
+    i32* pool_src;                // [pool_rows]: token * num_topk + slot
+    float* pool_weight;           // [pool_rows]
+    u64* pool_dst;                // [pool_rows]: byte address of the row's combine slot
+    u8* combine;                  // [num_topk, token_capacity, hidden] bf16
+    u16* y;                       // [num_tokens, hidden] bf16 bits
 };
 static_assert(sizeof(MoeParams) == 168, "MoeParams: size differs from megamoe_rt/kernels/interface");
 static_assert(alignof(MoeParams) == 8, "MoeParams: alignment differs from megamoe_rt/kernels/interface");
@@ -71,7 +66,7 @@ MEGAMOE_RT_ASSERT_OFFSET(MoeParams, expert_counts, 72, "MoeParams::expert_counts
 MEGAMOE_RT_ASSERT_OFFSET(MoeParams, expert_offsets, 80, "MoeParams::expert_offsets: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(MoeParams, expert_cursors, 88, "MoeParams::expert_cursors: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(MoeParams, expert_recv_stats, 96, "MoeParams::expert_recv_stats: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(MoeParams, error_flags, 104, "MoeParams::error_flags: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(MoeParams, errors, 104, "MoeParams::errors: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(MoeParams, pool, 112, "MoeParams::pool: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(MoeParams, pool_sf, 120, "MoeParams::pool_sf: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(MoeParams, pool_src, 128, "MoeParams::pool_src: offset differs from megamoe_rt/kernels/interface");

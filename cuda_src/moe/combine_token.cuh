@@ -11,14 +11,13 @@ namespace megamoe_rt::moe {
 
 static_assert(kMaxTopk <= 32, "a slot mask holds one bit per top-k slot");
 
-// Slots of `token` that routed to some expert (-1 and out-of-range ids are not).
+// Slots of `token` that routed to some expert (empty and refused slots are not: the
+// classification of routed_expert, without reporting again what routing reported).
 template <typename IdxT>
 __device__ __forceinline__ u32 valid_slot_mask(const MoeParams& p, u32 token) {
     u32 mask = 0;
-    for (u32 k = 0; k < p.num_topk; ++k) {
-        const i64 id = load_expert_id<IdxT>(p, token * p.num_topk + k);
-        if (id >= 0 && id < static_cast<i64>(p.num_experts)) mask |= 1u << k;
-    }
+    for (u32 k = 0; k < p.num_topk; ++k)
+        if (routed_expert<IdxT>(p, token * p.num_topk + k, /*report=*/false) >= 0) mask |= 1u << k;
     return mask;
 }
 

@@ -25,7 +25,7 @@ __global__ void __launch_bounds__(kDispatchThreads) moe_dispatch(const __grid_co
             if (e >= 0) {
                 row = p.expert_offsets[e] + atomicAdd(&p.expert_cursors[e], 1);
                 if (static_cast<u32>(row) >= p.pool_rows) {
-                    atomicOr(p.error_flags, ErrorFlags::kPoolOverflow);
+                    errors::report_error(p.errors, errors::ErrorKind::kPoolOverflow, pair, p.pool_rows);
                     row = -1;
                 }
             }

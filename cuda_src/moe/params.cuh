@@ -1,8 +1,9 @@
-// Device helpers over the parameters of the routing, dispatch and combine kernels. MoeParams,
-// ErrorFlags and the limits are declared in megamoe_rt/kernels/interface/moe.py (generated
-// into interface/moe.cuh); the host resolves every pointer and stride from the buffer layout.
+// Device helpers over the parameters of the routing, dispatch and combine kernels. MoeParams
+// and the limits are declared in megamoe_rt/kernels/interface/moe.py (generated into
+// interface/moe.cuh); the host resolves every pointer and stride from the buffer layout.
 #pragma once
 
+#include "common/error_report.cuh"
 #include "common/types.cuh"
 #include "interface/moe.cuh"
 
@@ -13,29 +14,42 @@ __device__ __forceinline__ i64 load_expert_id(const MoeParams& p, u32 pair) {
     return static_cast<i64>(static_cast<const IdxT*>(p.topk_idx)[pair]);
 }
 
-// Global expert of a pair, or -1 for empty slots and (flagged) out-of-range ids.
+// The global expert a pair is routed to, or -1. Empty slots are -1; so are refused ones, which
+// are reported: an id outside [-1, num_experts), and an id an earlier slot of the same token
+// already names (the first occurrence is kept). Every kernel classifies a pair through this
+// one function, so all of them drop the same pairs.
 template <typename IdxT>
-__device__ __forceinline__ i32 global_expert(const MoeParams& p, u32 pair) {
+__device__ __forceinline__ i32 routed_expert(const MoeParams& p, u32 pair, bool report = true) {
     const i64 id = load_expert_id<IdxT>(p, pair);
     if (id == -1) return -1;
     if (id < -1 || id >= static_cast<i64>(p.num_experts)) {
-        atomicOr(p.error_flags, ErrorFlags::kExpertIdOutOfRange);
+        // The id itself, saturated to 32 bits (the host reads it back as a signed number).
+        const i64 shown = id < -0x80000000ll ? -0x80000000ll : (id > 0x7fffffffll ? 0x7fffffffll : id);
+        if (report)
+            errors::report_error(p.errors, errors::ErrorKind::kExpertIdOutOfRange, pair, static_cast<u32>(shown));
         return -1;
+    }
+    for (u32 q = pair - pair % p.num_topk; q < pair; ++q) {
+        if (load_expert_id<IdxT>(p, q) == id) {
+            if (report) errors::report_error(p.errors, errors::ErrorKind::kRepeatedExpertId, pair, static_cast<u32>(id));
+            return -1;
+        }
     }
     return static_cast<i32>(id);
 }
 
-// Local expert of a routed id, or -1 for empty slots, other ranks' experts and
-// (flagged) out-of-range ids.
+// Global expert of a pair, or -1 for empty and refused slots.
+template <typename IdxT>
+__device__ __forceinline__ i32 global_expert(const MoeParams& p, u32 pair) {
+    return routed_expert<IdxT>(p, pair);
+}
+
+// Local expert of a pair, or -1 for empty and refused slots and other ranks' experts.
 template <typename IdxT>
 __device__ __forceinline__ i32 local_expert(const MoeParams& p, u32 pair) {
-    const i64 id = load_expert_id<IdxT>(p, pair);
-    if (id == -1) return -1;
-    if (id < -1 || id >= static_cast<i64>(p.num_experts)) {
-        atomicOr(p.error_flags, ErrorFlags::kExpertIdOutOfRange);
-        return -1;
-    }
-    const i64 local = id - static_cast<i64>(p.first_local_expert);
+    const i32 id = routed_expert<IdxT>(p, pair);
+    if (id < 0) return -1;
+    const i64 local = static_cast<i64>(id) - static_cast<i64>(p.first_local_expert);
     return (local >= 0 && local < static_cast<i64>(p.num_local_experts)) ? static_cast<i32>(local) : -1;
 }
 

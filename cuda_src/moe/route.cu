@@ -34,7 +34,8 @@ __global__ void __launch_bounds__(kScanThreads) moe_pool_offsets(const __grid_co
     }
     if (e == p.num_local_experts - 1) {
         p.expert_offsets[p.num_local_experts] = scan[e];
-        if (static_cast<u32>(scan[e]) > p.pool_rows) atomicOr(p.error_flags, ErrorFlags::kPoolOverflow);
+        if (static_cast<u32>(scan[e]) > p.pool_rows)
+            errors::report_error(p.errors, errors::ErrorKind::kPoolOverflow, static_cast<u32>(scan[e]), p.pool_rows);
     }
 }
 

@@ -98,6 +98,11 @@ __device__ __forceinline__ void st_release_sys_u64(u64* ptr, u64 v) {
     asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(ptr), "l"(v) : "memory");
 }
 
+// A report word the host polls (mapped pinned memory): no ordering with anything else is needed.
+__device__ __forceinline__ void st_relaxed_sys_u64(u64* ptr, u64 v) {
+    asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(ptr), "l"(v) : "memory");
+}
+
 __device__ __forceinline__ void red_release_sys_add_u64(u64* ptr, u64 v) {
     asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(ptr), "l"(v) : "memory");
 }

@@ -1,4 +1,4 @@
-"""``python -m megamoe_rt.cli.bench gemm|moe ...``: the benchmark commands as a module, so that
+"""``python -m megamoe_rt.cli.bench gemm|moe|overhead ...``: the benchmark commands as a module, so that
 ``megamoe-rt launch -n N -m megamoe_rt.cli.bench moe ...`` runs the layer benchmark across the
 launched ranks; outside a launch it is ``megamoe-rt bench ...``."""
 
@@ -8,15 +8,15 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m megamoe_rt.cli.bench gemm|moe ...``; started by ``megamoe-rt launch -n N -m
-    megamoe_rt.cli.bench moe ...`` the layer benchmark runs across the launched ranks."""
+    """``python -m megamoe_rt.cli.bench gemm|moe|overhead ...``; started by ``megamoe-rt launch -n N -m
+    megamoe_rt.cli.bench moe|overhead ...`` the layer benchmarks run across the launched ranks."""
     from megamoe_rt.ep.launch import launched
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    if launched() and argv[:1] == ["moe"]:
+    if launched() and argv[:1] in (["moe"], ["overhead"]):
         from megamoe_rt.cli.bench_ep import main_ep
 
-        return main_ep(argv[1:])
+        return main_ep(argv[1:], what=argv[0])
     from megamoe_rt.cli.main import main as cli_main
 
     return cli_main(["bench", *argv])

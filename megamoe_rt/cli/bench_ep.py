@@ -110,11 +110,11 @@ def bench_moe_ep(
     return rows
 
 
-def main_ep(argv: list[str]) -> int:
+def main_ep(argv: list[str], what: str = "moe") -> int:
     from megamoe_rt.ep.launch import context_from_env
     from megamoe_rt.ep.symm import NvshmemRuntime
 
-    ap = argparse.ArgumentParser(prog="megamoe_rt.cli.bench moe (across ranks)")
+    ap = argparse.ArgumentParser(prog=f"megamoe_rt.cli.bench {what} (across ranks)")
     ap.add_argument("--preset", dest="presets", default="flash", type=lambda s: s.split(","))
     ap.add_argument("--tokens", default="64,256,2048,8192", type=lambda s: [int(v) for v in s.split(",")])
     ap.add_argument("--mode", default="unfused", type=lambda s: s.split(","))
@@ -122,6 +122,14 @@ def main_ep(argv: list[str]) -> int:
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     ctx = context_from_env()
-    bench_moe_ep(ctx, a.presets, a.tokens, modes=a.mode, rounds=a.rounds, json_path=a.json)
+    if what == "overhead":
+        import cupy as cp
+
+        from megamoe_rt.cli.bench_overhead import bench_overhead
+
+        cp.cuda.Device(ctx.device).use()
+        bench_overhead(a.presets, a.tokens, modes=a.mode, rounds=a.rounds, group=ctx, json_path=a.json)
+    else:
+        bench_moe_ep(ctx, a.presets, a.tokens, modes=a.mode, rounds=a.rounds, json_path=a.json)
     NvshmemRuntime.initialize(ctx).finalize()
     return 0

@@ -282,7 +282,17 @@ def cmd_bench(args) -> int:
     from megamoe_rt.cli.benchmarks import bench_gemm, bench_moe
 
     print(f"device {info.ordinal}: {info.name}, {info.sm_count} SMs")
-    if args.what == "gemm":
+    if args.what == "overhead":
+        from megamoe_rt.cli.bench_overhead import bench_overhead
+
+        bench_overhead(
+            args.presets,
+            args.tokens or [64, 2048],
+            modes=args.mode,
+            rounds=args.rounds,
+            json_path=args.json,
+        )
+    elif args.what == "gemm":
         bench_gemm(
             args.presets,
             args.tokens or [512, 2048, 8192],
@@ -439,7 +449,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_sweep)
 
     s = sub.add_parser("bench", help="benchmarks on a Hopper GPU (CUDA-event device time, arms bracketed in rounds)")
-    s.add_argument("what", choices=("gemm", "moe"), help="what to measure")
+    s.add_argument(
+        "what",
+        choices=("gemm", "moe", "overhead"),
+        help="what to measure (overhead: eager layer calls against graph replays, default tokens 64,2048)",
+    )
     s.add_argument(
         "--mode",
         type=_modes,

@@ -203,19 +203,29 @@ CHECK_LAYOUT_SPEC = KernelSpec(
     source="gemm/check_group_layout.cu",
     entry="megamoe_rt::gemm::check_group_layout",
     block_threads=32,
-    uses_printf=True,
-    params=(GemmParams, ctypes.c_uint32, ctypes.c_uint32),
+    params=(GemmParams, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_uint64),
 )
 
 
-def prepare_layout_check(launch: GemmLaunch, *, device: int) -> PreparedGemm:
+def prepare_layout_check(launch: GemmLaunch, *, device: int, state: int, error_report: int) -> PreparedGemm:
+    """The one-thread check of the group layout that runs before the GEMM: it writes the word at
+    ``state`` (which the GEMM's ``layout_state`` must point to) and reports a bad entry into the
+    :class:`~megamoe_rt.runtime.error_report.ErrorReport` at ``error_report``."""
     from megamoe_rt.kernels.loader import get_kernel
 
+    if launch.params.layout_state != state:
+        raise ValueError("prepare_layout_check: the GEMM's params.layout_state must be the checked state word")
     kernel = get_kernel(CHECK_LAYOUT_SPEC, device)
     return PreparedGemm(
         kernel,
         1,
         32,
         (1, 1, 1),
-        [launch.params, ctypes.c_uint32(launch.config.block_m), ctypes.c_uint32(LAYOUTS[launch.config.layout])],
+        [
+            launch.params,
+            ctypes.c_uint32(launch.config.block_m),
+            ctypes.c_uint32(LAYOUTS[launch.config.layout]),
+            ctypes.c_uint64(state),
+            ctypes.c_uint64(error_report),
+        ],
     )

@@ -27,6 +27,8 @@ from megamoe_rt.kernels.gemm_heuristics import choose_config
 from megamoe_rt.kernels.operands import Fp8Operand, ScaleFactors, activation_operand, kmajor_rows, weight_operand
 from megamoe_rt.runtime import driver
 from megamoe_rt.runtime.arrays import DeviceArray, as_device_array, check_array, cupy_stream, require_cupy
+from megamoe_rt.runtime.error_report import ErrorReport
+from megamoe_rt.runtime.errors import DeviceInputError
 
 GROUP_ALIGN = 128  # contiguous-layout group starts; valid for every tile shape
 
@@ -107,9 +109,17 @@ class GroupedGemmPlan:
     stream: int
     refresh_scales: Callable[[int], None] | None = None
     keep: tuple[Any, ...] = ()
+    errors: ErrorReport | None = None  # what the layout check reports into
+    device: int | None = None
+    layout: str = "contiguous"
+    num_groups: int = 0
 
     def run(self, stream: Any = None) -> Any:
+        """Enqueue the GEMM (and its layout check). A bad group layout an earlier run's check
+        reported is raised here first, as :class:`DeviceInputError`, and nothing is launched."""
         sh = self.stream if stream is None else driver.stream_handle(stream)
+        if self.errors is not None and self.errors.pending():
+            self.check(wait=True)
         if self.refresh_scales is not None:
             self.refresh_scales(sh)
         if self.layout_check is not None:
@@ -117,11 +127,41 @@ class GroupedGemmPlan:
         self.gemm.run(sh)
         return self.result
 
+    def check(self, *, wait: bool = False) -> None:
+        """Raise what the layout check has reported (a ValueError naming the bad group entry).
+        ``wait``: first wait for all work on the device, so every run so far has been checked."""
+        if self.errors is None or not (wait or self.errors.pending()):
+            return
+        driver.synchronize_device(self.device)
+        found = self.errors.take()
+        if found:
+            f = found[0]
+            g = self.num_groups
+            if self.layout == "masked":
+                entry = f"masked_counts[{f.where}] = {f.what_signed} (expected 0..rows per group)"
+            elif f.where <= g:
+                entry = (
+                    f"group_offsets[{f.where}] = {f.what_signed} (expected non-decreasing multiples of the "
+                    f"tile height, at most the rows of a)"
+                )
+            else:
+                entry = f"group_counts[{f.where - g - 1}] = {f.what_signed} (expected >= 0)"
+            raise DeviceInputError(f"grouped GEMM: {entry}; the GEMM was skipped (output not written)", found)
+
 
 def grouped_gemm_fp8(a: Any, a_sf: Any, b: Any, b_sf: Any, **kwargs: Any) -> Any:
     """Grouped FP8 GEMM; returns ``out`` (bf16 bits as uint16) or None with ``row_dst``.
-    Arguments as :func:`plan_grouped_gemm_fp8`; this plans and runs once."""
-    return plan_grouped_gemm_fp8(a, a_sf, b, b_sf, **kwargs).run()
+    Arguments as :func:`plan_grouped_gemm_fp8`; this plans and runs once. With
+    ``check_layout=True`` (the default) it waits for the device's layout check and raises
+    :class:`DeviceInputError` for a bad group layout; plans do not wait (see
+    :meth:`GroupedGemmPlan.run`)."""
+    return _run_once(plan_grouped_gemm_fp8(a, a_sf, b, b_sf, **kwargs))
+
+
+def _run_once(plan: GroupedGemmPlan) -> Any:
+    result = plan.run()
+    plan.check(wait=True)
+    return result
 
 
 def plan_grouped_gemm_fp8(
@@ -148,7 +188,8 @@ def plan_grouped_gemm_fp8(
     Exactly one of ``group_offsets`` (int32 ``[G+1]``) and ``masked_counts`` (int32 ``[G]``).
     ``row_dst``: uint64 ``[M]`` byte addresses; row r of D is written there (0 skips it)
     instead of into ``out``. ``check_layout`` runs a one-thread device check of the
-    offsets/counts first (it traps with a message on a violated contract).
+    offsets/counts before each GEMM: a violated contract makes that GEMM do nothing and is
+    raised by the plan's next :meth:`~GroupedGemmPlan.run` or :meth:`~GroupedGemmPlan.check`.
     ``a_sf_kmajor=True``: ``a_sf`` is already ``[K/gran, rows_pad]`` (rows padded to a
     multiple of 4), the layout the SwiGLU epilogue writes, and is used without a copy.
     ``config`` overrides the heuristic's tile choice (tuning and tests); it must match the
@@ -237,7 +278,7 @@ def _plan(
     if rows == 0:
         return GroupedGemmPlan(k.PreparedGemm(None, 0, 0, (1, 1, 1), []), None, result, sh)
     refresh = None
-    keep = (a.array, _scales(a).array, b.array, _scales(b).array)
+    keep: tuple[Any, ...] = (a.array, _scales(a).array, b.array, _scales(b).array)
     if not _scales(a).kmajor:
         # TMA loads the scales k-major; the plan re-lays the caller's row-major ones before each run.
         src = cupy.asarray(a_sf_obj)
@@ -251,10 +292,30 @@ def _plan(
         refresh = relayout_scales
         a = a.with_scales(_scales(a).kmajor_copy(a, sfa_t))
 
+    check, errors = None, None
+    if check_layout:
+        state = cupy.zeros(1, dtype=cupy.uint32)
+        errors = ErrorReport(info.ordinal)
+        p.layout_state = int(state.data.ptr)
+        keep += (state,)
     launch = k.GemmLaunch(cfg, a, b, p)
     gemm = k.prepare_gemm(launch, device=info.ordinal, sm_count=info.sm_count)
-    check = k.prepare_layout_check(launch, device=info.ordinal) if check_layout else None
-    return GroupedGemmPlan(gemm, check, result, sh, refresh, keep=keep + (_scales(a).array,))
+    if errors is not None:
+        check = k.prepare_layout_check(
+            launch, device=info.ordinal, state=p.layout_state, error_report=errors.device_ptr
+        )
+    return GroupedGemmPlan(
+        gemm,
+        check,
+        result,
+        sh,
+        refresh,
+        keep=keep + (_scales(a).array,),
+        errors=errors,
+        device=info.ordinal,
+        layout=cfg.layout,
+        num_groups=p.num_groups,
+    )
 
 
 # --- L1 with the fused SwiGLU / requant epilogue ------------------------------------------
@@ -288,8 +349,9 @@ def prepare_swiglu_weights(w1: Any, w1_sf: Any) -> tuple[Any, Any]:
 
 def grouped_gemm_swiglu_fp8(a: Any, a_sf: Any, w1p: Any, w1p_sf: Any, row_weight: Any, **kwargs: Any) -> Any:
     """L1 GEMM with the fused epilogue; arguments as :func:`plan_grouped_gemm_swiglu_fp8`.
-    Plans, runs once and returns ``(q, sf)``."""
-    return plan_grouped_gemm_swiglu_fp8(a, a_sf, w1p, w1p_sf, row_weight, **kwargs).run()
+    Plans, runs once and returns ``(q, sf)`` (waiting for the layout check as
+    :func:`grouped_gemm_fp8` does)."""
+    return _run_once(plan_grouped_gemm_swiglu_fp8(a, a_sf, w1p, w1p_sf, row_weight, **kwargs))
 
 
 def plan_grouped_gemm_swiglu_fp8(

@@ -16,9 +16,6 @@ COMBINE_THREADS = decl.COMBINE_THREADS.value
 MAX_LOCAL_EXPERTS = decl.MAX_LOCAL_EXPERTS.value
 MAX_TOPK = decl.MAX_TOPK.value
 
-ERROR_EXPERT_ID_OUT_OF_RANGE = decl.ERROR_FLAGS["expert_id_out_of_range"]
-ERROR_POOL_OVERFLOW = decl.ERROR_FLAGS["pool_overflow"]
-
 
 _IDX_CXX = {"int32": "megamoe_rt::i32", "int64": "megamoe_rt::i64"}
 

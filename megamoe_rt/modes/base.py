@@ -11,7 +11,7 @@ Life of a mode object, driven by the layer:
 1. ``cls.refusal(spec)`` (may this shape run here at all?) and ``cls.layout_needs(spec, ring_blocks)``;
    the layer computes the :class:`BufferLayout` once from those needs;
 2. ``mode = cls(spec, layout)``: host-only checks of the layout (no device work);
-3. ``mode.bind(buffer, expert_recv_stats=ptr)`` once the buffer exists;
+3. ``mode.bind(buffer, expert_recv_stats=ptr, error_report=ptr)`` once the buffer exists;
 4. ``mode.load(weights)``: plans, tensor maps, kernels;
 5. ``mode.run(call, stream)`` per call; ``mode.memory_notes()`` for the memory report;
 6. ``mode.close()``.
@@ -140,10 +140,11 @@ class Mode(ABC):
     # The workspace region the MoE kernels read per-expert received counts from.
     counts_region: str = "expert_recv_counts"
 
-    def bind(self, buffer: LayerBuffer, *, expert_recv_stats: int = 0) -> None:
+    def bind(self, buffer: LayerBuffer, *, expert_recv_stats: int = 0, error_report: int = 0) -> None:
         """Attach the layer's buffer (laid out by ``self.layout``): resolve every address a call
         uses, and across ranks write the peer table. ``expert_recv_stats``: device address of the
-        layer's statistics array (0: none)."""
+        layer's statistics array; ``error_report``: device address of the layer's
+        :class:`~megamoe_rt.runtime.error_report.ErrorReport` (0: none for either)."""
         self.buffer = b = buffer
         s, lay = self.spec, self.layout
         # Everything of MoeParams that does not change between calls, resolved once.
@@ -160,7 +161,7 @@ class Mode(ABC):
             expert_offsets=b.ptr("expert_pool_offsets"),
             expert_cursors=b.ptr("expert_cursors"),
             expert_recv_stats=int(expert_recv_stats),
-            error_flags=b.ptr("error_flags"),
+            errors=int(error_report),
             pool=b.ptr("l1_pool"),
             pool_sf=b.ptr("l1_pool_sf"),
             pool_src=b.ptr("l1_pool_src"),

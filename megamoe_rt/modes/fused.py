@@ -307,11 +307,6 @@ class FusedMode(Mode):
         # Applied in order to every launch's parameter struct before it is enqueued. Empty in
         # production; megamoe_rt.testing sets it (withheld blocks, traces, forced orders).
         self.params_transforms: tuple[ParamsTransform, ...] = ()
-        self._error_flags = 0
-
-    def bind(self, buffer: LayerBuffer, *, expert_recv_stats: int = 0) -> None:
-        super().bind(buffer, expert_recv_stats=expert_recv_stats)
-        self._error_flags = buffer.ptr("error_flags")
 
     def load(self, weights: Weights) -> None:
         s = self.spec
@@ -340,10 +335,6 @@ class FusedMode(Mode):
         return params
 
     def run(self, call: Call, stream: int) -> None:
-        # Flags are only read in debug mode; without the memset a decode-sized call's kernel
-        # directly follows the previous kernel and can use PDL.
-        if self.spec.debug:
-            driver.memset_d32_async(self._error_flags, 0, 4, stream)
         if self.spec.expert_parallel:
             stage_inputs(self.bound_buffer(), call.x, call.x_sf, call.num_tokens, stream)
         assert self.plan is not None, "run before load"

@@ -49,10 +49,9 @@ class UnfusedMode(Mode):
         self._ep_kernels: dict[str, dict[str, Any]] = {}
         self._ep_fixed: dict[str, Any] = {}
 
-    def bind(self, buffer: LayerBuffer, *, expert_recv_stats: int = 0) -> None:
-        super().bind(buffer, expert_recv_stats=expert_recv_stats)
+    def bind(self, buffer: LayerBuffer, *, expert_recv_stats: int = 0, error_report: int = 0) -> None:
+        super().bind(buffer, expert_recv_stats=expert_recv_stats, error_report=error_report)
         b, lay = buffer, self.layout
-        self._flags = b.ptr("error_flags")
         self._recv_counts = b.ptr("expert_recv_counts")
         if self.expert_parallel:
             ws = lay.region("workspace").offset
@@ -129,7 +128,6 @@ class UnfusedMode(Mode):
         if not self.expert_parallel:
             kernels = self.moe_kernels(call.idx)
             grid = mk.grids(t, s.num_topk, s.sm_count)
-            driver.memset_d32_async(self._flags, 0, 4, stream)
             driver.memset_d32_async(self._recv_counts, 0, s.num_local_experts, stream)
             mk.launch_route_dispatch(kernels, moe, grid, stream)
             l1.run(stream)
@@ -141,7 +139,6 @@ class UnfusedMode(Mode):
         stage_inputs(self.bound_buffer(), call.x, call.x_sf, t, stream)
         driver.memset_d32_async(self._send_counts, 0, s.num_experts, stream)
         driver.memset_d32_async(self._send_cursors, 0, s.num_experts, stream)
-        driver.memset_d32_async(self._flags, 0, 4, stream)
         ek.launch_before_gemms(
             kernels, params, pairs=t * s.num_topk, pool_rows=self.layout.pool_rows, sm_count=s.sm_count, stream=stream
         )

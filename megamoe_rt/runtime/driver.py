@@ -475,12 +475,13 @@ class Stream:
 
 
 class Event:
-    """A CUDA event with timing enabled (a ``cuda.core.Event`` underneath, as :attr:`core`)."""
+    """A CUDA event (a ``cuda.core.Event`` underneath, as :attr:`core`). ``timing=False`` gives
+    the cheaper kind that only marks completion (no :meth:`elapsed_ms`)."""
 
-    def __init__(self, *, device: int | None = None):
+    def __init__(self, *, device: int | None = None, timing: bool = True):
         core = _core()
         dev = core_device(device)
-        self._event = core_call("cuEventCreate", dev.create_event, options=core.EventOptions(timing_enabled=True))
+        self._event = core_call("cuEventCreate", dev.create_event, options=core.EventOptions(timing_enabled=timing))
 
     @property
     def core(self) -> Any:
@@ -532,6 +533,12 @@ def stream_is_capturing(stream: Any = None) -> bool:
     cu = _cu()
     status = call(cu.cuStreamIsCapturing, stream_handle(stream))
     return bool(status != cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE)
+
+
+def synchronize_device(ordinal: int | None = None) -> None:
+    """Wait for all work on a device (its primary context)."""
+    ensure_context(ordinal)
+    call(_cu().cuCtxSynchronize)
 
 
 def synchronize_stream(stream: Any = None) -> None:

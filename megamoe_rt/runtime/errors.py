@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 class CudaError(RuntimeError):
     """A CUDA driver call returned something other than CUDA_SUCCESS.
@@ -40,3 +42,27 @@ class GpuUnavailableError(RuntimeError):
 
     The message is one line saying what is needed.
     """
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One reported kind of error: ``kind`` (an ErrorKind key such as ``"expert_id_out_of_range"``)
+    and the two details the kernel stored (what they mean depends on the kind)."""
+
+    kind: str
+    where: int
+    what: int
+
+    @property
+    def what_signed(self) -> int:
+        """``what`` read as a signed 32-bit number (an expert id of -5 comes back as -5)."""
+        return self.what - (1 << 32) if self.what >= 1 << 31 else self.what
+
+
+class DeviceInputError(ValueError):
+    """Inputs that a kernel refused on the device. ``findings`` lists what was reported, one
+    :class:`Finding` per kind; the message names the argument at fault."""
+
+    def __init__(self, message: str, findings: tuple[Finding, ...]):
+        super().__init__(message)
+        self.findings = findings

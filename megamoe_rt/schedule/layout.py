@@ -56,7 +56,6 @@ _ACT_SF_GRAN_CHOICES = (64, 128)
 _POOL_CHOICES = ("full", "ring")
 _GRID_SYNC_WORDS = 32
 _PARITY_BANKS = 2  # counters and signal words peers write: one bank per launch parity
-_ERROR_FLAG_WORDS = 4
 
 
 def ep_bank_words(num_ranks: int, num_local_experts: int) -> int:
@@ -265,12 +264,6 @@ def symm_buffer_layout(
         "uint32",
         (_GRID_SYNC_WORDS,),
         "launches so far; the parity picks the fused kernel's counter bank",
-    )
-    ws.add(
-        "error_flags",
-        "uint32",
-        (_ERROR_FLAG_WORDS,),
-        "device-side input checks (bit 0: expert id out of range, bit 1: pool overflow)",
     )
     if r > 1:
         ws.add("ep_send_counts", "int32", (e,), "this rank's pairs per global expert")

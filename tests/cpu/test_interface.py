@@ -167,7 +167,7 @@ def test_host_names_come_from_the_declarations():
     assert fused.FusedParams is fused_decl.FUSED_PARAMS.ctype
     assert gemm.LAYOUTS == {"contiguous": 0, "masked": 1}
     assert gemm.FLAG_CLAMP == 1 and gemm.FLAG_POW2_SCALE == 2
-    assert moe.ERROR_EXPERT_ID_OUT_OF_RANGE == 1 and moe.ERROR_POOL_OVERFLOW == 2
+    assert moe.MoeParams.errors is not None
     assert ep.EpParams._fields_[0][1] is moe.MoeParams
     text = generate.generate()["interface/sync.cuh"]
     for message in deadlines.WAIT_SITES:

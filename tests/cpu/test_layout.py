@@ -151,7 +151,6 @@ def test_flash_full_pool_sizes():
         32 * 4,  # grid_sync                128
         2 * (2 * 256 + 3 * blocks + 1) * 4,  # fused_banks 78576 (counts and cursors per global expert)
         32 * 4,  # launch_epoch             128
-        4 * 4,  # error_flags               16
         256 * 4,  # ep_send_counts          1024
         257 * 4,  # ep_send_offsets         1028
         256 * 4,  # ep_send_cursors         1024
@@ -165,7 +164,7 @@ def test_flash_full_pool_sizes():
         ws_end = up(ws_end, 128) + part
     expected["workspace"] = up(ws_end, 1024)
     assert expected["workspace"] == up(
-        1024 + 256 + 128 + 128 + 78592 + 128 + 128 + 1024 + 1152 + 1024 + 1152 + 128 + 4224 + 64, 1024
+        1024 + 256 + 128 + 128 + 78592 + 128 + 1024 + 1152 + 1024 + 1152 + 128 + 4224 + 64, 1024
     )
     expected["send_list"] = 8192 * 6 * 8
 
@@ -188,7 +187,7 @@ def test_flash_full_pool_sizes():
         + up(8192 * 6 * 8)  # send_list
         + expected["workspace"]  # workspace
     )
-    assert lay.total_bytes == total == 2_960_653_312
+    assert lay.total_bytes == total == 2_960_652_288
     assert lay.region("l1_pool").offset == sum(up(expected[n]) for n in TOP_LEVEL[:2])
 
 

@@ -78,6 +78,11 @@ GEMM_PARAMS = Struct(
         Field("row_dst", Ptr(U64, const=True), "ScatterBf16Epilogue: per-row destination byte address"),
         Field("swiglu_limit", F32),
         Field("pad_", U32),
+        Field(
+            "layout_state",
+            Ptr(U32, const=True),
+            "written by the group-layout check just before: nonzero = invalid, the GEMM does nothing (nullptr: unchecked)",
+        ),
     ],
     doc="Runtime parameters of the grouped FP8 GEMM. Every offset and stride is computed on the\n"
     "host and arrives ready to use.",

@@ -11,12 +11,11 @@ from megamoe_rt.kernels.interface.decl import (
     VOID,
     Constant,
     Field,
-    Flag,
-    Flags,
     Header,
     Ptr,
     Struct,
 )
+from megamoe_rt.kernels.interface.errors import ERROR_REPORT
 
 MAX_LOCAL_EXPERTS = Constant(
     "kMaxLocalExperts", 1024, doc="the count kernel's shared histogram and the one-block scan hold one entry each"
@@ -26,15 +25,6 @@ COUNT_THREADS = Constant("kCountThreads", 256)
 SCAN_THREADS = Constant("kScanThreads", 1024, doc="one block scans every local expert")
 DISPATCH_THREADS = Constant("kDispatchThreads", 256)
 COMBINE_THREADS = Constant("kCombineThreads", 128)
-
-ERROR_FLAGS = Flags(
-    "ErrorFlags",
-    [
-        Flag("kExpertIdOutOfRange", 0, "expert_id_out_of_range", "a routed id is outside [-1, num_experts)"),
-        Flag("kPoolOverflow", 1, "pool_overflow", "the routing needs more pool rows than the buffer has"),
-    ],
-    doc="Bits of MoeParams::error_flags; the host reads them after a call.",
-)
 
 MOE_PARAMS = Struct(
     "MoeParams",
@@ -59,7 +49,7 @@ MOE_PARAMS = Struct(
         Field("expert_offsets", Ptr(I32), "[num_local_experts + 1]"),
         Field("expert_cursors", Ptr(I32), "[num_local_experts]"),
         Field("expert_recv_stats", Ptr(I32), "optional [num_local_experts], += counts every call"),
-        Field("error_flags", Ptr(U32), "ErrorFlags bits"),
+        Field("errors", Ptr(ERROR_REPORT), "mapped host memory the call reports refused inputs into"),
         Field("pool", Ptr(U8), "[pool_rows, hidden] e4m3"),
         Field("pool_sf", Ptr(F32), "[hidden / 128, pool_rows]"),
         Field("pool_src", Ptr(I32), "[pool_rows]: token * num_topk + slot"),
@@ -82,7 +72,6 @@ HEADER = Header(
         SCAN_THREADS,
         DISPATCH_THREADS,
         COMBINE_THREADS,
-        ERROR_FLAGS,
         MOE_PARAMS,
     ],
     doc="Parameters and limits of the routing, dispatch and combine kernels.",

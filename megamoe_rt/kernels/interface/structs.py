@@ -9,6 +9,7 @@ __all__ = [
     "BankLayout",
     "EpBankLayout",
     "EpParams",
+    "ErrorReport",
     "FusedParams",
     "GemmParams",
     "GridBarrierWords",
@@ -86,6 +87,21 @@ class GridBarrierWords(ctypes.Structure):
     ]
 
 
+class ErrorReport(ctypes.Structure):
+    """Mapped pinned host memory the kernels of one layer (or one GEMM plan) report into.
+    Words are written with plain system-scope stores, each by whichever thread found the
+    error last: a word names one occurrence, not all of them.
+
+    ``megamoe_rt::errors::ErrorReport``, declared in megamoe_rt/kernels/interface/errors.py.
+    """
+
+    words: ctypes.Array[ctypes.c_uint64]  # per ErrorKind: 0, or kErrorRaised | (where & 0x7fffffff) << 32 | what
+
+    _fields_ = [
+        ("words", ctypes.c_uint64 * 4),
+    ]
+
+
 class GemmParams(ctypes.Structure):
     """Runtime parameters of the grouped FP8 GEMM. Every offset and stride is computed on the
     host and arrives ready to use.
@@ -111,6 +127,7 @@ class GemmParams(ctypes.Structure):
     row_dst: int  # ScatterBf16Epilogue: per-row destination byte address
     swiglu_limit: float
     pad_: int
+    layout_state: int  # written by the group-layout check just before: nonzero = invalid, the GEMM does nothing (nullptr: unchecked)
 
     _fields_ = [
         ("num_rows", ctypes.c_uint32),
@@ -131,6 +148,7 @@ class GemmParams(ctypes.Structure):
         ("row_dst", ctypes.c_uint64),
         ("swiglu_limit", ctypes.c_float),
         ("pad_", ctypes.c_uint32),
+        ("layout_state", ctypes.c_uint64),
     ]
 
 
@@ -159,7 +177,7 @@ class MoeParams(ctypes.Structure):
     expert_offsets: int  # [num_local_experts + 1]
     expert_cursors: int  # [num_local_experts]
     expert_recv_stats: int  # optional [num_local_experts], += counts every call
-    error_flags: int  # ErrorFlags bits
+    errors: int  # mapped host memory the call reports refused inputs into
     pool: int  # [pool_rows, hidden] e4m3
     pool_sf: int  # [hidden / 128, pool_rows]
     pool_src: int  # [pool_rows]: token * num_topk + slot
@@ -187,7 +205,7 @@ class MoeParams(ctypes.Structure):
         ("expert_offsets", ctypes.c_uint64),
         ("expert_cursors", ctypes.c_uint64),
         ("expert_recv_stats", ctypes.c_uint64),
-        ("error_flags", ctypes.c_uint64),
+        ("errors", ctypes.c_uint64),
         ("pool", ctypes.c_uint64),
         ("pool_sf", ctypes.c_uint64),
         ("pool_src", ctypes.c_uint64),

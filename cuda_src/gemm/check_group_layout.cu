@@ -44,8 +44,9 @@ __device__ __forceinline__ bool masked_layout_ok(const GemmParams& p, errors::Er
 __global__ void check_group_layout(const __grid_constant__ GemmParams p, u32 block_m, u32 layout, u32* state,
                                    errors::ErrorReport* report) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
-    const bool ok = layout == static_cast<u32>(GroupLayout::kContiguous) ? contiguous_layout_ok(p, block_m, report, state)
-                                                                          : masked_layout_ok(p, report, state);
+    const bool ok = layout == static_cast<u32>(GroupLayout::kContiguous)
+                        ? contiguous_layout_ok(p, block_m, report, state)
+                        : masked_layout_ok(p, report, state);
     if (ok) *state = 0;
 }
 

@@ -31,7 +31,8 @@ __device__ __forceinline__ i32 routed_expert(const MoeParams& p, u32 pair, bool 
     }
     for (u32 q = pair - pair % p.num_topk; q < pair; ++q) {
         if (load_expert_id<IdxT>(p, q) == id) {
-            if (report) errors::report_error(p.errors, errors::ErrorKind::kRepeatedExpertId, pair, static_cast<u32>(id));
+            if (report)
+                errors::report_error(p.errors, errors::ErrorKind::kRepeatedExpertId, pair, static_cast<u32>(id));
             return -1;
         }
     }

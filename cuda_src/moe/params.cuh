@@ -29,12 +29,14 @@ __device__ __forceinline__ i32 routed_expert(const MoeParams& p, u32 pair, bool 
             errors::report_error(p.errors, errors::ErrorKind::kExpertIdOutOfRange, pair, static_cast<u32>(shown));
         return -1;
     }
-    for (u32 q = pair - pair % p.num_topk; q < pair; ++q) {
-        if (load_expert_id<IdxT>(p, q) == id) {
-            if (report)
-                errors::report_error(p.errors, errors::ErrorKind::kRepeatedExpertId, pair, static_cast<u32>(id));
-            return -1;
-        }
+    // No early exit: the loads are independent, so they are all in flight at once instead of
+    // one latency per earlier slot.
+    bool repeated = false;
+#pragma unroll 4
+    for (u32 q = pair - pair % p.num_topk; q < pair; ++q) repeated |= load_expert_id<IdxT>(p, q) == id;
+    if (repeated) {
+        if (report) errors::report_error(p.errors, errors::ErrorKind::kRepeatedExpertId, pair, static_cast<u32>(id));
+        return -1;
     }
     return static_cast<i32>(id);
 }

@@ -340,11 +340,11 @@ def test_a_plan_raises_a_bad_layout_at_its_next_run_without_waiting():
     plan = plan_grouped_gemm_fp8(_dev(a), _dev(a_sf), _dev(b), _dev(b_sf), group_offsets=offs, out=out)
     plan.run()
     plan.check(wait=True)  # a good layout: nothing to raise
-    offs[1] = 64  # not a multiple of the tile height
+    offs[1] = 100  # not a multiple of any tile height
     out.fill(BF16_NAN)
     plan.run()  # returns: the check runs on the device
     cp.cuda.Device().synchronize()
-    with pytest.raises(ValueError, match=r"group_offsets\[1\] = 64"):
+    with pytest.raises(ValueError, match=r"group_offsets\[1\] = 100"):
         plan.run()  # raises the earlier run's report and launches nothing
     assert (cp.asnumpy(out) == BF16_NAN).all()
     offs[1] = 128

@@ -11,14 +11,19 @@ namespace megamoe_rt::moe {
 
 static_assert(kMaxTopk <= 32, "a slot mask holds one bit per top-k slot");
 
-// Slots of `token` that routed to some expert (empty and refused slots are not: the
-// classification of routed_expert, without reporting again what routing reported).
+// Slots of `token` that routed to some expert: the classification of routed_expert (empty,
+// out-of-range and repeated slots are not; routing has reported them already), computed by a
+// whole warp at once. Called by all 32 lanes of a converged warp; every lane gets the mask.
+// Lane k loads slot k's id, so a token costs one load per lane instead of one per pair of slots.
 template <typename IdxT>
 __device__ __forceinline__ u32 valid_slot_mask(const MoeParams& p, u32 token) {
-    u32 mask = 0;
-    for (u32 k = 0; k < p.num_topk; ++k)
-        if (routed_expert<IdxT>(p, token * p.num_topk + k, /*report=*/false) >= 0) mask |= 1u << k;
-    return mask;
+    const u32 lane = threadIdx.x % 32;
+    const i64 id = lane < p.num_topk ? load_expert_id<IdxT>(p, token * p.num_topk + lane) : -1;
+    const bool in_range = id >= 0 && id < static_cast<i64>(p.num_experts);
+    // Lanes with the same id; a slot is repeated when a lower lane (an earlier slot) has it.
+    const u32 same = __match_any_sync(0xFFFFFFFFu, static_cast<unsigned long long>(id));
+    const bool valid = in_range && (same & ((1u << lane) - 1u)) == 0;
+    return __ballot_sync(0xFFFFFFFFu, valid);
 }
 
 // Slots whose partials are loaded together before any is added: the loads of a chunk are

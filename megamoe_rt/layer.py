@@ -247,13 +247,19 @@ class MegaMoE:
 
     # --- weights -------------------------------------------------------------------------
 
-    def load_weights(self, w1: Any, w1_sf: Any, w2: Any, w2_sf: Any) -> None:
+    def load_weights(self, w1: Any, w1_sf: Any, w2: Any, w2_sf: Any, *, stream: Any = None) -> None:
         """Take the weights of this rank's experts in their plain layout (docs/NUMERICS.md; NumPy or CuPy; e4m3 as
         ml_dtypes or uint8 bytes): ``w1`` ``[E, 2I, H]`` (gate rows then up rows), ``w1_sf``
-        ``[E, 2I/128, H/128]``, ``w2`` ``[E, H, I]``, ``w2_sf`` ``[E, H/128, I/128]``. Re-laid once
-        here; the mode builds its plans from them (across ranks it also compiles and loads its
+        ``[E, 2I/128, H/128]``, ``w2`` ``[E, H, I]``, ``w2_sf`` ``[E, H/128, I/128]``.
+
+        The layer keeps its own copies, re-laid for the kernels; every step runs on ``stream``
+        (default: CuPy's current stream), so calls later on that stream see the new weights.
+        The first load builds the mode's plans (across ranks it also compiles and loads the
         kernels now, not at the first call, where a rank still compiling would eat into its
-        peers' deadlines)."""
+        peers' deadlines). A later load copies into the same device arrays: plans, and graphs
+        captured from calls, keep their addresses and read the new weights from their next
+        call or replay on; a call or replay still running on another stream must be finished
+        first (or ordered before ``stream``), since the copy overwrites what it reads."""
         if self._closed:
             raise RuntimeError("MegaMoE: the layer was closed")
         cupy = require_cupy()
@@ -264,18 +270,24 @@ class MegaMoE:
             "w2": (e, h, i),
             "w2_sf": (e, h // 128, i // 128),
         }
+        sh = driver.stream_handle(stream)
         arrays = {}
-        with cupy.cuda.Device(self.device):
+        with cupy.cuda.Device(self.device), cupy_stream(cupy, sh):
             for name, arr in (("w1", w1), ("w1_sf", w1_sf), ("w2", w2), ("w2_sf", w2_sf)):
                 is_sf = name.endswith("_sf")
-                arrays[name] = self._weight_to_device(cupy, name, arr, expect[name], is_sf, self.device)
+                arrays[name] = self._weight_to_device(cupy, name, arr, expect[name], is_sf, self.device, sh)
             w1p, w1p_sf = prepare_swiglu_weights(arrays["w1"], arrays["w1_sf"])
-        weights = Weights(w1p, w1p_sf, arrays["w2"], arrays["w2_sf"])
-        self.runner.load(weights)
-        self._weights = weights
+            fresh = Weights(w1p, w1p_sf, arrays["w2"], arrays["w2_sf"])
+            if self._weights is not None:
+                for dst, src in zip(self._weights, fresh):
+                    dst[...] = src  # same addresses: plans and captured graphs stay valid
+                return
+        self.runner.load(fresh)
+        self._weights = fresh
 
     @staticmethod
-    def _weight_to_device(cupy, name: str, arr: Any, shape: tuple, is_sf: bool, device: int):
+    def _weight_to_device(cupy, name: str, arr: Any, shape: tuple, is_sf: bool, device: int, stream: int):
+        """A device copy the layer owns (never the caller's array, which the caller may reuse)."""
         if tuple(arr.shape) != shape:
             raise ValueError(f"{name}: expected shape {list(shape)}, got {list(arr.shape)}")
         if isinstance(arr, np.ndarray):
@@ -286,15 +298,16 @@ class MegaMoE:
             if arr.dtype != np.uint8 and str(arr.dtype) != "float8_e4m3fn":
                 raise TypeError(f"{name}: expected e4m3 (ml_dtypes.float8_e4m3fn or uint8 codes), got {arr.dtype}")
             return cupy.asarray(np.ascontiguousarray(arr).view(np.uint8))
-        d = as_device_array(arr, name)
+        d = as_device_array(arr, name, stream=stream)
         check_array(d, name, dtypes=("float32",) if is_sf else ("e4m3",), shape=shape, align=16, device=device)
         if d.dtype == "e4m3":  # a native float8 DLPack tensor: view its bytes
-            return cupy.ndarray(
+            view = cupy.ndarray(
                 shape,
                 dtype=cupy.uint8,
                 memptr=cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(d.ptr, d.nbytes, d.owner), 0),
             )
-        return cupy.ascontiguousarray(cupy.asarray(arr))
+            return view.copy()
+        return cupy.array(cupy.asarray(arr), copy=True, order="C")
 
     # --- call ----------------------------------------------------------------------------
 

@@ -79,13 +79,24 @@ def _set_groups(
     masked_counts: Any,
     groups: int,
     dev: int | None,
-) -> None:
+) -> tuple[Any, ...]:
+    """Set the group arrays' addresses; returns what keeps them alive (the plan holds it)."""
+    used = []
     if layout == "contiguous":
-        p.group_offsets = _check_groups("group_offsets", group_offsets, groups + 1, dev).ptr
+        used.append(_check_groups("group_offsets", group_offsets, groups + 1, dev))
+        p.group_offsets = used[-1].ptr
         if group_counts is not None:
-            p.group_counts = _check_groups("group_counts", group_counts, groups, dev).ptr
+            used.append(_check_groups("group_counts", group_counts, groups, dev))
+            p.group_counts = used[-1].ptr
     else:
-        p.masked_counts = _check_groups("masked_counts", masked_counts, groups, dev).ptr
+        used.append(_check_groups("masked_counts", masked_counts, groups, dev))
+        p.masked_counts = used[-1].ptr
+    return tuple(_owner(d) for d in used)
+
+
+def _owner(d: DeviceArray) -> Any:
+    """What keeps the memory behind a borrowed view alive (the producer, else the view)."""
+    return d.owner if d.owner is not None else d
 
 
 def _check_groups(name: str, arr: Any, length: int, device: int | None) -> DeviceArray:
@@ -221,13 +232,14 @@ def plan_grouped_gemm_fp8(
         )
         _check_config(cfg, layout=layout, epilogue=epilogue, a_sf_gran=_scales(ao).gran_k, n=n)
         p = _params(ao, bo, flags=0)
-        _set_groups(p, layout, group_offsets, group_counts, masked_counts, groups, dev)
+        refs = _set_groups(p, layout, group_offsets, group_counts, masked_counts, groups, dev)
         if row_dst is not None:
             if out is not None:
                 raise ValueError("pass either out or row_dst, not both")
             rd = as_device_array(row_dst, "row_dst", stream=sh)
             check_array(rd, "row_dst", dtypes=("uint64",), shape=(rows,), device=dev, align=8)
             p.row_dst = rd.ptr
+            refs += (_owner(rd),)
             result = None
         else:
             out_shape = lead + (n,)
@@ -236,7 +248,8 @@ def plan_grouped_gemm_fp8(
             check_array(oa, "out", dtypes=("bf16",), shape=out_shape, device=dev, align=4)
             p.d = oa.ptr
             p.d_row_stride_bytes = n * 2
-        return _plan(cupy, info, cfg, p, ao, bo, a_sf, check_layout, result, sh)
+            refs += (_owner(oa),)
+        return _plan(cupy, info, cfg, p, ao, bo, a_sf, check_layout, result, sh, refs)
 
 
 def _scales(op: Fp8Operand) -> ScaleFactors:
@@ -273,12 +286,14 @@ def _plan(
     check_layout: bool,
     result: Any,
     sh: int,
+    refs: tuple[Any, ...],
 ) -> GroupedGemmPlan:
+    """``refs``: owners of every other array ``p`` points to (groups, outputs, row maps)."""
     rows = a.total_rows
     if rows == 0:
         return GroupedGemmPlan(k.PreparedGemm(None, 0, 0, (1, 1, 1), []), None, result, sh)
     refresh = None
-    keep: tuple[Any, ...] = (a.array, _scales(a).array, b.array, _scales(b).array)
+    keep: tuple[Any, ...] = (a.array, _scales(a).array, b.array, _scales(b).array, *refs)
     if not _scales(a).kmajor:
         # TMA loads the scales k-major; the plan re-lays the caller's row-major ones before each run.
         src = cupy.asarray(a_sf_obj)
@@ -431,5 +446,6 @@ def plan_grouped_gemm_swiglu_fp8(
             row_weight=rw.ptr,
             swiglu_limit=float(swiglu_limit or 0.0),
         )
-        _set_groups(p, layout, group_offsets, group_counts, masked_counts, groups, dev)
-        return _plan(cupy, info, cfg, p, ao, bo, a_sf, check_layout, (q, sf), sh)
+        refs = _set_groups(p, layout, group_offsets, group_counts, masked_counts, groups, dev)
+        refs += (_owner(rw), _owner(qa), _owner(sfo))
+        return _plan(cupy, info, cfg, p, ao, bo, a_sf, check_layout, (q, sf), sh, refs)

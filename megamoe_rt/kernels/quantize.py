@@ -9,7 +9,7 @@ from megamoe_rt.kernels.interface import quantize as decl
 from megamoe_rt.kernels.interface.structs import QuantizeParams as QuantizeParams
 from megamoe_rt.kernels.interface.structs import WeightQuantizeParams as WeightQuantizeParams
 from megamoe_rt.runtime import driver
-from megamoe_rt.runtime.arrays import as_device_array, check_array, cupy_stream, require_cupy
+from megamoe_rt.runtime.arrays import as_device_array, check_array, cupy_stream, located, require_cupy
 from megamoe_rt.schedule.arith import ceil_div
 
 GROUP = decl.GROUP.value
@@ -45,7 +45,7 @@ def quantize_fp8(x: Any, *, out: Any = None, out_sf: Any = None, stream: Any = N
     CuPy's current stream) with no host synchronisation.
     """
     sh = driver.stream_handle(stream)
-    xa = as_device_array(x, "x", stream=sh)
+    xa = located(as_device_array(x, "x", stream=sh), "x")
     dtype = check_array(xa, "x", dtypes=("bf16", "float32"), ndim=2)
     rows, hidden = xa.shape
     if hidden % GROUP:
@@ -56,9 +56,9 @@ def quantize_fp8(x: Any, *, out: Any = None, out_sf: Any = None, stream: Any = N
         q = cupy.empty((rows, hidden), dtype=cupy.uint8) if out is None else out
         sf = cupy.empty((rows, hidden // GROUP), dtype=cupy.float32) if out_sf is None else out_sf
     qa = as_device_array(q, "out")
-    check_array(qa, "out", dtypes=("e4m3",), shape=(rows, hidden), align=8)
+    check_array(qa, "out", dtypes=("e4m3",), shape=(rows, hidden), align=8, device=info.ordinal)
     sfa = as_device_array(sf, "out_sf")
-    check_array(sfa, "out_sf", dtypes=("float32",), shape=(rows, hidden // GROUP), align=4)
+    check_array(sfa, "out_sf", dtypes=("float32",), shape=(rows, hidden // GROUP), align=4, device=info.ordinal)
     num_groups = rows * (hidden // GROUP)
     if num_groups == 0:
         return q, sf
@@ -94,7 +94,7 @@ def quantize_weight_fp8(w: Any, *, stream: Any = None) -> tuple[Any, Any]:
     """Quantize weights ``[..., N, K]`` (bf16 bits as uint16, or fp32; N, K multiples of 128)
     to e4m3 codes (uint8, same shape) and fp32 128x128 block scales ``[..., N/128, K/128]``."""
     sh = driver.stream_handle(stream)
-    wa = as_device_array(w, "w", stream=sh)
+    wa = located(as_device_array(w, "w", stream=sh), "w")
     dtype = check_array(wa, "w", dtypes=("bf16", "float32"))
     if wa.ndim < 2 or wa.shape[-1] % GROUP or wa.shape[-2] % GROUP or 0 in wa.shape:
         raise ValueError(f"w: expected [..., N, K] with N and K positive multiples of {GROUP}, got {list(wa.shape)}")

@@ -255,11 +255,29 @@ def check_array(
         raise ValueError(
             f"{name}: expected a C-contiguous array, got shape {arr.shape} with byte strides {arr.strides}"
         )
+    if device is not None and arr.device is None and arr.size:
+        # The producer did not say (a bare __cuda_array_interface__): ask the driver.
+        arr = located(arr, name)
     if device is not None and arr.device is not None and arr.device != device:
         raise ValueError(f"{name}: array is on device {arr.device}, expected device {device}")
     if align > 1 and arr.ptr % align and arr.size:
         raise ValueError(f"{name}: data pointer {arr.ptr:#x} is not {align}-byte aligned (vector loads need it)")
     return ldt if ldt in allowed else arr.dtype
+
+
+def located(arr: DeviceArray, name: str) -> DeviceArray:
+    """``arr`` with its device known: the producer's word, else the driver's for its pointer
+    (host memory and addresses CUDA does not know are refused, naming ``name``)."""
+    from megamoe_rt.runtime import driver
+
+    if arr.device is not None or not arr.size or not driver.driver_available():
+        return arr
+    where, ordinal = driver.pointer_location(arr.ptr)
+    if where == "host":
+        raise ValueError(f"{name}: data pointer {arr.ptr:#x} is host memory; expected device memory")
+    if where == "unknown":
+        raise ValueError(f"{name}: data pointer {arr.ptr:#x} is not memory CUDA allocated, mapped or registered")
+    return DeviceArray(arr.ptr, arr.shape, arr.dtype, arr.strides, ordinal, owner=arr.owner)
 
 
 def require_cupy() -> Any:

@@ -186,6 +186,22 @@ def driver_available() -> bool:
     return True
 
 
+def pointer_location(ptr: int) -> tuple[str, int | None]:
+    """Where the driver says ``ptr`` points: ``("device", ordinal)`` for device (or managed)
+    memory, ``("host", None)`` for host memory CUDA knows of (pinned, registered), and
+    ``("unknown", None)`` for an address no CUDA context allocated, mapped or registered."""
+    cu = _cu()
+    _ensure_init()
+    attr = cu.CUpointer_attribute
+    err, memtype = cu.cuPointerGetAttribute(attr.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr)
+    if err != cu.CUresult.CUDA_SUCCESS:
+        return "unknown", None
+    if int(memtype) == int(cu.CUmemorytype.CU_MEMORYTYPE_HOST):
+        return "host", None
+    ordinal = call(cu.cuPointerGetAttribute, attr.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr)
+    return "device", int(ordinal)
+
+
 def driver_version() -> tuple[int, int] | None:
     """(major, minor) of the installed driver's CUDA version, or None without a driver."""
     if not driver_available():

@@ -124,3 +124,42 @@ def test_cuda_core_setup_in_a_new_thread_keeps_the_current_green_context():
         t.join()
         assert "error" not in seen, seen.get("error")
         assert seen["current"] == int(ctx)
+
+
+class _BareCai:
+    """An array producer with only __cuda_array_interface__ (no device attribute)."""
+
+    def __init__(self, ptr, shape, typestr):
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "data": (ptr, False), "version": 3}
+
+
+@pytest.mark.gpu
+def test_arrays_without_a_device_attribute_are_located_by_the_driver():
+    import numpy as np
+
+    from megamoe_rt.runtime.arrays import as_device_array, check_array
+
+    cp = pytest.importorskip("cupy")
+    dev = cp.zeros((4, 8), cp.float32)
+    arr = as_device_array(_BareCai(int(dev.data.ptr), (4, 8), "<f4"), "x")
+    assert arr.device is None
+    check_array(arr, "x", dtypes=("float32",), device=0)
+    with pytest.raises(ValueError, match="x: array is on device 0, expected device 1"):
+        check_array(arr, "x", dtypes=("float32",), device=1)
+    pinned = cp.cuda.alloc_pinned_memory(4 * 8 * 4)
+    with pytest.raises(ValueError, match="x: data pointer 0x[0-9a-f]+ is host memory"):
+        check_array(as_device_array(_BareCai(pinned.ptr, (4, 8), "<f4"), "x"), "x", dtypes=("float32",), device=0)
+    host = np.zeros((4, 8), np.float32)
+    with pytest.raises(ValueError, match="x: data pointer 0x[0-9a-f]+ is not memory CUDA allocated"):
+        check_array(as_device_array(_BareCai(host.ctypes.data, (4, 8), "<f4"), "x"), "x", dtypes=("float32",), device=0)
+
+
+@pytest.mark.gpu
+def test_quantize_fp8_checks_the_device_of_its_outputs():
+    cp = pytest.importorskip("cupy")
+    from megamoe_rt import quantize_fp8
+
+    x = cp.ones((4, 256), cp.float32)
+    pinned = cp.cuda.alloc_pinned_memory(4 * 256)
+    with pytest.raises(ValueError, match="out: data pointer 0x[0-9a-f]+ is host memory"):
+        quantize_fp8(x, out=_BareCai(pinned.ptr, (4, 256), "|u1"))

@@ -196,3 +196,37 @@ def test_bad_inputs_raise_before_launch(mode):
         layer.load_weights(inp["w1"][:, :128], inp["w1_sf"], inp["w2"], inp["w2_sf"])
     with pytest.raises(ValueError, match="num_topk"):
         _layer(h, i, 4, 8, t)
+
+
+def test_reloaded_weights_reach_captured_graphs_and_later_calls(mode):
+    """A second load_weights copies into the layer's arrays on the given stream: a graph captured
+    before it replays with the new weights, and the caller's arrays are never the layer's."""
+    rng = np.random.default_rng()
+    h, i, e, k, t = 512, 256, 8, 4, 96
+    first = ref.random_moe_inputs(rng, t, h, i, e, k)
+    second = ref.random_moe_inputs(rng, t, h, i, e, k)
+    second.update({n: first[n] for n in ("x", "x_sf", "topk_idx", "topk_weights")})
+    layer = _layer(h, i, e, k, t, mode=mode)
+    w2_dev = cp.asarray(first["w2"].view(np.uint8))
+    layer.load_weights(first["w1"], first["w1_sf"], w2_dev, cp.asarray(first["w2_sf"]))
+    w2_dev.fill(0)  # the caller reuses its array: the layer must have its own copy
+    x, x_sf, idx, w = _to_dev(first)
+    y = cp.full((t, h), BF16_NAN, dtype=cp.uint16)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        layer(x, x_sf, idx, w, out=y, stream=stream)
+        stream.synchronize()
+        assert ref.calc_diff(_bf16(cp.asnumpy(y)), _reference(first)) < 1e-3
+        stream.begin_capture()
+        layer(x, x_sf, idx, w, out=y, stream=stream)
+        graph = stream.end_capture()
+        layer.load_weights(second["w1"], second["w1_sf"], second["w2"], second["w2_sf"], stream=stream)
+        y.fill(BF16_NAN)
+        graph.launch(stream=stream)
+        stream.synchronize()
+    assert ref.calc_diff(_bf16(cp.asnumpy(y)), _reference(second)) < 1e-3
+    y.fill(BF16_NAN)
+    layer(x, x_sf, idx, w, out=y, stream=stream)
+    stream.synchronize()
+    assert ref.calc_diff(_bf16(cp.asnumpy(y)), _reference(second)) < 1e-3
+    layer.synchronize()

@@ -70,10 +70,13 @@ struct RoutingTables {
 
     __device__ __forceinline__ RoutingTables(u8* base, u32 num_local_experts, u32 max_blocks)
         : tiles(base), relay(base + TileQueue::kBytes) {
-        row_begin = reinterpret_cast<i32*>(base + TileQueue::kBytes + SignalRelay::kBytes);
+        // The scalars first: at a fixed offset from the base their address costs no register
+        // of its own across the kernel (after row_end it depends on the expert count, and
+        // older ptxas versions spilled it).
+        scalars = reinterpret_cast<u32*>(base + TileQueue::kBytes + SignalRelay::kBytes);
+        row_begin = reinterpret_cast<i32*>(scalars + 4);
         row_end = row_begin + num_local_experts + 1;
-        scalars = reinterpret_cast<u32*>(row_end + num_local_experts);
-        unit_first = reinterpret_cast<u16*>(scalars + 4);
+        unit_first = reinterpret_cast<u16*>(row_end + num_local_experts);
         unit_info = unit_first + max_blocks;
     }
     // The layout above occupies routing_table_bytes() (generated; the host reserves the same).

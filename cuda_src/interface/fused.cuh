@@ -68,8 +68,8 @@ __host__ __device__ constexpr u32 tile_smem_bytes(u32 stages) {
     return gemm::dynamic_smem_bytes(kBlockM, kBlockN, stages) - gemm::kSmemAlignSlack;
 }
 
-// The pool layout and unit table (fused/unit_table.cuh): row_begin[E_local + 1] |
-// row_end[E_local] | scalars[4] | unit_first, unit_info [max_blocks] u16 each.
+// The pool layout and unit table (fused/unit_table.cuh): scalars[4] | row_begin[E_local + 1] |
+// row_end[E_local] | unit_first, unit_info [max_blocks] u16 each.
 __host__ __device__ constexpr u32 unit_table_bytes(u32 num_local_experts, u32 max_blocks) {
     return 4 * (2 * num_local_experts + 1) + 16 + 4 * max_blocks;
 }

@@ -83,8 +83,8 @@ def tile_smem_bytes(stages: Value) -> Value:
 
 
 @formula(
-    doc="The pool layout and unit table (fused/unit_table.cuh): row_begin[E_local + 1] |\n"
-    "row_end[E_local] | scalars[4] | unit_first, unit_info [max_blocks] u16 each."
+    doc="The pool layout and unit table (fused/unit_table.cuh): scalars[4] | row_begin[E_local + 1] |\n"
+    "row_end[E_local] | unit_first, unit_info [max_blocks] u16 each."
 )
 def unit_table_bytes(num_local_experts: Value, max_blocks: Value) -> Value:
     return 4 * (2 * num_local_experts + 1) + 4 * 4 + 2 * 2 * max_blocks

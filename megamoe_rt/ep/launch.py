@@ -36,6 +36,23 @@ _ENV_RANK, _ENV_WORLD, _ENV_HUB, _ENV_KEY = (
     "MEGAMOE_RT_HUB_KEY",
 )
 _GRACE_S = 5.0
+# How long a rank waits at the hub (a broadcast's value, a barrier's other ranks) before it
+# gives up naming the exchange. Generous: a peer may be compiling kernels on a cold cache.
+HUB_TIMEOUT_ENV = "MEGAMOE_RT_HUB_TIMEOUT_S"
+DEFAULT_HUB_TIMEOUT_S = 600.0
+
+
+def hub_timeout_s() -> float:
+    raw = os.environ.get(HUB_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_HUB_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{HUB_TIMEOUT_ENV}={raw!r}: expected a number of seconds") from None
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{HUB_TIMEOUT_ENV}={raw!r}: expected a positive, finite number of seconds")
+    return value
 
 
 class RankFailed(RuntimeError):
@@ -51,7 +68,12 @@ class RankFailed(RuntimeError):
 
 
 class _Hub:
-    """Serves broadcasts (by key, from rank 0) and barriers to the ranks of one launch."""
+    """Serves broadcasts (by key, from rank 0) and barriers to the ranks of one launch.
+
+    Every reply is ``("ok", value)`` or ``("error", message)``. The launcher tells the hub when
+    a rank has ended (:meth:`rank_exited`): an exchange that rank can no longer join fails at
+    once for the ranks waiting in it, instead of leaving them waiting.
+    """
 
     def __init__(self, world_size: int):
         self.world_size = world_size
@@ -62,6 +84,7 @@ class _Hub:
         self._values: dict[str, bytes] = {}
         self._waiting: dict[str, list] = {}
         self._barriers: dict[int, list] = {}
+        self._exited: set[int] = set()
         self._lock = threading.Lock()
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
@@ -70,8 +93,14 @@ class _Hub:
         while not self._closed:
             try:
                 conn = self._listener.accept()
-            except (OSError, EOFError):
-                return
+            except OSError:
+                if self._closed:
+                    return
+                continue  # one failed connection: keep serving the ranks
+            except Exception:
+                # A failed handshake (wrong key, a stray connection closing early) is that
+                # client's problem; the ranks of the launch still have to get in.
+                continue
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn) -> None:
@@ -84,23 +113,48 @@ class _Hub:
                         _, key, value = msg
                         self._values[key] = value
                         for c in self._waiting.pop(key, []):
-                            c.send(value)
-                        conn.send(True)
+                            c.send(("ok", value))
+                        conn.send(("ok", True))
                     elif op == "get":
-                        key = msg[1]
+                        key, root = msg[1], msg[2]
                         if key in self._values:
-                            conn.send(self._values[key])
+                            conn.send(("ok", self._values[key]))
+                        elif root in self._exited:
+                            conn.send(("error", self._gone(root, f"broadcast {key!r}")))
                         else:
-                            self._waiting.setdefault(key, []).append(conn)
+                            self._waiting.setdefault(key, []).append((conn, root))
                     elif op == "barrier":
                         gen = msg[1]
                         group = self._barriers.setdefault(gen, [])
-                        group.append(conn)
-                        if len(group) == self.world_size:
-                            for c in self._barriers.pop(gen):
-                                c.send(True)
+                        group.append((conn, msg[2]))
+                        missing = set(range(self.world_size)) - {r for _, r in group}
+                        if not missing:
+                            for c, _ in self._barriers.pop(gen):
+                                c.send(("ok", True))
+                        elif missing & self._exited:
+                            self._fail_barrier(gen, min(missing & self._exited))
         except (EOFError, OSError):
             return
+
+    def _gone(self, rank: int, what: str) -> str:
+        return f"rank {rank} exited without joining {what}"
+
+    def _fail_barrier(self, gen: int, rank: int) -> None:
+        for c, _ in self._barriers.pop(gen, []):
+            c.send(("error", self._gone(rank, f"barrier #{gen}")))
+
+    def rank_exited(self, rank: int) -> None:
+        """``rank`` has ended: fail what it can no longer join."""
+        with self._lock:
+            self._exited.add(rank)
+            for gen, group in list(self._barriers.items()):
+                if rank not in {r for _, r in group}:
+                    self._fail_barrier(gen, rank)
+            for key, waiters in list(self._waiting.items()):
+                stuck = [(c, root) for c, root in waiters if root == rank]
+                for c, _ in stuck:
+                    c.send(("error", self._gone(rank, f"broadcast {key!r}")))
+                self._waiting[key] = [w for w in waiters if w[1] != rank]
 
     def close(self) -> None:
         self._closed = True
@@ -131,13 +185,24 @@ class RankContext:
         """This rank's GPU ordinal: ranks map onto the visible devices in order."""
         return self.rank
 
-    def _call(self, msg):
+    def _call(self, msg, what: str):
+        timeout = hub_timeout_s()
         conn = Client(self.hub_address, family="AF_UNIX", authkey=self.hub_key)
         try:
             conn.send(msg)
-            return conn.recv()
+            if not conn.poll(timeout):
+                raise TimeoutError(
+                    f"rank {self.rank}: {what} did not complete within {timeout:g} s "
+                    f"(${HUB_TIMEOUT_ENV}); a rank may be stuck or have left the launch"
+                )
+            status, value = conn.recv()
+        except EOFError:
+            raise RuntimeError(f"rank {self.rank}: the launcher's hub closed during {what}") from None
         finally:
             conn.close()
+        if status != "ok":
+            raise RuntimeError(f"rank {self.rank}: {what} failed: {value}")
+        return value
 
     def broadcast(self, value: bytes | None, *, key: str = "default", root: int = 0) -> bytes:
         """``root`` passes bytes, every rank gets them (e.g. an NVSHMEM unique id).
@@ -150,13 +215,13 @@ class RankContext:
         if self.rank == root:
             if not isinstance(value, (bytes, bytearray)):
                 raise TypeError(f"broadcast: rank {root} must pass bytes, got {type(value).__name__}")
-            self._call(("put", slot, bytes(value)))
+            self._call(("put", slot, bytes(value)), f"broadcast {slot!r}")
             return bytes(value)
-        return self._call(("get", slot))
+        return self._call(("get", slot, root), f"broadcast {slot!r} from rank {root}")
 
     def barrier(self) -> None:
         self._uses["<barrier>"] = n = self._uses.get("<barrier>", 0) + 1
-        self._call(("barrier", n))
+        self._call(("barrier", n, self.rank), f"barrier #{n}")
 
     def __post_init__(self):
         self._uses: dict[str, int] = {}
@@ -248,6 +313,8 @@ def spawn(fn: Callable[..., Any], nprocs: int, *, args: Sequence[Any] = (), time
                 rank, status, value = results.get(timeout=0.1)
             except Exception:  # queue.Empty: look for ranks that ended without reporting
                 for r, p in enumerate(procs):
+                    if p.exitcode is not None:
+                        hub.rank_exited(r)
                     if r not in out and p.exitcode is not None:
                         time.sleep(0.2)  # a report may still be in flight
                         if results.empty():
@@ -304,6 +371,9 @@ def launch_script(
                 return c if c > 0 else 128 - c
             if all(c == 0 for c in codes):
                 return 0
+            for r, code in enumerate(codes):
+                if code == 0:
+                    hub.rank_exited(r)  # the others may not wait for it at the hub any more
             if timeout is not None and time.monotonic() - start > timeout:
                 print(f"megamoe-rt launch: ranks still running after {timeout} s; stopping them", file=sys.stderr)
                 return 124

@@ -159,3 +159,53 @@ def test_launch_script_refuses_bad_counts_and_timeouts_before_starting_anything(
 
     with pytest.raises(ValueError, match="nprocs|timeout"):
         launch_script(nprocs, "never_started.py", [], timeout=timeout)
+
+
+def test_a_rank_leaving_without_the_barrier_fails_the_others_at_once():
+    t0 = time.monotonic()
+    with pytest.raises(RankFailed, match=r"rank 1 failed: .*rank 0 exited without joining barrier #1"):
+        spawn(ranks.leaves_before_the_barrier, 2)
+    assert time.monotonic() - t0 < 60  # not the hub timeout
+
+
+def test_a_failed_handshake_does_not_stop_the_hub():
+    from multiprocessing import AuthenticationError
+    from multiprocessing.connection import Client
+
+    from megamoe_rt.ep.launch import RankContext, _Hub
+
+    hub = _Hub(1)
+    try:
+        with pytest.raises(AuthenticationError):
+            Client(hub.address, family="AF_UNIX", authkey=b"not the key")
+        ctx = RankContext(0, 1, hub.address, hub.key)
+        assert ctx.broadcast(b"still served", key="after") == b"still served"
+        ctx.barrier()
+    finally:
+        hub.close()
+
+
+def test_hub_calls_time_out_naming_the_exchange(monkeypatch):
+    from megamoe_rt.ep.launch import HUB_TIMEOUT_ENV, RankContext, _Hub
+
+    monkeypatch.setenv(HUB_TIMEOUT_ENV, "0.5")
+    hub = _Hub(2)
+    try:
+        ctx = RankContext(1, 2, hub.address, hub.key)
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"rank 1: barrier #1 did not complete within 0.5 s"):
+            ctx.barrier()
+        with pytest.raises(TimeoutError, match=r"broadcast 'uid#1' from rank 0 did not complete"):
+            ctx.broadcast(None, key="uid")
+        assert time.monotonic() - t0 < 10
+    finally:
+        hub.close()
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "nan", "inf", "soon"])
+def test_a_bad_hub_timeout_is_refused(monkeypatch, raw):
+    from megamoe_rt.ep.launch import HUB_TIMEOUT_ENV, hub_timeout_s
+
+    monkeypatch.setenv(HUB_TIMEOUT_ENV, raw)
+    with pytest.raises(ValueError, match=HUB_TIMEOUT_ENV):
+        hub_timeout_s()

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Client, Listener
 from typing import Any
 
-from megamoe_rt.ep.env import SAFE_ENV
+from megamoe_rt.ep.env import rank_env
 from megamoe_rt.ep.group import RankGroup
 
 _ENV_RANK, _ENV_WORLD, _ENV_HUB, _ENV_KEY = (
@@ -264,7 +264,7 @@ def context_from_env() -> RankGroup:
 
 
 def _rank_main(fn, rank, world, address, key, args, results):
-    os.environ.update(SAFE_ENV)
+    os.environ.update(rank_env(dict(os.environ)))
     ctx = RankContext(rank, world, address, key)
     try:
         out = fn(ctx, *args)
@@ -357,7 +357,7 @@ def launch_script(
     procs: list[subprocess.Popen] = []
     try:
         for r in range(nprocs):
-            env = dict(os.environ, **SAFE_ENV)
+            env = rank_env(dict(os.environ))
             env.update({_ENV_RANK: str(r), _ENV_WORLD: str(nprocs), _ENV_HUB: hub.address, _ENV_KEY: hub.key.hex()})
             target = ["-m", script] if module else [script]
             procs.append(subprocess.Popen([sys.executable, *target, *script_args], env=env))

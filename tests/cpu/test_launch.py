@@ -209,3 +209,17 @@ def test_a_bad_hub_timeout_is_refused(monkeypatch, raw):
     monkeypatch.setenv(HUB_TIMEOUT_ENV, raw)
     with pytest.raises(ValueError, match=HUB_TIMEOUT_ENV):
         hub_timeout_s()
+
+
+def test_local_ranks_bootstrap_nvshmem_on_loopback(monkeypatch):
+    monkeypatch.delenv("NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME", raising=False)
+    assert spawn(ranks.bootstrap_env, 2) == [("lo", "1"), ("lo", "1")]
+
+
+def test_a_bootstrap_interface_the_caller_sets_wins(monkeypatch):
+    from megamoe_rt.ep.env import rank_env
+
+    monkeypatch.setenv("NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME", "ib0")
+    monkeypatch.setenv("NVSHMEM_DISABLE_NVLS", "0")  # never honoured: multicast stays off
+    assert spawn(ranks.bootstrap_env, 1) == [("ib0", "1")]
+    assert rank_env({})["NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME"] == "lo"

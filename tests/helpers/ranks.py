@@ -52,3 +52,7 @@ def leaves_before_the_barrier(ctx):
         return "left"
     ctx.barrier()
     return "met"
+
+
+def bootstrap_env(ctx):
+    return os.environ.get("NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME"), os.environ.get("NVSHMEM_DISABLE_NVLS")

@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 @runtime_checkable
 class RankGroup(Protocol):
-    """One rank's view of its group: who it is, its GPU, and two collectives on bytes.
+    """One rank's view of its group: who it is, its GPU, and three collectives on bytes.
 
     Every rank calls :meth:`broadcast` and :meth:`barrier` the same number of times in the
     same order (they are collectives).
@@ -35,6 +35,12 @@ class RankGroup(Protocol):
         ...
 
     def barrier(self) -> None: ...
+
+    def allgather(self, value: bytes, *, key: str = "default") -> list[bytes]:
+        """Every rank passes bytes, every rank returns all of them in rank order. Called on
+        every layer call across ranks, so it must be cheap (microseconds, not a round trip
+        through a server)."""
+        ...
 
 
 @runtime_checkable

@@ -22,10 +22,11 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Listener
 from typing import Any
 
+from megamoe_rt.ep import board as status_board
 from megamoe_rt.ep.env import rank_env
 from megamoe_rt.ep.group import RankGroup
 
@@ -81,6 +82,8 @@ class _Hub:
         self._dir = tempfile.mkdtemp(prefix="megamoe-rt-")
         self.address = os.path.join(self._dir, "hub.sock")
         self._listener = Listener(self.address, family="AF_UNIX", authkey=self.key)
+        status_board.create(board_path(self.address), world_size)
+        self._board = status_board.StatusBoard(board_path(self.address), world_size)
         self._values: dict[str, bytes] = {}
         self._waiting: dict[str, list] = {}
         self._barriers: dict[int, list] = {}
@@ -112,7 +115,7 @@ class _Hub:
                     if op == "put":
                         _, key, value = msg
                         self._values[key] = value
-                        for c in self._waiting.pop(key, []):
+                        for c, _ in self._waiting.pop(key, []):
                             c.send(("ok", value))
                         conn.send(("ok", True))
                     elif op == "get":
@@ -145,6 +148,7 @@ class _Hub:
 
     def rank_exited(self, rank: int) -> None:
         """``rank`` has ended: fail what it can no longer join."""
+        self._board.mark_gone(rank)
         with self._lock:
             self._exited.add(rank)
             for gen, group in list(self._barriers.items()):
@@ -158,14 +162,21 @@ class _Hub:
 
     def close(self) -> None:
         self._closed = True
+        self._board.close()
         try:
             self._listener.close()
         finally:
-            try:
-                os.unlink(self.address)
-            except FileNotFoundError:
-                pass
+            for path in (self.address, board_path(self.address)):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
             os.rmdir(self._dir)
+
+
+def board_path(hub_address: str) -> str:
+    """The launch's status board (megamoe_rt/ep/board.py), next to the hub's socket."""
+    return os.path.join(os.path.dirname(hub_address), "board")
 
 
 # --- what a rank sees ------------------------------------------------------------------------
@@ -179,6 +190,8 @@ class RankContext:
     world_size: int
     hub_address: str
     hub_key: bytes
+    _uses: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _board: status_board.StatusBoard | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def device(self) -> int:
@@ -223,8 +236,20 @@ class RankContext:
         self._uses["<barrier>"] = n = self._uses.get("<barrier>", 0) + 1
         self._call(("barrier", n, self.rank), f"barrier #{n}")
 
-    def __post_init__(self):
-        self._uses: dict[str, int] = {}
+    def allgather(self, value: bytes, *, key: str = "default") -> list[bytes]:
+        """Every rank's bytes in rank order, through the launch's shared status board (no
+        server round trip: a layer call across ranks makes one). Exchanges are numbered in
+        call order, which every rank shares; ``key`` only names the exchange in errors."""
+        if not isinstance(value, (bytes, bytearray)):
+            raise TypeError(f"allgather: expected bytes, got {type(value).__name__}")
+        if self._board is None:
+            self._board = status_board.StatusBoard(board_path(self.hub_address), self.world_size)
+        self._uses["<allgather>"] = n = self._uses.get("<allgather>", 0) + 1
+        self._board.post(self.rank, n, bytes(value))
+        try:
+            return self._board.gather(n, hub_timeout_s(), f"rank {self.rank}: exchange {key!r} #{n}")
+        except status_board.RankGone as exc:
+            raise RuntimeError(str(exc)) from None
 
 
 _env_context: RankGroup | None = None

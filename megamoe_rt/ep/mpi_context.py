@@ -1,7 +1,7 @@
 """Ranks started by ``mpirun``/``mpiexec`` instead of ``megamoe-rt launch``.
 
 :class:`MpiRankContext` offers what the launcher's context offers (rank, world size, the
-rank's GPU, broadcast of bytes, barrier) over an mpi4py communicator, and carries the
+rank's GPU, broadcast and all-gather of bytes, barrier) over an mpi4py communicator, and carries the
 communicator so NVSHMEM bootstraps through MPI rather than through a unique id.
 """
 
@@ -56,3 +56,10 @@ class MpiRankContext:
 
     def barrier(self) -> None:
         self.mpi_comm.Barrier()
+
+    def allgather(self, value: bytes, *, key: str = "default") -> list[bytes]:
+        """Every rank's bytes in rank order (``key`` as in :meth:`broadcast`)."""
+        del key
+        if not isinstance(value, (bytes, bytearray)):
+            raise TypeError(f"allgather: expected bytes, got {type(value).__name__}")
+        return [bytes(v) for v in self.mpi_comm.allgather(bytes(value))]

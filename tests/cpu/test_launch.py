@@ -223,3 +223,34 @@ def test_a_bootstrap_interface_the_caller_sets_wins(monkeypatch):
     monkeypatch.setenv("NVSHMEM_DISABLE_NVLS", "0")  # never honoured: multicast stays off
     assert spawn(ranks.bootstrap_env, 1) == [("ib0", "1")]
     assert rank_env({})["NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME"] == "lo"
+
+
+def test_a_broadcast_asked_for_before_it_is_put_arrives():
+    assert spawn(ranks.late_root_broadcast, 3) == [b"late"] * 3
+
+
+def test_allgather_rounds_come_back_in_rank_order():
+    rounds = 40
+    out = spawn(ranks.gather_rounds, 3, args=(rounds,))
+    for got in out:
+        assert got == [[f"{r}:{i}".encode() * (1 + i % 7) for r in range(3)] for i in range(rounds)]
+
+
+def test_a_rank_leaving_before_an_allgather_fails_the_others_at_once():
+    t0 = time.monotonic()
+    with pytest.raises(RankFailed, match=r"rank 1 failed: .*rank 0 ended without taking part"):
+        spawn(ranks.leaves_before_the_allgather, 2)
+    assert time.monotonic() - t0 < 60
+
+
+def test_an_allgather_times_out_naming_the_missing_rank(monkeypatch):
+    from megamoe_rt.ep.launch import HUB_TIMEOUT_ENV, RankContext, _Hub
+
+    monkeypatch.setenv(HUB_TIMEOUT_ENV, "0.3")
+    hub = _Hub(2)
+    try:
+        ctx = RankContext(1, 2, hub.address, hub.key)
+        with pytest.raises(TimeoutError, match=r"rank 1: exchange 'status' #1: rank 0 did not take part within 0.3 s"):
+            ctx.allgather(b"ok", key="status")
+    finally:
+        hub.close()

@@ -56,3 +56,28 @@ def leaves_before_the_barrier(ctx):
 
 def bootstrap_env(ctx):
     return os.environ.get("NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME"), os.environ.get("NVSHMEM_DISABLE_NVLS")
+
+
+def late_root_broadcast(ctx):
+    """The others ask before rank 0 has put its value."""
+    if ctx.rank == 0:
+        time.sleep(0.5)
+    return ctx.broadcast(b"late" if ctx.rank == 0 else None, key="late")
+
+
+def gather_rounds(ctx, rounds):
+    import random
+
+    rng = random.Random(ctx.rank)
+    out = []
+    for i in range(rounds):
+        if rng.random() < 0.3:
+            time.sleep(rng.random() * 0.01)
+        out.append(ctx.allgather(f"{ctx.rank}:{i}".encode() * (1 + i % 7), key="round"))
+    return out
+
+
+def leaves_before_the_allgather(ctx):
+    if ctx.rank == 0:
+        return None
+    return ctx.allgather(b"x", key="status")

@@ -1,0 +1,119 @@
+"""A status board the ranks of one host share: a fast all-gather of small payloads.
+
+The launcher creates one file per launch in its private directory; every rank maps it. Each
+rank owns two slots (by the parity of the exchange's sequence number) and posts into them;
+an exchange is complete for a rank once every rank's slot of that parity carries the
+exchange's sequence number. Two slots suffice: a rank can only post exchange ``n + 2`` after
+exchange ``n + 1`` completed, and that needs every rank to have finished reading exchange ``n``.
+
+No lock is taken. A writer stores the payload, then its length and CRC-32, and the sequence
+number last, each field group with its own store (``struct.pack_into`` zero-fills what it
+packs before writing it, so a header packed in one go would show the new sequence number
+next to a zeroed length for a moment). A reader takes a slot seqlock-style (sequence, header,
+payload, then sequence and header again) and checks the CRC, so it never takes a half-written
+payload for a whole one, also on hosts with weaker store ordering than x86. The launcher
+marks a rank that has ended in a word of its own, and an exchange waiting for it fails at once.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import time
+import zlib
+
+SLOT_BYTES = 4096
+_SEQ = struct.Struct("<Q")  # at the slot's start: the exchange the slot holds
+_META = struct.Struct("<II")  # after it: payload length, CRC-32 of the payload
+_PAYLOAD_AT = _SEQ.size + _META.size
+MAX_PAYLOAD = SLOT_BYTES - _PAYLOAD_AT
+_GONE = struct.Struct("<Q")  # one word per rank past the slots: nonzero once the rank ended
+_SPIN_S = 0.002  # spin this long before sleeping between looks
+
+
+class RankGone(RuntimeError):
+    """A rank ended while others waited for it in an exchange."""
+
+
+def create(path: str, world_size: int) -> None:
+    """The launcher's side: a zeroed board for ``world_size`` ranks, readable by the user only."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, _size(world_size))
+    finally:
+        os.close(fd)
+
+
+def _size(world_size: int) -> int:
+    return world_size * 2 * SLOT_BYTES + world_size * _GONE.size
+
+
+class StatusBoard:
+    def __init__(self, path: str, world_size: int):
+        self.world_size = world_size
+        fd = os.open(path, os.O_RDWR)
+        try:
+            self._map = mmap.mmap(fd, _size(world_size))
+        finally:
+            os.close(fd)
+
+    def _offset(self, rank: int, seq: int) -> int:
+        return (rank * 2 + seq % 2) * SLOT_BYTES
+
+    def post(self, rank: int, seq: int, payload: bytes) -> None:
+        if len(payload) > MAX_PAYLOAD:
+            raise ValueError(f"board payload of {len(payload)} bytes exceeds {MAX_PAYLOAD}")
+        off = self._offset(rank, seq)
+        self._map[off + _PAYLOAD_AT : off + _PAYLOAD_AT + len(payload)] = payload
+        _META.pack_into(self._map, off + _SEQ.size, len(payload), zlib.crc32(payload))
+        _SEQ.pack_into(self._map, off, seq)  # last: readers take the slot from here on
+
+    def _read(self, rank: int, seq: int) -> bytes | None:
+        off = self._offset(rank, seq)
+        if _SEQ.unpack_from(self._map, off)[0] != seq:
+            return None
+        length, crc = _META.unpack_from(self._map, off + _SEQ.size)
+        if length > MAX_PAYLOAD:
+            return None
+        payload = bytes(self._map[off + _PAYLOAD_AT : off + _PAYLOAD_AT + length])
+        if (
+            _SEQ.unpack_from(self._map, off)[0] != seq
+            or _META.unpack_from(self._map, off + _SEQ.size) != (length, crc)
+            or zlib.crc32(payload) != crc
+        ):
+            return None
+        return payload
+
+    def _gone_at(self, rank: int) -> int:
+        return self.world_size * 2 * SLOT_BYTES + rank * _GONE.size
+
+    def gone(self, rank: int) -> bool:
+        return bool(_GONE.unpack_from(self._map, self._gone_at(rank))[0])
+
+    def mark_gone(self, rank: int) -> None:
+        """The launcher's side: ``rank`` has ended."""
+        _GONE.pack_into(self._map, self._gone_at(rank), 1)
+
+    def gather(self, seq: int, timeout_s: float, what: str) -> list[bytes]:
+        """Every rank's payload of exchange ``seq``, in rank order, once all have posted."""
+        out: list[bytes | None] = [None] * self.world_size
+        start = time.monotonic()
+        while True:
+            for r in range(self.world_size):
+                if out[r] is None:
+                    out[r] = self._read(r, seq)
+            missing = [r for r, v in enumerate(out) if v is None]
+            if not missing:
+                return [v for v in out if v is not None]
+            gone = [r for r in missing if self.gone(r)]
+            if gone:
+                raise RankGone(f"{what}: rank {gone[0]} ended without taking part")
+            waited = time.monotonic() - start
+            if waited > timeout_s:
+                raise TimeoutError(f"{what}: rank {missing[0]} did not take part within {timeout_s:g} s")
+            if waited > _SPIN_S:
+                time.sleep(min(0.001, waited / 10))
+
+    def close(self) -> None:
+        self._map.close()

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from megamoe_rt.ep import agreement
 from megamoe_rt.ep.group import RankGroup
 from megamoe_rt.kernels import moe as mk
 from megamoe_rt.kernels.grouped_gemm import prepare_swiglu_weights
@@ -93,8 +94,7 @@ class MegaMoE:
         refused slot as empty, whatever this says; the check costs no host synchronisation,
         so the error comes later (see "Errors found on the device" below). False: refused
         slots are dropped silently.
-    debug: wait for every call and raise what it reported before returning (and, across ranks,
-        check that every rank passed the same ``num_tokens_bound``).
+    debug: wait for every call and raise what it reported before returning.
     mode: ``"fused"`` (one persistent launch, pools sized as rings around the lag-ordered
         schedule; needs hidden % 256 == 0) or ``"unfused"`` (separate kernels, full-size pools).
         Default: fused where the shape allows it (it is faster on every benchmarked shape, on
@@ -128,6 +128,14 @@ class MegaMoE:
     are raised the same way once the replay has finished. Every report is raised once. The
     output of a call whose inputs were refused is what the layer computes with the refused
     slots left empty.
+
+    Across ranks
+    ------------
+    A call is a collective, and so are :meth:`check` and :meth:`synchronize`. Before launching,
+    the ranks exchange what each found (an argument error, ``num_tokens_bound``, a pending
+    device report) through the group's ``allgather``, and either all launch or all raise the
+    same error, naming the rank at fault: no rank is left waiting in a kernel for a peer that
+    raised. A device report of any rank is raised on every rank, with every rank's findings.
     """
 
     def __init__(
@@ -332,16 +340,56 @@ class MegaMoE:
         ``num_tokens_bound``: at least ``T`` and at most the capacity (default: the capacity).
         The fused mode picks its order from it: a bound whose worst-case pool fits the ring
         runs single-wave, and a smaller bound gives a shorter lag. Across ranks it must be the
-        same on every rank. The unfused mode checks it and otherwise ignores it.
+        same on every rank (checked on every call). The unfused mode checks it and otherwise
+        ignores it.
         """
-        if self._closed:
-            raise RuntimeError("MegaMoE: the layer was closed")
-        if self._weights is None:
-            raise RuntimeError("MegaMoE: call load_weights(w1, w1_sf, w2, w2_sf) before running the layer")
+        if self.group is not None:
+            return self._call_across_ranks(x, x_sf, topk_idx, topk_weights, out, stream, num_tokens_bound)
+        self._check_usable()
         sh = driver.stream_handle(stream)
         capturing = driver.stream_is_capturing(sh)
         if not capturing:
             self._raise_reported(wait=False)
+        call, y = self._prepare(x, x_sf, topk_idx, topk_weights, out, sh, num_tokens_bound)
+        if call.num_tokens:
+            self.runner.run(call, sh)
+            if self.debug and not capturing:  # a wait would break the capture
+                driver.synchronize_stream(sh)
+                self._raise_reported(wait=False)
+        return y
+
+    def _call_across_ranks(self, x, x_sf, topk_idx, topk_weights, out, stream, num_tokens_bound):
+        """A call is collective: every rank launches, or every rank raises the same error
+        (megamoe_rt/ep/agreement.py), including for reports of earlier calls' inputs."""
+        assert self.group is not None, "only across ranks"
+        capturing, local = False, None
+        try:
+            self._check_usable()
+            sh = driver.stream_handle(stream)
+            capturing = driver.stream_is_capturing(sh)
+            call, y = self._prepare(x, x_sf, topk_idx, topk_weights, out, sh, num_tokens_bound)
+            status = agreement.CallStatus(bound=call.bound)
+        except Exception as exc:  # every rank must learn of it before any launches
+            local, status = exc, agreement.CallStatus.of_error(exc)
+        pending = not capturing and not self._closed and self._errors.pending()
+        statuses = agreement.exchange(self.group, replace(status, reports_pending=pending))
+        agreement.raise_if_refused(statuses, local)
+        if any(s.reports_pending for s in statuses):
+            self._raise_reported_across_ranks()
+        self.runner.run(call, sh)  # a rank without tokens still serves its experts
+        if self.debug and not capturing:
+            driver.synchronize_stream(sh)
+            self._raise_reported_across_ranks()
+        return y
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise RuntimeError("MegaMoE: the layer was closed")
+        if self._weights is None:
+            raise RuntimeError("MegaMoE: call load_weights(w1, w1_sf, w2, w2_sf) before running the layer")
+
+    def _prepare(self, x, x_sf, topk_idx, topk_weights, out, sh: int, num_tokens_bound) -> tuple[Call, Any]:
+        """The checked call and its output array; raises naming the argument at fault."""
         h, k = self.hidden, self.num_topk
         xa = as_device_array(x, "x", stream=sh)
         check_array(xa, "x", dtypes=("e4m3",), ndim=2, device=self.device)
@@ -364,33 +412,52 @@ class MegaMoE:
         cupy = require_cupy()
         with cupy.cuda.Device(self.device), cupy_stream(cupy, sh):
             y = cupy.empty((t, h), dtype=cupy.uint16) if out is None else out
-            ya = as_device_array(y, "out", stream=sh)
-            check_array(ya, "out", dtypes=("bf16",), shape=(t, h), device=self.device)
-            if t == 0 and self.group is None:
-                return y  # across ranks a rank without tokens still serves its experts
-            if self.group is not None and self.debug:
-                self._check_bound_on_every_rank(bound)
-            self.runner.run(Call(xa.ptr, sfa.ptr, ia.ptr, wa.ptr, ya.ptr, t, idx, bound), sh)
-            if self.debug and not capturing:  # a wait would break the capture
-                driver.synchronize_stream(sh)
-                self._raise_reported(wait=False)
-        return y
+        ya = as_device_array(y, "out", stream=sh)
+        check_array(ya, "out", dtypes=("bf16",), shape=(t, h), device=self.device)
+        return Call(xa.ptr, sfa.ptr, ia.ptr, wa.ptr, ya.ptr, t, idx, bound), y
 
     # --- errors found on the device ------------------------------------------------------
 
     def check(self) -> None:
         """Raise what the device has reported about earlier calls' inputs so far, without
-        waiting for calls still running (:class:`DeviceInputError`; nothing when all is well)."""
-        self._raise_reported(wait=False)
+        waiting for calls still running (:class:`DeviceInputError`; nothing when all is well).
+        Across ranks a collective: every rank calls it, and all raise alike."""
+        if self.group is None:
+            self._raise_reported(wait=False)
+            return
+        self._check_open()
+        statuses = agreement.exchange(self.group, agreement.CallStatus(reports_pending=self._errors.pending()))
+        if any(s.reports_pending for s in statuses):
+            self._raise_reported_across_ranks()
 
     def synchronize(self) -> None:
         """Wait until all work on the layer's device has finished (calls and graph replays),
-        then raise what the device reported, like :meth:`check`."""
-        self._raise_reported(wait=True)
+        then raise what the device reported, like :meth:`check` (across ranks a collective)."""
+        if self.group is None:
+            self._raise_reported(wait=True)
+        else:
+            self._check_open()
+            self._raise_reported_across_ranks()
 
-    def _raise_reported(self, *, wait: bool) -> None:
+    def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("MegaMoE: the layer was closed")
+
+    def _raise_reported_across_ranks(self) -> None:
+        """Every rank waits for its device and takes its report; all raise the union (a collective)."""
+        assert self.group is not None, "only across ranks"
+        driver.synchronize_device(self.device)
+        per_rank = agreement.exchange_findings(self.group, self._errors.take())
+        if not self.validate_ids:
+            per_rank = [tuple(f for f in fs if f.kind not in _ID_ERRORS) for fs in per_rank]
+        if any(per_rank):
+            text = "\n".join(
+                describe_findings(fs, self.num_topk, self.num_experts, r) for r, fs in enumerate(per_rank) if fs
+            )
+            raise DeviceInputError(text, tuple(f for fs in per_rank for f in fs))
+
+    def _raise_reported(self, *, wait: bool) -> None:
+        self._check_open()
         if not wait and not self._errors.pending():
             return
         # Let every call in flight finish before the report is cleared, so that a call still
@@ -404,18 +471,6 @@ class MegaMoE:
                 describe_findings(findings, self.num_topk, self.num_experts, self.rank if self.group else None),
                 findings,
             )
-
-    def _check_bound_on_every_rank(self, bound: int) -> None:
-        """Debug mode across ranks: every rank publishes its bound and all compare, so all raise
-        or none does (a rank raising alone would leave the others waiting for it)."""
-        group = self.group
-        assert group is not None, "only called across ranks"
-        seen = [
-            int(group.broadcast(str(bound).encode() if self.rank == r else None, key="num_tokens_bound", root=r))
-            for r in range(self.num_ranks)
-        ]
-        if len(set(seen)) > 1:
-            raise ValueError(f"num_tokens_bound: ranks passed {seen}; it must be the same on every rank")
 
     def _check_bound(self, num_tokens_bound: Any, t: int) -> int:
         if num_tokens_bound is None:

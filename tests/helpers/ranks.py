@@ -81,3 +81,31 @@ def leaves_before_the_allgather(ctx):
     if ctx.rank == 0:
         return None
     return ctx.allgather(b"x", key="status")
+
+
+def agree_on_a_bad_rank(ctx):
+    from megamoe_rt.ep import agreement
+
+    local = TypeError("x: dtype float32 is not supported") if ctx.rank == 1 else None
+    status = agreement.CallStatus.of_error(local) if local else agreement.CallStatus(bound=8)
+    statuses = agreement.exchange(ctx, status)
+    try:
+        agreement.raise_if_refused(statuses, local)
+    except TypeError as exc:
+        # Every rank posts the text it raised; all must be equal.
+        texts = ctx.allgather(str(exc).encode(), key="texts")
+        assert len(set(texts)) == 1, texts
+        raise
+    return "launched"
+
+
+def share_findings(ctx):
+    from megamoe_rt.ep import agreement
+    from megamoe_rt.runtime.errors import Finding
+
+    mine = {
+        0: (),
+        1: (Finding("repeated_expert_id", 5, 3),),
+        2: (Finding("expert_id_out_of_range", 1, 99),),
+    }[ctx.rank]
+    return agreement.exchange_findings(ctx, mine)

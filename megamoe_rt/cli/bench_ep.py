@@ -16,26 +16,11 @@ import functools
 import json
 from collections.abc import Callable
 
+from megamoe_rt.cli.layer_inputs import rank_inputs
 from megamoe_rt.cli.timing import DeviceTimer, bracketed, capture_layer_call
 from megamoe_rt.presets import DEFAULT_EP_RANKS, get_preset
 
 NVLINK_BYTES_PER_S = 395e9
-
-
-def rank_inputs(
-    cp, rank: int, tokens: int, hidden: int, intermediate: int, experts: int, local: int, topk: int, seed: int
-):
-    from megamoe_rt.kernels.quantize import quantize_fp8, quantize_weight_fp8
-
-    rs = cp.random.RandomState(seed * 1000 + rank)
-    x, x_sf = quantize_fp8(rs.standard_normal((tokens, hidden), dtype=cp.float32))
-    logits = rs.standard_normal((tokens, experts), dtype=cp.float32)
-    topk_idx = cp.argsort(-logits, axis=1)[:, :topk].astype(cp.int32)
-    topk_weights = cp.full((tokens, topk), 1.0 / topk, dtype=cp.float32)
-    # Only this rank's experts: nobody else multiplies by them.
-    w1, w1_sf = quantize_weight_fp8(rs.standard_normal((local, 2 * intermediate, hidden), dtype=cp.float32) / 64)
-    w2, w2_sf = quantize_weight_fp8(rs.standard_normal((local, hidden, intermediate), dtype=cp.float32) / 64)
-    return (x, x_sf, topk_idx, topk_weights), (w1, w1_sf, w2, w2_sf)
 
 
 def bench_moe_ep(

@@ -35,7 +35,7 @@ def bench_overhead(
 ) -> list[dict]:
     import cupy as cp
 
-    from megamoe_rt.cli.bench_ep import rank_inputs
+    from megamoe_rt.cli.layer_inputs import rank_inputs
     from megamoe_rt.layer import MegaMoE
 
     world = 1 if group is None else group.world_size

@@ -1,0 +1,19 @@
+"""Random inputs of one rank's layer call for the layer benchmarks (GPU-generated)."""
+
+from __future__ import annotations
+
+
+def rank_inputs(
+    cp, rank: int, tokens: int, hidden: int, intermediate: int, experts: int, local: int, topk: int, seed: int
+):
+    from megamoe_rt.kernels.quantize import quantize_fp8, quantize_weight_fp8
+
+    rs = cp.random.RandomState(seed * 1000 + rank)
+    x, x_sf = quantize_fp8(rs.standard_normal((tokens, hidden), dtype=cp.float32))
+    logits = rs.standard_normal((tokens, experts), dtype=cp.float32)
+    topk_idx = cp.argsort(-logits, axis=1)[:, :topk].astype(cp.int32)
+    topk_weights = cp.full((tokens, topk), 1.0 / topk, dtype=cp.float32)
+    # Only this rank's experts: nobody else multiplies by them.
+    w1, w1_sf = quantize_weight_fp8(rs.standard_normal((local, 2 * intermediate, hidden), dtype=cp.float32) / 64)
+    w2, w2_sf = quantize_weight_fp8(rs.standard_normal((local, hidden, intermediate), dtype=cp.float32) / 64)
+    return (x, x_sf, topk_idx, topk_weights), (w1, w1_sf, w2, w2_sf)

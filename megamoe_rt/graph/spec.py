@@ -34,6 +34,28 @@ else:  # pragma: no cover - exercised on 3.10 only
 MAX_GRID = 2**31 - 1
 MAX_SMEM = gemm_interface.SMEM_LIMIT.value  # 227 KiB per block on sm_90
 
+# The arguments each workload of megamoe_rt/graph/workloads.py takes: (least, most, multiple of).
+# A spin past ten seconds, a copy past 64 GiB or a GEMM past 64Ki in any dimension is a typo,
+# not an experiment; a negative spin would wrap to centuries in the kernel's unsigned field.
+WORKLOAD_ARGS: dict[str, dict[str, tuple[int, int, int]]] = {
+    "sm_probe": {"spin_ns": (0, 10_000_000_000, 1)},
+    "stream_copy": {"mib": (1, 65536, 1)},
+    "fp8_gemm": {"m": (128, 65536, 128), "n": (128, 65536, 128), "k": (128, 65536, 128)},
+}
+
+
+def _workload_args(where: str, kernel: str, args: dict[str, Any]) -> dict[str, Any]:
+    schema = WORKLOAD_ARGS.get(kernel)
+    if schema is None:
+        return args
+    _no_unknown_keys(where, args, tuple(schema))
+    for key, value in args.items():
+        least, most, multiple = schema[key]
+        if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most or value % multiple:
+            step = f", a multiple of {multiple}" if multiple > 1 else ""
+            raise SpecError(f"{where}: {key} = {value!r}, expected an integer in [{least}, {most}]{step}")
+    return args
+
 
 class SpecError(ValueError):
     """A pipeline spec that cannot run as written; the message says where and why."""
@@ -160,9 +182,11 @@ def parse_spec(data: dict, *, name: str = "<spec>", known_kernels: Iterable[str]
             raise SpecError(f"{where}: grid = {n['grid']} exceeds {MAX_GRID}")
         if _positive_int(where, "smem", n.get("smem", 0), allow_zero=True) > MAX_SMEM:
             raise SpecError(f"{where}: smem = {n['smem']} exceeds the {MAX_SMEM}-byte shared-memory limit")
-        extra = {
-            k: v for k, v in n.items() if k not in ("name", "kernel", "partition", "grid", "block", "smem", "deps")
-        }
+        extra = _workload_args(
+            where,
+            str(n["kernel"]),
+            {k: v for k, v in n.items() if k not in ("name", "kernel", "partition", "grid", "block", "smem", "deps")},
+        )
         nodes.append(
             NodeSpec(
                 str(n["name"]),

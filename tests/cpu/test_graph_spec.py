@@ -77,6 +77,10 @@ def test_dependency_order_and_node_fields():
         (lambda d: d["node"][1].pop("grid"), "missing grid"),
         (lambda d: d["partition"][0].update(sms=-8), "sms = -8"),
         (lambda d: d.update(partition=[]), "at least one"),
+        (lambda d: d["node"][0].update(spin_ns=-1), "spin_ns = -1, expected an integer in"),
+        (lambda d: d["node"][0].update(spin_ns=1.5), "spin_ns = 1.5"),
+        (lambda d: d["node"][0].update(spinns=100), "unknown key(s) 'spinns'; expected spin_ns"),
+        (lambda d: d["node"][1].update(grid=2**40), "grid = 1099511627776 exceeds"),
     ],
 )
 def test_spec_errors(mutate, message):
@@ -184,3 +188,20 @@ def test_a_long_dependency_chain_is_ordered_not_a_recursion_error():
     nodes[-1]["deps"] = ["n0"]  # close the chain into a cycle
     with pytest.raises(SpecError, match="dependency cycle n0 -> n1 -> "):
         parse_spec({"partition": [{"name": "a", "sms": 8}], "node": nodes})
+
+
+@pytest.mark.parametrize(
+    "kernel,args,message",
+    [
+        ("stream_copy", {"mib": 0}, "mib = 0"),
+        ("stream_copy", {"mib": 10**9}, "mib = 1000000000"),
+        ("fp8_gemm", {"m": 100}, "m = 100, expected an integer in [128, 65536], a multiple of 128"),
+        ("fp8_gemm", {"k": -128}, "k = -128"),
+        ("fp8_gemm", {"n": True}, "n = True"),
+    ],
+)
+def test_workload_arguments_are_checked(kernel, args, message):
+    data = _spec()
+    data["node"][0].update(kernel=kernel, **args)
+    with pytest.raises(SpecError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        parse_spec(data, known_kernels=["sm_probe", kernel])

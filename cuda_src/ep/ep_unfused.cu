@@ -166,6 +166,8 @@ __global__ void __launch_bounds__(kThreads) ep_dispatch(const __grid_constant__ 
 
 // One block, after the L2 GEMM on this stream has completed: every partial this rank owes
 // another rank is in that rank's combine buffer.
+static_assert(kMaxRanks <= kThreads, "one thread per rank signals in ep_publish and ep_finish");
+
 __global__ void __launch_bounds__(kThreads) ep_finish(const __grid_constant__ EpParams p) {
     const u32 b = launch_bank(p);
     if (threadIdx.x < p.num_ranks) {

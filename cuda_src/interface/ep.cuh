@@ -11,6 +11,8 @@ namespace megamoe_rt::ep {
 
 // global experts: the count kernel's shared histogram and one scan block
 constexpr u32 kMaxExperts = 1024;
+// ep_publish and ep_finish signal and wait with one thread of a kThreads block per rank
+constexpr u32 kMaxRanks = 256;
 constexpr u32 kThreads = 256;
 constexpr u32 kScanThreads = 1024;  // one block scans every global expert
 

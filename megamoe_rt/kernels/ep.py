@@ -15,6 +15,7 @@ SOURCE = "ep/ep_unfused.cu"
 THREADS = decl.THREADS.value
 SCAN_THREADS = decl.SCAN_THREADS.value
 MAX_EXPERTS = decl.MAX_EXPERTS.value
+MAX_RANKS = decl.MAX_RANKS.value
 _IDX_CXX = {"int32": "megamoe_rt::i32", "int64": "megamoe_rt::i64"}
 
 

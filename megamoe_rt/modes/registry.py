@@ -26,7 +26,11 @@ def select_mode(mode: str | None, spec: LayerSpec, *, ring_blocks: int | None = 
     """The mode class a layer of ``spec`` runs, checking the mode arguments the way the layer's
     constructor reports them (ValueError)."""
     if mode is None:
-        cls = next(MODES[name] for name in DEFAULT_ORDER if MODES[name].refusal(spec) is None)
+        runnable = [MODES[name] for name in DEFAULT_ORDER if MODES[name].refusal(spec) is None]
+        if not runnable:
+            reasons = "; ".join(str(MODES[name].refusal(spec)) for name in DEFAULT_ORDER)
+            raise ValueError(f"no mode runs this layer: {reasons}")
+        cls = runnable[0]
     else:
         found = MODES.get(mode) if isinstance(mode, str) else None
         if found is None:

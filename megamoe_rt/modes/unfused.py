@@ -36,11 +36,18 @@ class UnfusedMode(Mode):
     def layout_needs(cls, spec: LayerSpec, ring_blocks: int | None = None) -> LayoutNeeds:
         return LayoutNeeds(pool="full", block_m=POOL_ALIGN)
 
+    @classmethod
+    def refusal(cls, spec: LayerSpec) -> str | None:
+        if spec.num_ranks > ek.MAX_RANKS:
+            return f"group: {spec.num_ranks} ranks; mode='unfused' runs on at most {ek.MAX_RANKS}"
+        return None
+
     def __init__(self, spec: LayerSpec, layout: BufferLayout):
         super().__init__(spec, layout)
         self.expert_parallel = spec.expert_parallel
         if self.expert_parallel and layout.num_experts > ek.MAX_EXPERTS:
             raise ValueError(f"num_experts={layout.num_experts}: at most {ek.MAX_EXPERTS} across ranks")
+
         # One rank: the received counts are this rank's own row of expert_recv_counts; across
         # ranks the receive step sums every source's counts per local expert.
         self.counts_region = "ep_expert_totals" if self.expert_parallel else "expert_recv_counts"

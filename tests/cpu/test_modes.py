@@ -99,6 +99,11 @@ def test_mode_arguments_are_checked_with_the_layer_messages():
         select_mode("fused", _spec(h=384, e=66, num_ranks=33))  # the rank count is reported first
     with pytest.raises(ValueError, match="ring_blocks=50: only mode='fused' has ring pools"):
         select_mode("unfused", _spec(), ring_blocks=50)
+    # More ranks than the unfused kernels' one-thread-per-rank signalling covers.
+    with pytest.raises(ValueError, match="group: 257 ranks; mode='unfused' runs on at most 256"):
+        select_mode("unfused", _spec(e=257, num_ranks=257))
+    with pytest.raises(ValueError, match="no mode runs this layer: group: 257 ranks; mode='fused' runs on at most 32"):
+        select_mode(None, _spec(e=257, num_ranks=257))
     with pytest.raises(ValueError, match="ring_blocks=50: only mode='fused' has ring pools"):
         select_mode(None, _spec(h=384), ring_blocks=50)  # the default fell back to unfused
     assert select_mode("fused", _spec(), ring_blocks=500) is FusedMode

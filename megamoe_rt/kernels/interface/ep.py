@@ -20,6 +20,9 @@ MAX_EXPERTS = Constant(
     "kMaxExperts", 1024, doc="global experts: the count kernel's shared histogram and one scan block"
 )
 THREADS = Constant("kThreads", 256)
+MAX_RANKS = Constant(
+    "kMaxRanks", 256, doc="ep_publish and ep_finish signal and wait with one thread of a kThreads block per rank"
+)
 SCAN_THREADS = Constant("kScanThreads", 1024, doc="one block scans every global expert")
 
 EP_BANK_LAYOUT = Struct(
@@ -82,6 +85,7 @@ HEADER = Header(
     "megamoe_rt::ep",
     [
         MAX_EXPERTS,
+        MAX_RANKS,
         THREADS,
         SCAN_THREADS,
         EP_BANK_LAYOUT,

@@ -106,7 +106,7 @@ def _check_same_layout_on_every_rank(layout: BufferLayout, ctx: RankGroup) -> No
             layout.total_bytes,
         )
     ).encode()
-    seen = [ctx.broadcast(mine if ctx.rank == r else None, key="symm-layout", root=r) for r in range(ctx.world_size)]
+    seen = ctx.allgather(mine, key="symm-layout")
     if len(set(seen)) > 1:
         differing = [r for r, s in enumerate(seen) if s != seen[0]]
         raise ValueError(
@@ -133,20 +133,39 @@ class SymmetricBuffer(LaidOutBuffer):
         self.rank: int = runtime.rank
         self._runtime = runtime
         self._buf = nvshmem.buffer(layout.total_bytes)
+        problem: Exception | None = None
+        try:
+            self._map_and_zero(nvshmem)
+        except Exception as exc:  # every rank must learn of it: the free below is collective
+            problem = exc
+        # Every rank has zeroed its buffer (or failed) before any rank returns: the launch-
+        # parity banks need a peer's first signal not to be wiped.
+        text = "" if problem is None else f"{type(problem).__name__}: {problem}"[:1000]
+        reports = [r.decode() for r in runtime.ctx.allgather(text.encode(), key="symm-buffer")]
+        failed = [(r, t) for r, t in enumerate(reports) if t]
+        if failed:
+            nvshmem.free(self._buf)  # collective, like the allocation: no rank leaks it
+            self._buf = None
+            lines = "; ".join(f"rank {r}: {t}" for r, t in failed)
+            raise RuntimeError(
+                f"symmetric buffer: setup failed on rank {failed[0][0]} ({lines}); freed on every rank"
+            ) from problem
+        runtime._buffers.append(self)
+
+    def _map_and_zero(self, nvshmem: Any) -> None:
+        """Every peer's address of the allocation, and this rank's part zeroed."""
         self.base_ptr = int(self._buf.handle)
         self.peer_base_ptrs: list[int] = [
             int(nvshmem.get_peer_buffer(self._buf, pe).handle) if pe != self.rank else self.base_ptr
-            for pe in range(runtime.world_size)
+            for pe in range(self._runtime.world_size)
         ]
         if any(p == 0 for p in self.peer_base_ptrs):
             missing = [pe for pe, p in enumerate(self.peer_base_ptrs) if p == 0]
             raise RuntimeError(f"ranks {missing} are not reachable by load/store (no NVLink peer mapping)")
         cupy = require_cupy()
         with cupy.cuda.Device(self.device):
-            self._bytes(0, layout.total_bytes).fill(0)
+            self._bytes(0, self.layout.total_bytes).fill(0)
             cupy.cuda.Device(self.device).synchronize()
-        runtime.ctx.barrier()
-        runtime._buffers.append(self)
 
     def _bytes(self, offset: int, nbytes: int, base: int | None = None) -> Any:
         cupy = require_cupy()

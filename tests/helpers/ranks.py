@@ -109,3 +109,43 @@ def share_findings(ctx):
         2: (Finding("expert_id_out_of_range", 1, 99),),
     }[ctx.rank]
     return agreement.exchange_findings(ctx, mine)
+
+
+def half_built_symmetric_buffer(ctx):
+    """Rank 1 cannot map rank 0's part, rank 0 cannot zero its own: both must free the
+    allocation (a collective) and raise the same error."""
+    from megamoe_rt.ep import symm
+    from megamoe_rt.schedule.layout import symm_buffer_layout
+
+    freed = []
+
+    class Handle:
+        def __init__(self, h):
+            self.handle = h
+
+    class FakeNvshmem:
+        def buffer(self, nbytes):
+            return Handle(0x10000)
+
+        def get_peer_buffer(self, buf, pe):
+            return Handle(0 if (ctx.rank == 1 and pe == 0) else 0x20000 + pe)
+
+        def free(self, buf):
+            freed.append(buf.handle)
+
+    class FakeRuntime:
+        world_size, rank, device = ctx.world_size, ctx.rank, 0
+        _nvshmem, _buffers = FakeNvshmem(), []
+
+    FakeRuntime.ctx = ctx
+
+    def no_cupy():
+        raise RuntimeError("no device memory to zero here")
+
+    symm.require_cupy = no_cupy
+    layout = symm_buffer_layout(512, 256, 8, 2, 16, ctx.world_size)
+    try:
+        symm.SymmetricBuffer(layout, FakeRuntime())
+    except RuntimeError as exc:
+        return str(exc), freed, FakeRuntime._buffers
+    return None, freed, FakeRuntime._buffers

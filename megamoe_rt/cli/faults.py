@@ -43,7 +43,8 @@ def good_call_ok(layer):
 def report(outcome, detect_s, later):
     print("FAULT-RESULT " + json.dumps({"outcome": outcome, "detect_s": detect_s, "later": later}))
 def first_line(exc):
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+    text = " ".join(line.strip() for line in str(exc).splitlines())
+    return f"{type(exc).__name__}: {text[:220]}"
 """
 
 # name -> (what is injected, script body); the body calls report(...) once.

@@ -74,13 +74,28 @@ class TimeoutRecord:
             driver.register_fault_explainer(cls.pending_message)
         return cls._instance
 
+    _reported: str | None = None
+
     @classmethod
     def pending_message(cls) -> str | None:
-        """The message of a recorded timeout, or None (also when no record was ever made)."""
+        """The message of a recorded timeout, or None (also when no record was ever made).
+
+        A complete record is reported once and then reset, so the next timed-out wait records
+        afresh instead of finding the slot taken; the message stays the answer for the faults
+        the same trap keeps causing (a trapped context fails every later call) until
+        :meth:`forget`."""
         inst = cls._instance
-        if inst is None or inst._fields.state != decl.RECORD_COMPLETE.value:
+        if inst is None:
             return None
-        return describe(inst._fields)
+        if inst._fields.state == decl.RECORD_COMPLETE.value:
+            cls._reported = describe(inst._fields)
+            ctypes.memset(ctypes.addressof(inst._fields), 0, ctypes.sizeof(_RecordFields))
+        return cls._reported
+
+    @classmethod
+    def forget(cls) -> None:
+        """Drop the reported message (after the context that trapped has been replaced)."""
+        cls._reported = None
 
     def context(self, timeout_s: float | None = None, rank: int = 0) -> WaitContext:
         return WaitContext(timeout_ns=wait_timeout_ns(timeout_s), record=self.device_ptr, rank=rank)

@@ -33,6 +33,9 @@ def _nvshmem():
     return nvshmem
 
 
+BOOTSTRAP_ATTEMPTS = 3  # unique-id bootstraps tried before a launch gives up
+
+
 class NvshmemRuntime:
     """NVSHMEM in this process, bound to the rank's GPU; one per process."""
 
@@ -56,14 +59,36 @@ class NvshmemRuntime:
         if mpi_comm is not None:  # ranks from mpirun: NVSHMEM's own MPI bootstrap
             nvshmem.init(device=dev, mpi_comm=mpi_comm, initializer_method="mpi")
         else:
-            uid = nvshmem.get_unique_id(empty=self.rank != 0)
-            raw = uid._data.view(np.uint8)
-            data = ctx.broadcast(raw.tobytes() if self.rank == 0 else None, key="nvshmem-uid")
-            if self.rank != 0:
-                raw[:] = np.frombuffer(data, dtype=np.uint8)
-            nvshmem.init(device=dev, uid=uid, rank=self.rank, nranks=self.world_size, initializer_method="uid")
+            self._init_from_unique_id(nvshmem, dev, np)
         self._nvshmem = nvshmem
         self._buffers: list[SymmetricBuffer] = []
+
+    def _init_from_unique_id(self, nvshmem: Any, dev: Any, np: Any) -> None:
+        """NVSHMEM's unique-id bootstrap, retried with a fresh id while it fails on any rank.
+
+        Rank 0 hands out the id through the group; after each attempt the ranks compare
+        outcomes, so all retry or none does (a stray connection to rank 0's listener, say,
+        fails one attempt, not the launch)."""
+        failures: list[str] = []
+        for _ in range(BOOTSTRAP_ATTEMPTS):
+            uid = nvshmem.get_unique_id(empty=self.rank != 0)
+            raw = uid._data.view(np.uint8)
+            data = self.ctx.broadcast(raw.tobytes() if self.rank == 0 else None, key="nvshmem-uid")
+            if self.rank != 0:
+                raw[:] = np.frombuffer(data, dtype=np.uint8)
+            error = ""
+            try:
+                nvshmem.init(device=dev, uid=uid, rank=self.rank, nranks=self.world_size, initializer_method="uid")
+            except Exception as exc:  # reported to every rank below
+                error = f"{type(exc).__name__}: {exc}"[:500]
+            outcomes = [o.decode() for o in self.ctx.allgather(error.encode(), key="nvshmem-init")]
+            bad = [(r, o) for r, o in enumerate(outcomes) if o]
+            if not bad:
+                return
+            if not error:
+                nvshmem.finalize()  # this rank got in, a peer did not: undo before the next attempt
+            failures.append("; ".join(f"rank {r}: {o}" for r, o in bad))
+        raise RuntimeError(f"NVSHMEM bootstrap failed on all {BOOTSTRAP_ATTEMPTS} attempts: " + " | ".join(failures))
 
     @classmethod
     def initialize(cls, ctx: RankGroup, *, heap_bytes: int = 0) -> NvshmemRuntime:

@@ -254,3 +254,20 @@ def test_an_allgather_times_out_naming_the_missing_rank(monkeypatch):
             ctx.allgather(b"ok", key="status")
     finally:
         hub.close()
+
+
+def test_a_failed_nvshmem_bootstrap_is_retried_on_every_rank():
+    out = spawn(ranks.bootstrap_with_a_failed_first_attempt, 2, args=({0},))
+    # Both ranks tried twice; rank 1, which got in on the first attempt, undid it once.
+    assert out == [(None, {"init": 2, "finalize": 0}), (None, {"init": 2, "finalize": 1})]
+
+
+def test_a_bootstrap_failing_every_time_gives_up_with_every_attempt_named():
+    from megamoe_rt.ep.symm import BOOTSTRAP_ATTEMPTS
+
+    out = spawn(ranks.bootstrap_with_a_failed_first_attempt, 2, args=({1}, 99))
+    texts = {text for text, _ in out}
+    assert len(texts) == 1, texts  # the same error on every rank
+    text = texts.pop()
+    assert f"failed on all {BOOTSTRAP_ATTEMPTS} attempts" in text and "rank 1: RuntimeError: bootstrap" in text
+    assert out[0][1] == {"init": BOOTSTRAP_ATTEMPTS, "finalize": BOOTSTRAP_ATTEMPTS}  # rank 0 undid each

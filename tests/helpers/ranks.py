@@ -149,3 +149,40 @@ def half_built_symmetric_buffer(ctx):
     except RuntimeError as exc:
         return str(exc), freed, FakeRuntime._buffers
     return None, freed, FakeRuntime._buffers
+
+
+def bootstrap_with_a_failed_first_attempt(ctx, failing, attempts_failing=1):
+    """NvshmemRuntime's unique-id bootstrap against a stand-in NVSHMEM whose init fails on
+    the ranks in ``failing`` for the first ``attempts_failing`` attempts (a stray connection)."""
+    import numpy as np
+
+    from megamoe_rt.ep.symm import NvshmemRuntime
+
+    calls = {"init": 0, "finalize": 0}
+
+    class Uid:
+        def __init__(self):
+            self._data = np.zeros(8, np.uint64)
+
+    class FakeNvshmem:
+        def get_unique_id(self, empty):
+            uid = Uid()
+            if not empty:
+                uid._data[:] = calls["init"] + 100
+            return uid
+
+        def init(self, **kw):
+            calls["init"] += 1
+            if calls["init"] <= attempts_failing and ctx.rank in failing:
+                raise RuntimeError("bootstrap: unexpected peer")
+
+        def finalize(self):
+            calls["finalize"] += 1
+
+    rt = NvshmemRuntime.__new__(NvshmemRuntime)
+    rt.ctx, rt.rank, rt.world_size = ctx, ctx.rank, ctx.world_size
+    try:
+        rt._init_from_unique_id(FakeNvshmem(), None, np)
+    except RuntimeError as exc:
+        return str(exc), calls
+    return None, calls

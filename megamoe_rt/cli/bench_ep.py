@@ -16,9 +16,8 @@ import functools
 import json
 from collections.abc import Callable
 
-from megamoe_rt.cli.layer_inputs import rank_inputs
+from megamoe_rt.cli.layer_inputs import preset_slices, rank_inputs
 from megamoe_rt.cli.timing import DeviceTimer, bracketed, capture_layer_call
-from megamoe_rt.presets import DEFAULT_EP_RANKS, get_preset
 
 NVLINK_BYTES_PER_S = 395e9
 
@@ -33,62 +32,58 @@ def bench_moe_ep(
     cp.cuda.Device(ctx.device).use()
     world = ctx.world_size
     rows = []
-    for name in presets:
-        p = get_preset(name)
-        local = p.num_experts // DEFAULT_EP_RANKS
-        experts = local * world
-        for t in tokens:
-            args, weights = rank_inputs(cp, ctx.rank, t, p.hidden, p.intermediate, experts, local, p.num_topk, t)
-            ids = args[2]
-            remote = int(cp.count_nonzero((ids // local) != ctx.rank))
-            stream = cp.cuda.Stream(non_blocking=True)
-            layers = {}
-            arms: dict[str, Callable[[], None]] = {}
-            for m in modes:
-                layer = MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, t, mode=m, group=ctx)
-                layer.load_weights(*weights)
-                y = cp.empty((t, p.hidden), dtype=cp.uint16)
-                graph = capture_layer_call(layer, args, y, stream)
-                layers[m] = layer
-                arms[m] = functools.partial(graph.launch, stream=stream)
-            with stream:
-                results = bracketed(DeviceTimer(), arms, rounds=rounds)
-            mine = {m: results[m].median_us for m in modes}
-            # Everyone's numbers to everyone (one exchange per rank, same order on all ranks).
-            everyone = [
-                json.loads(ctx.broadcast(json.dumps(mine).encode() if ctx.rank == r else None, key="bench-ep", root=r))
-                for r in range(world)
-            ]
-            cross = remote * (p.hidden + p.hidden // 128 * 4 + 8 + 2 * p.hidden)
-            for m in modes:
-                slowest = max(e[m] for e in everyone)
-                pairs_per_gpu = t * p.num_topk
-                row = {
-                    "preset": name,
-                    "tokens_per_rank": t,
-                    "ranks": world,
-                    "mode": m,
-                    "local_experts": local,
-                    "median_us_slowest_rank": slowest,
-                    "median_us_per_rank": [e[m] for e in everyone],
-                    "tflops_per_gpu": layers[m].flops(pairs_per_gpu) / (slowest * 1e-6) / 1e12,
-                    "nvlink_gbps_rank": cross / (mine[m] * 1e-6) / 1e9,
-                    "nvlink_ceiling_gbps": NVLINK_BYTES_PER_S / 1e9,
-                    "buffer_mib": layers[m].layout.total_bytes / 2**20,
-                }
-                rows.append(row)
-                if ctx.rank == 0:
-                    print(
-                        f"{name:>5} T={t:<5}/rank EP{world} {m:>8}: {slowest:9.1f} us (slowest rank)  "
-                        f"{row['tflops_per_gpu']:7.1f} TFLOP/s/GPU  NVLink {row['nvlink_gbps_rank']:6.1f} GB/s "
-                        f"(rank 0, ceiling 395)  buffer {row['buffer_mib']:8.1f} MiB",
-                        flush=True,
-                    )
-            ctx.barrier()
-            for layer in layers.values():
-                layer.close()
-            del layers, arms, args, weights
-            cp.get_default_memory_pool().free_all_blocks()
+    for name, p, local, experts, t in preset_slices(presets, tokens, world):
+        args, weights = rank_inputs(cp, ctx.rank, t, p.hidden, p.intermediate, experts, local, p.num_topk, t)
+        ids = args[2]
+        remote = int(cp.count_nonzero((ids // local) != ctx.rank))
+        stream = cp.cuda.Stream(non_blocking=True)
+        layers = {}
+        arms: dict[str, Callable[[], None]] = {}
+        for m in modes:
+            layer = MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, t, mode=m, group=ctx)
+            layer.load_weights(*weights)
+            y = cp.empty((t, p.hidden), dtype=cp.uint16)
+            graph = capture_layer_call(layer, args, y, stream)
+            layers[m] = layer
+            arms[m] = functools.partial(graph.launch, stream=stream)
+        with stream:
+            results = bracketed(DeviceTimer(), arms, rounds=rounds)
+        mine = {m: results[m].median_us for m in modes}
+        # Everyone's numbers to everyone (one exchange per rank, same order on all ranks).
+        everyone = [
+            json.loads(ctx.broadcast(json.dumps(mine).encode() if ctx.rank == r else None, key="bench-ep", root=r))
+            for r in range(world)
+        ]
+        cross = remote * (p.hidden + p.hidden // 128 * 4 + 8 + 2 * p.hidden)
+        for m in modes:
+            slowest = max(e[m] for e in everyone)
+            pairs_per_gpu = t * p.num_topk
+            row = {
+                "preset": name,
+                "tokens_per_rank": t,
+                "ranks": world,
+                "mode": m,
+                "local_experts": local,
+                "median_us_slowest_rank": slowest,
+                "median_us_per_rank": [e[m] for e in everyone],
+                "tflops_per_gpu": layers[m].flops(pairs_per_gpu) / (slowest * 1e-6) / 1e12,
+                "nvlink_gbps_rank": cross / (mine[m] * 1e-6) / 1e9,
+                "nvlink_ceiling_gbps": NVLINK_BYTES_PER_S / 1e9,
+                "buffer_mib": layers[m].layout.total_bytes / 2**20,
+            }
+            rows.append(row)
+            if ctx.rank == 0:
+                print(
+                    f"{name:>5} T={t:<5}/rank EP{world} {m:>8}: {slowest:9.1f} us (slowest rank)  "
+                    f"{row['tflops_per_gpu']:7.1f} TFLOP/s/GPU  NVLink {row['nvlink_gbps_rank']:6.1f} GB/s "
+                    f"(rank 0, ceiling 395)  buffer {row['buffer_mib']:8.1f} MiB",
+                    flush=True,
+                )
+        ctx.barrier()
+        for layer in layers.values():
+            layer.close()
+        del layers, arms, args, weights
+        cp.get_default_memory_pool().free_all_blocks()
     if json_path and ctx.rank == 0:
         with open(json_path, "w") as f:
             json.dump(rows, f, indent=2)

@@ -18,7 +18,6 @@ from collections.abc import Callable
 from typing import Any
 
 from megamoe_rt.cli.timing import DeviceTimer, bracketed, capture_layer_call
-from megamoe_rt.presets import DEFAULT_EP_RANKS, get_preset
 
 TARGET_US = 40.0  # an eager call may cost at most this much more than its replay
 
@@ -35,78 +34,69 @@ def bench_overhead(
 ) -> list[dict]:
     import cupy as cp
 
-    from megamoe_rt.cli.layer_inputs import rank_inputs
+    from megamoe_rt.cli.layer_inputs import preset_slices, rank_inputs
     from megamoe_rt.layer import MegaMoE
 
     world = 1 if group is None else group.world_size
     rank = 0 if group is None else group.rank
     rows = []
-    for name in presets:
-        p = get_preset(name)
-        local = p.num_experts // DEFAULT_EP_RANKS
-        experts = local * world
-        for t in tokens:
-            args, weights = rank_inputs(cp, rank, t, p.hidden, p.intermediate, experts, local, p.num_topk, t)
-            stream = cp.cuda.Stream(non_blocking=True)
-            for m in modes:
-                layer = MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, t, mode=m, group=group)
-                layer.load_weights(*weights)
-                y = cp.empty((t, p.hidden), dtype=cp.uint16)
-                graph = capture_layer_call(layer, args, y, stream)
-                host_s: list[float] = []
+    for name, p, local, experts, t in preset_slices(presets, tokens, world):
+        args, weights = rank_inputs(cp, rank, t, p.hidden, p.intermediate, experts, local, p.num_topk, t)
+        stream = cp.cuda.Stream(non_blocking=True)
+        for m in modes:
+            layer = MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, t, mode=m, group=group)
+            layer.load_weights(*weights)
+            y = cp.empty((t, p.hidden), dtype=cp.uint16)
+            graph = capture_layer_call(layer, args, y, stream)
+            host_s: list[float] = []
 
-                def eager(layer=layer, args=args, y=y, stream=stream, host_s=host_s) -> None:
-                    start = time.perf_counter()
-                    for _ in range(calls):
-                        layer(*args, out=y, stream=stream)
-                    host_s.append(time.perf_counter() - start)
+            def eager(layer=layer, args=args, y=y, stream=stream, host_s=host_s) -> None:
+                start = time.perf_counter()
+                for _ in range(calls):
+                    layer(*args, out=y, stream=stream)
+                host_s.append(time.perf_counter() - start)
 
-                def replay(graph=graph, stream=stream) -> None:
-                    for _ in range(calls):
-                        graph.launch(stream=stream)
+            def replay(graph=graph, stream=stream) -> None:
+                for _ in range(calls):
+                    graph.launch(stream=stream)
 
-                arms: dict[str, Callable[[], None]] = {"eager": eager, "replay": replay}
-                with stream:
-                    results = bracketed(DeviceTimer(calls=5), arms, rounds=rounds)
-                layer.synchronize()  # nothing was refused: this raises otherwise
-                mine = {a: results[a].median_us / calls for a in arms}
-                mine["host"] = sorted(host_s)[len(host_s) // 2] / calls * 1e6
-                everyone = [mine]
-                if group is not None:
-                    everyone = [
-                        json.loads(
-                            group.broadcast(json.dumps(mine).encode() if rank == r else None, key="overhead", root=r)
-                        )
-                        for r in range(world)
-                    ]
-                eager_us = max(e["eager"] for e in everyone)
-                replay_us = max(e["replay"] for e in everyone)
-                row = {
-                    "preset": name,
-                    "tokens_per_rank": t,
-                    "ranks": world,
-                    "mode": m,
-                    "calls_per_observation": calls,
-                    "eager_us_per_call": eager_us,
-                    "replay_us_per_call": replay_us,
-                    "overhead_us": eager_us - replay_us,
-                    "host_us_per_eager_call": max(e["host"] for e in everyone),
-                    "target_us": TARGET_US,
-                    "meets_target": eager_us - replay_us <= TARGET_US,
-                }
-                rows.append(row)
-                if rank == 0:
-                    print(
-                        f"{name:>5} T={t:<5} EP{world} {m:>8}: eager {eager_us:8.1f} us/call  replay "
-                        f"{replay_us:8.1f} us/call  overhead {row['overhead_us']:+7.1f} us (target <= {TARGET_US:.0f})"
-                        f"  host {row['host_us_per_eager_call']:6.1f} us/call",
-                        flush=True,
-                    )
-                if group is not None:
-                    group.barrier()
-                layer.close()
-                del graph, arms
-            cp.get_default_memory_pool().free_all_blocks()
+            arms: dict[str, Callable[[], None]] = {"eager": eager, "replay": replay}
+            with stream:
+                results = bracketed(DeviceTimer(calls=5), arms, rounds=rounds)
+            layer.synchronize()  # nothing was refused: this raises otherwise
+            mine = {a: results[a].median_us / calls for a in arms}
+            mine["host"] = sorted(host_s)[len(host_s) // 2] / calls * 1e6
+            everyone = [mine]
+            if group is not None:
+                everyone = [json.loads(raw) for raw in group.allgather(json.dumps(mine).encode(), key="overhead")]
+            eager_us = max(e["eager"] for e in everyone)
+            replay_us = max(e["replay"] for e in everyone)
+            row = {
+                "preset": name,
+                "tokens_per_rank": t,
+                "ranks": world,
+                "mode": m,
+                "calls_per_observation": calls,
+                "eager_us_per_call": eager_us,
+                "replay_us_per_call": replay_us,
+                "overhead_us": eager_us - replay_us,
+                "host_us_per_eager_call": max(e["host"] for e in everyone),
+                "target_us": TARGET_US,
+                "meets_target": eager_us - replay_us <= TARGET_US,
+            }
+            rows.append(row)
+            if rank == 0:
+                print(
+                    f"{name:>5} T={t:<5} EP{world} {m:>8}: eager {eager_us:8.1f} us/call  replay "
+                    f"{replay_us:8.1f} us/call  overhead {row['overhead_us']:+7.1f} us (target <= {TARGET_US:.0f})"
+                    f"  host {row['host_us_per_eager_call']:6.1f} us/call",
+                    flush=True,
+                )
+            if group is not None:
+                group.barrier()
+            layer.close()
+            del graph, arms
+        cp.get_default_memory_pool().free_all_blocks()
     if json_path and rank == 0:
         with open(json_path, "w") as f:
             json.dump(rows, f, indent=2)

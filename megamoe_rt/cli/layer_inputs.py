@@ -2,6 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
+from megamoe_rt.presets import DEFAULT_EP_RANKS, get_preset
+
+
+def preset_slices(presets: list[str], tokens: list[int], world: int) -> Iterator[tuple[str, Any, int, int, int]]:
+    """``(preset name, preset, local experts, experts across world ranks, tokens)`` for every
+    benchmark cell: each rank holds the preset's EP8 per-rank slice of experts, so per-GPU
+    numbers compare with the one-GPU benchmarks at the same slice."""
+    for name in presets:
+        p = get_preset(name)
+        local = p.num_experts // DEFAULT_EP_RANKS
+        for t in tokens:
+            yield name, p, local, local * world, t
+
 
 def rank_inputs(
     cp, rank: int, tokens: int, hidden: int, intermediate: int, experts: int, local: int, topk: int, seed: int

@@ -29,6 +29,7 @@ from typing import Any
 from megamoe_rt.ep import board as status_board
 from megamoe_rt.ep.env import rank_env
 from megamoe_rt.ep.group import RankGroup
+from megamoe_rt.runtime.deadlines import env_seconds
 
 _ENV_RANK, _ENV_WORLD, _ENV_HUB, _ENV_KEY = (
     "MEGAMOE_RT_RANK",
@@ -44,16 +45,7 @@ DEFAULT_HUB_TIMEOUT_S = 600.0
 
 
 def hub_timeout_s() -> float:
-    raw = os.environ.get(HUB_TIMEOUT_ENV, "").strip()
-    if not raw:
-        return DEFAULT_HUB_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{HUB_TIMEOUT_ENV}={raw!r}: expected a number of seconds") from None
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{HUB_TIMEOUT_ENV}={raw!r}: expected a positive, finite number of seconds")
-    return value
+    return env_seconds(HUB_TIMEOUT_ENV, DEFAULT_HUB_TIMEOUT_S)
 
 
 class RankFailed(RuntimeError):

@@ -20,6 +20,21 @@ MIN_TIMEOUT_NS = 1_000_000
 MAX_TIMEOUT_NS = 1 << 58
 
 
+def env_seconds(name: str, default: float) -> float:
+    """A duration in seconds from the environment variable ``name`` (unset or empty: ``default``);
+    anything but a positive, finite number is a ValueError naming the variable."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected a number of seconds") from None
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name}={raw!r}: expected a positive, finite number of seconds")
+    return value
+
+
 def wait_timeout_ns(timeout_s: float | None = None) -> int:
     """The deadline every cross-rank or cross-block wait of a launch gets, in nanoseconds.
 
@@ -29,14 +44,7 @@ def wait_timeout_ns(timeout_s: float | None = None) -> int:
     if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))):
         raise TypeError(f"timeout_s: expected a number of seconds or None, got {type(timeout_s).__name__}")
     if timeout_s is None:
-        raw = os.environ.get(ENV)
-        if raw is None or raw.strip() == "":
-            timeout_s = DEFAULT_TIMEOUT_S
-        else:
-            try:
-                timeout_s = float(raw)
-            except ValueError:
-                raise ValueError(f"{ENV}={raw!r}: expected a number of seconds") from None
+        timeout_s = env_seconds(ENV, DEFAULT_TIMEOUT_S)
     if not (math.isfinite(timeout_s) and timeout_s > 0):
         raise ValueError(f"timeout: expected a positive number of seconds, got {timeout_s!r}")
     return max(MIN_TIMEOUT_NS, min(MAX_TIMEOUT_NS, int(min(timeout_s, MAX_TIMEOUT_NS * 1e-9) * 1e9)))

@@ -312,6 +312,34 @@ def cmd_bench(args) -> int:
     return 0
 
 
+# --- partitions -------------------------------------------------------------------------
+
+
+def cmd_partitions(args) -> int:
+    info = _hopper_or_none("partitions")
+    if info is None:
+        return 1
+    from megamoe_rt.graph.green import partition_granularity, split_table
+
+    rows = split_table(info.ordinal, fine=args.fine)
+    gran = partition_granularity(info.ordinal, fine=args.fine)
+    granted = sorted({g for _, g, _ in rows if g})
+    print(
+        f"device {info.ordinal}: {info.name}, {info.sm_count} SMs; SM co-scheduling "
+        f"{'ignored' if args.fine else 'kept'}: partitions in multiples of {gran}"
+    )
+    print("a first partition split off the device can hold: " + ", ".join(map(str, granted)))
+    print(f"{'asked':>6} {'granted':>8} {'left':>5}")
+    for asked, got, left in rows:
+        if asked % gran == 0:
+            print(f"{asked:>6} {got:>8} {left:>5}")
+    print('what is left is split again the same way (GreenPartitions), or taken whole as "rest"')
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": info.name, "sm_count": info.sm_count, "fine": args.fine, "rows": rows}, f, indent=2)
+    return 0
+
+
 # --- sweep ------------------------------------------------------------------------------
 
 
@@ -383,6 +411,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("info", help="package, compiler and driver versions; GPUs; NVSHMEM; cache")
     s.set_defaults(func=cmd_info)
+
+    s = sub.add_parser("partitions", help="which green-context SM partitions the GPU can form")
+    s.add_argument("--fine", action="store_true", help="ignore SM co-scheduling (pairs of SMs; no large clusters)")
+    s.add_argument("--json", default=None, help="write the table to this JSON file")
+    s.set_defaults(func=cmd_partitions)
 
     s = sub.add_parser("plan", help="symmetric-buffer memory report and pool sizes (no GPU needed)")
     s.add_argument("--preset", default="flash", choices=sorted(PRESETS), help="model shape (default flash)")

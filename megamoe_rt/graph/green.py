@@ -3,9 +3,12 @@
 cuda.core 1.2 has green contexts too (``SMResource.split``, ``Device.create_context``), but
 its split picks ``cuDevSmResourceSplit`` or ``cuDevSmResourceSplitByCount`` by driver
 version, so which SMs a request gets would change with the driver. The partitioning below
-is built on what ``cuDevSmResourceSplitByCount`` does on Hopper (groups formed along the
-chip's topology, unequal partitions as unions of granularity-sized groups), so it calls
-that directly; kernel nodes take the partition's ``CUcontext`` and launches its ``CUstream``.
+calls ``cuDevSmResourceSplitByCount`` directly: each partition is split off what the ones
+before it left (one group of its size), and the remainder, once a green context holds it,
+is split again. Measured on an H200 (bench/results/green_splits_h200_2026-12-01.md): any
+multiple of 8 SMs up to 128 splits off the whole device, the remainder splits the same way
+(96, then 32 of the 36 left), and without SM co-scheduling any even count does. Kernel
+nodes take the partition's ``CUcontext``, launches its ``CUstream``.
 """
 
 from __future__ import annotations
@@ -31,17 +34,34 @@ def sm_resource(device: int):
     return driver.call(cu.cuDeviceGetDevResource, dev, cu.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM)
 
 
-def partition_granularity(device: int) -> int:
-    """Minimum SMs per partition, as the driver reports it (or, where the field is not
-    filled in, as the driver rounds a one-SM request)."""
-    res = sm_resource(device)
-    reported = int(getattr(res.sm, "minSmPartitionSize", 0) or 0)
-    align = int(getattr(res.sm, "smCoscheduledAlignment", 0) or 0)
-    if reported:
-        return max(reported, align)
+def _split_flags(fine: bool) -> int:
     cu = _cu()
-    groups, _, _ = driver.call(cu.cuDevSmResourceSplitByCount, 1, res, 0, 1)
-    return int(groups[0].sm.smCount)
+    return int(cu.CUdevSmResourceSplitByCount_flags.CU_DEV_SM_RESOURCE_SPLIT_IGNORE_SM_COSCHEDULING) if fine else 0
+
+
+def partition_granularity(device: int, *, fine: bool = False) -> int:
+    """Minimum SMs per partition, as the driver rounds a one-SM request: 8 on Hopper, 2 with
+    ``fine`` (SM co-scheduling ignored: finer partitions, no large thread-block clusters)."""
+    res = sm_resource(device)
+    cu = _cu()
+    groups, made, _ = driver.call(cu.cuDevSmResourceSplitByCount, 1, res, _split_flags(fine), 1)
+    if made:
+        return int(groups[0].sm.smCount)
+    reported = int(getattr(res.sm, "minSmPartitionSize", 0) or 0)
+    return max(reported, int(getattr(res.sm, "smCoscheduledAlignment", 0) or 0), 1)
+
+
+def split_table(device: int, *, fine: bool = False) -> list[tuple[int, int, int]]:
+    """``(asked, granted, left)`` for one group of each count split off the whole device:
+    what the hardware allows as a first partition (nothing is created)."""
+    cu = _cu()
+    res = sm_resource(device)
+    flags = _split_flags(fine)
+    rows = []
+    for count in range(1, int(res.sm.smCount) + 1):
+        groups, made, left = driver.call(cu.cuDevSmResourceSplitByCount, 1, res, flags, count)
+        rows.append((count, int(groups[0].sm.smCount) if made else 0, int(left.sm.smCount)))
+    return rows
 
 
 @dataclass
@@ -64,56 +84,60 @@ class GreenPartitions:
     (or leaving the ``with`` block) destroys streams, then green contexts.
     """
 
-    def __init__(self, requests: Sequence[tuple[str, Request]], *, device: int = 0):
+    def __init__(self, requests: Sequence[tuple[str, Request]], *, device: int = 0, fine: bool = False):
         cu = _cu()
         self.device = device
         info = driver.require_hopper(device)
-        self.granularity = partition_granularity(device)
+        self.granularity = partition_granularity(device, fine=fine)
+        self.available_sms = info.sm_count
+        self.plan = plan_partitions(info.sm_count, self.granularity, requests)
         self.partitions: dict[str, GreenPartition] = {}
         self._closed = False
+        self._holders: list[Any] = []  # green contexts over remainders, only to split them again
         dev = driver.call(cu.cuDeviceGet, device)
-        full = sm_resource(device)
-        sizes = [r for _, r in requests]
-        # The driver forms groups along the chip's topology, so not every sum of
-        # granularity-sized pieces is reachable (an H200 gives 2 x 64 SMs in one split but
-        # only 15 groups of 8). Equal partitions come from one split of that size; others
-        # are unions of one split's granularity-sized groups, "rest" taking what is left.
-        if "rest" not in sizes and len(set(sizes)) == 1:
-            count = sizes[0]
-            self.plan = plan_partitions(info.sm_count, self.granularity, requests)
-            groups, made, _ = driver.call(cu.cuDevSmResourceSplitByCount, len(sizes), full, 0, count)
-            if made < len(sizes):
-                raise ValueError(f"the device forms only {made} partition(s) of {count} SMs, {len(sizes)} asked")
-            pieces = [[g] for g in groups[: len(sizes)]]
-            self.available_sms = made * count
-        else:
-            groups, made, _ = driver.call(
-                cu.cuDevSmResourceSplitByCount, info.sm_count // self.granularity, full, 0, self.granularity
-            )
-            self.available_sms = made * self.granularity
-            self.plan = plan_partitions(self.available_sms, self.granularity, requests)
-            pieces, first = [], 0
-            for _, count in self.plan.sizes:
-                take = count // self.granularity
-                pieces.append(list(groups[first : first + take]))
-                first += take
+        flags = _split_flags(fine)
         try:
-            for (name, count), mine in zip(self.plan.sizes, pieces):
-                got = sum(int(g.sm.smCount) for g in mine)
+            # Fixed sizes in request order, each split off what is left; "rest" takes the end.
+            left = sm_resource(device)
+            pieces: dict[str, Any] = {}
+            for name, count in self.plan.sizes:
+                if dict(requests)[name] == "rest":
+                    continue
+                groups, made, remainder = driver.call(cu.cuDevSmResourceSplitByCount, 1, left, flags, count)
+                got = int(groups[0].sm.smCount) if made else 0
                 if got != count:
-                    raise ValueError(f"partition {name!r}: asked the driver for {count} SMs, got {got}")
-                desc = driver.call(cu.cuDevResourceGenerateDesc, mine, len(mine))
+                    raise ValueError(
+                        f"partition {name!r}: asked the driver for {count} SMs of the {int(left.sm.smCount)} left, "
+                        f"got {got}; valid counts here: multiples of {self.granularity} up to "
+                        f"{int(left.sm.smCount) - int(left.sm.smCount) % self.granularity}"
+                    )
+                pieces[name] = groups[0]
+                left = self._resplittable(remainder, dev) if int(remainder.sm.smCount) else remainder
+            for name, _ in self.plan.sizes:
+                if name not in pieces:  # the rest: everything left
+                    pieces[name] = left
+            for name, _ in self.plan.sizes:
+                desc = driver.call(cu.cuDevResourceGenerateDesc, [pieces[name]], 1)
                 gctx = driver.call(
                     cu.cuGreenCtxCreate, desc, dev, cu.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM
                 )
                 # Registered at once, so a failure below still destroys it in close().
-                part = self.partitions[name] = GreenPartition(name, got, gctx, None, None)
+                part = self.partitions[name] = GreenPartition(name, int(pieces[name].sm.smCount), gctx, None, None)
                 part.ctx = driver.call(cu.cuCtxFromGreenCtx, gctx)
                 part.stream = driver.call(cu.cuGreenCtxStreamCreate, gctx, cu.CUstream_flags.CU_STREAM_NON_BLOCKING, 0)
             self.remainder_sms = info.sm_count - sum(p.sm_count for p in self.partitions.values())
         except BaseException:
             self.close()
             raise
+
+    def _resplittable(self, remainder: Any, dev: Any) -> Any:
+        """The SM resource of a green context over ``remainder``: a split's remainder can only
+        be split again through one (the context stays alive until :meth:`close`)."""
+        cu = _cu()
+        desc = driver.call(cu.cuDevResourceGenerateDesc, [remainder], 1)
+        holder = driver.call(cu.cuGreenCtxCreate, desc, dev, cu.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM)
+        self._holders.append(holder)
+        return driver.call(cu.cuGreenCtxGetDevResource, holder, cu.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM)
 
     def __getitem__(self, name: str) -> GreenPartition:
         try:
@@ -127,16 +151,21 @@ class GreenPartitions:
         self._closed = True
         cu = _cu()
         first_error = None
-        for part in reversed(list(self.partitions.values())):
+        handles = [
+            (fn, handle)
+            for part in reversed(list(self.partitions.values()))
+            for fn, handle in ((cu.cuStreamDestroy, part.stream), (cu.cuGreenCtxDestroy, part.green_ctx))
+        ] + [(cu.cuGreenCtxDestroy, h) for h in reversed(self._holders)]
+        for fn, handle in handles:
             # Try every destroy; report the first failure after all were attempted.
-            for fn, handle in ((cu.cuStreamDestroy, part.stream), (cu.cuGreenCtxDestroy, part.green_ctx)):
-                if handle is None:
-                    continue
-                try:
-                    driver.call(fn, handle)
-                except Exception as exc:
-                    first_error = first_error or exc
+            if handle is None:
+                continue
+            try:
+                driver.call(fn, handle)
+            except Exception as exc:
+                first_error = first_error or exc
         self.partitions.clear()
+        self._holders.clear()
         driver.ensure_context(self.device)
         if first_error is not None:
             raise first_error

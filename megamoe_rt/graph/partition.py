@@ -1,9 +1,10 @@
 """SM partition arithmetic (no GPU): how a device's SMs split into named partitions.
 
-Green-context partitions on Hopper come in multiples of a minimum partition size
-(8 SMs; queried from the device by megamoe_rt.graph.green, passed in here). A request is
-a count of SMs or ``"rest"``: everything the other partitions leave, rounded down to the
-granularity; SMs no partition takes are the remainder.
+Partitions are split off the device one after another (megamoe_rt.graph.green), each a
+multiple of the granularity: 8 SMs on Hopper with SM co-scheduling kept (what thread-block
+clusters need), 2 SMs without it. A request is a count of SMs or ``"rest"``: every SM the
+other partitions leave, whatever their number (on an H200: 96 SMs, then the 36 left). SMs
+no partition takes are the remainder.
 """
 
 from __future__ import annotations
@@ -54,12 +55,8 @@ def plan_partitions(total_sms: int, granularity: int, requests: Sequence[tuple[s
         fixed += req
     if fixed > total_sms:
         raise ValueError(f"partitions ask for {fixed} SMs; the device has {total_sms}")
-    left = total_sms - fixed
-    rest_size = left - left % granularity
+    rest_size = total_sms - fixed
     if rest and rest_size == 0:
-        raise ValueError(
-            f"partition {rest[0]!r} takes the rest, but only {left} SMs are left "
-            f"(less than the {granularity}-SM minimum)"
-        )
+        raise ValueError(f"partition {rest[0]!r} takes the rest, but the other partitions take all {total_sms} SMs")
     sizes = tuple((n, rest_size if r == "rest" else int(r)) for n, r in requests)
     return PartitionPlan(total_sms, granularity, sizes, total_sms - sum(s for _, s in sizes))

@@ -15,14 +15,18 @@ GRAPHS = Path(__file__).resolve().parents[2] / "graphs"
     "requests,expected,remainder",
     [
         ([("a", 64), ("b", 64)], [("a", 64), ("b", 64)], 4),
-        ([("a", 64), ("b", "rest")], [("a", 64), ("b", 64)], 4),
+        ([("a", 64), ("b", "rest")], [("a", 64), ("b", 68)], 0),  # the rest is every SM left
         ([("k1", 96), ("k2", 32)], [("k1", 96), ("k2", 32)], 4),
-        ([("a", 8), ("b", "rest")], [("a", 8), ("b", 120)], 4),
+        ([("k1", 96), ("k2", "rest")], [("k1", 96), ("k2", 36)], 0),
+        ([("a", 8), ("b", "rest")], [("a", 8), ("b", 124)], 0),
         ([("x", 128)], [("x", 128)], 4),
-        ([("a", 40), ("b", 48), ("c", "rest")], [("a", 40), ("b", 48), ("c", 40)], 4),
+        ([("a", 40), ("b", 48), ("c", "rest")], [("a", 40), ("b", 48), ("c", 44)], 0),
+        ([("a", "rest"), ("b", 16)], [("a", 116), ("b", 16)], 0),
     ],
 )
 def test_splits_of_132_sms_in_units_of_8(requests, expected, remainder):
+    # What an H200 allows (bench/results/green_splits_h200_2026-12-01.md): any multiple of 8
+    # split off the device, the remainder split again, the rest taking every SM left.
     plan = plan_partitions(132, 8, requests)
     assert list(plan.sizes) == expected and plan.remainder == remainder
     assert sum(s for _, s in plan.sizes) + plan.remainder == 132
@@ -35,8 +39,9 @@ def test_invalid_partitions_name_the_problem():
         plan_partitions(132, 8, [("a", 60)])
     with pytest.raises(ValueError, match="ask for 136 SMs; the device has 132"):
         plan_partitions(132, 8, [("a", 128), ("b", 8)])
-    with pytest.raises(ValueError, match="only 4 SMs are left"):
-        plan_partitions(132, 8, [("a", 128), ("b", "rest")])
+    assert plan_partitions(132, 8, [("a", 128), ("b", "rest")]).size("b") == 4
+    with pytest.raises(ValueError, match="'b' takes the rest, but the other partitions take all 132 SMs"):
+        plan_partitions(132, 2, [("a", 132), ("b", "rest")])
     with pytest.raises(ValueError, match="at most one partition may take the rest"):
         plan_partitions(132, 8, [("a", "rest"), ("b", "rest")])
     assert valid_counts(132, 8)[-1] == 128 and valid_counts(132, 8)[0] == 8
@@ -60,7 +65,7 @@ def test_dependency_order_and_node_fields():
     spec = parse_spec(_spec(), known_kernels=["sm_probe"])
     assert [n.name for n in spec.topological_order()] == ["a", "b", "c"]
     plan = spec.plan(132, 8)
-    assert plan.size("q") == 64
+    assert plan.size("q") == 68  # every SM the 64 leave
     reordered = _spec(node=list(reversed(_spec()["node"])))
     assert [n.name for n in parse_spec(reordered).topological_order()] == ["a", "b", "c"]
 
@@ -205,3 +210,10 @@ def test_workload_arguments_are_checked(kernel, args, message):
     data["node"][0].update(kernel=kernel, **args)
     with pytest.raises(SpecError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         parse_spec(data, known_kernels=["sm_probe", kernel])
+
+
+def test_fine_partitions_come_in_pairs_of_sms():
+    plan = plan_partitions(132, 2, [("a", 100), ("b", "rest")])
+    assert plan.sizes == (("a", 100), ("b", 32))
+    with pytest.raises(ValueError, match="'a': 99 SMs is not a positive multiple of 2"):
+        plan_partitions(132, 2, [("a", 99)])

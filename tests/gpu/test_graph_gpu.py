@@ -42,12 +42,8 @@ def test_partition_granularity_is_queried_and_splits_match():
     assert g == 8  # Hopper
     sms = driver.device_info(0).sm_count
     with GreenPartitions([("a", 64), ("b", "rest")]) as parts:
-        # "rest" is what the driver's granularity-sized groups leave (not every SM forms one).
-        assert 64 < parts.available_sms <= sms
-        assert parts["a"].sm_count == 64
-        assert parts["b"].sm_count == parts.available_sms - 64
-        assert parts.remainder_sms == sms - parts.available_sms
-        print(f"{sms} SMs: {parts.available_sms} in 8-SM groups; a=64, b={parts['b'].sm_count}")
+        # "rest" is every SM the 64 leave.
+        assert parts["a"].sm_count == 64 and parts["b"].sm_count == sms - 64 and parts.remainder_sms == 0
     with GreenPartitions([("x", 64), ("y", 64)]) as parts:
         assert parts["x"].sm_count == parts["y"].sm_count == 64 and parts.remainder_sms == sms - 128
 
@@ -180,3 +176,50 @@ def test_memset_node_runs_before_its_dependent_kernel():
         g.close()
     assert (cp.asnumpy(target) == 0xA5A5F00D).all()
     assert (cp.asnumpy(bufs[2]) > 0).all()
+
+
+@pytest.mark.parametrize(
+    "requests,fine",
+    [
+        ([("k1", 96), ("k2", 32)], False),  # 96 off the device, 32 off the 36 left
+        ([("k1", 96), ("k2", "rest")], False),
+        ([("k1", 80), ("k2", 40), ("k3", "rest")], False),
+        ([("k1", 100), ("k2", "rest")], True),  # without SM co-scheduling: pairs of SMs
+    ],
+)
+def test_unequal_splits_form_and_confine_their_kernels(requests, fine):
+    from cuda.bindings import driver as cu
+
+    from megamoe_rt.graph.green import GreenPartitions
+    from megamoe_rt.runtime import driver
+
+    sms = driver.device_info(0).sm_count
+    k = _kernel()
+    with GreenPartitions(requests, fine=fine) as parts:
+        sizes = {n: p.sm_count for n, p in parts.partitions.items()}
+        fixed = {n: r for n, r in requests if r != "rest"}
+        assert all(sizes[n] == r for n, r in fixed.items()), sizes
+        if any(r == "rest" for _, r in requests):
+            assert sum(sizes.values()) == sms and parts.remainder_sms == 0, sizes
+        for name, part in parts.partitions.items():
+            bufs = _probe_buffers(GRID)
+            k.launch((GRID,), (32,), _args(bufs, 20_000), stream=part.stream_handle, in_stream_context=True)
+            driver.call(cu.cuStreamSynchronize, part.stream)
+            used = set(cp.asnumpy(bufs[0]).tolist())
+            assert 0 < len(used) <= part.sm_count, (name, len(used), part.sm_count)
+
+
+def test_a_split_the_device_cannot_form_lists_what_it_can():
+    from megamoe_rt.graph.green import GreenPartitions
+
+    with pytest.raises(ValueError, match="not a positive multiple of 8; valid counts on this device: 8, 16"):
+        GreenPartitions([("k1", 100), ("k2", "rest")])
+
+
+def test_the_split_table_says_what_a_first_partition_can_be():
+    from megamoe_rt.graph.green import split_table
+
+    coarse = {asked: granted for asked, granted, _ in split_table(0)}
+    assert coarse[96] == 96 and coarse[8] == 8 and coarse[100] == 104  # rounded up to a multiple of 8
+    fine = {asked: (granted, left) for asked, granted, left in split_table(0, fine=True)}
+    assert fine[100] == (100, 32) and fine[2][0] == 2

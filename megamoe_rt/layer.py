@@ -65,8 +65,8 @@ def describe_findings(findings: tuple[Finding, ...], num_topk: int, num_experts:
             )
         elif f.kind == "pool_overflow":
             lines.append(
-                f"topk_idx: the routing needs more of the expert pool than the buffer holds "
-                f"({f.where} needed, {f.what} available); the call was skipped"
+                f"topk_idx: the routing needs {f.where} rows of the expert pool, the buffer holds {f.what}; "
+                "the rows past it were not computed"
             )
         else:
             lines.append(f"{f.kind}: details {f.where}, {f.what}")
@@ -201,6 +201,9 @@ class MegaMoE:
         self.pow2_scale = spec.pow2_scale
         self.validate_ids = bool(validate_ids)
         self.debug = spec.debug
+        # What every rank's layer must share, beyond the buffer layout: these decide which
+        # collective exchanges a call makes and what it raises.
+        self._settings = f"mode={mode_cls.name} debug={self.debug} validate_ids={self.validate_ids}"
         self.group = group if world > 1 else None
         self.num_ranks = world
         self.rank = rank
@@ -371,16 +374,25 @@ class MegaMoE:
             status = agreement.CallStatus(bound=call.bound)
         except Exception as exc:  # every rank must learn of it before any launches
             local, status = exc, agreement.CallStatus.of_error(exc)
-        pending = not capturing and not self._closed and self._errors.pending()
-        statuses = agreement.exchange(self.group, replace(status, reports_pending=pending))
+        status = replace(
+            status, reports_pending=self._reports_pending(capturing), capturing=capturing, settings=self._settings
+        )
+        statuses = agreement.exchange(self.group, status)
         agreement.raise_if_refused(statuses, local)
-        if any(s.reports_pending for s in statuses):
+        # Reports are raised when some rank has one and no rank is capturing (a wait would
+        # break the capture; the report stays for a later call).
+        if any(s.reports_pending for s in statuses) and not any(s.capturing for s in statuses):
             self._raise_reported_across_ranks()
         self.runner.run(call, sh)  # a rank without tokens still serves its experts
-        if self.debug and not capturing:
-            driver.synchronize_stream(sh)
+        if self.debug and not any(s.capturing for s in statuses):
             self._raise_reported_across_ranks()
         return y
+
+    def _reports_pending(self, capturing: bool) -> bool:
+        """Whether the device has reported something this layer raises (no wait)."""
+        if capturing or self._closed:
+            return False
+        return self._errors.pending(ignore=() if self.validate_ids else _ID_ERRORS)
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -425,9 +437,7 @@ class MegaMoE:
         if self.group is None:
             self._raise_reported(wait=False)
             return
-        self._check_open()
-        statuses = agreement.exchange(self.group, agreement.CallStatus(reports_pending=self._errors.pending()))
-        if any(s.reports_pending for s in statuses):
+        if self._agree_on_reports(key="check"):
             self._raise_reported_across_ranks()
 
     def synchronize(self) -> None:
@@ -435,9 +445,23 @@ class MegaMoE:
         then raise what the device reported, like :meth:`check` (across ranks a collective)."""
         if self.group is None:
             self._raise_reported(wait=True)
-        else:
-            self._check_open()
-            self._raise_reported_across_ranks()
+            return
+        self._agree_on_reports(key="synchronize")
+        self._raise_reported_across_ranks()
+
+    def _agree_on_reports(self, *, key: str) -> bool:
+        """Across ranks: whether any rank has a report pending; a closed layer on any rank is
+        raised on every rank (the exchange comes first, so no rank is left waiting)."""
+        assert self.group is not None, "only across ranks"
+        local = None if not self._closed else RuntimeError("MegaMoE: the layer was closed")
+        status = (
+            agreement.CallStatus.of_error(local, settings=self._settings)
+            if local
+            else agreement.CallStatus(reports_pending=self._reports_pending(False), settings=self._settings)
+        )
+        statuses = agreement.exchange(self.group, status, key=key)
+        agreement.raise_if_refused(statuses, local)
+        return any(s.reports_pending for s in statuses)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -446,9 +470,15 @@ class MegaMoE:
     def _raise_reported_across_ranks(self) -> None:
         """Every rank waits for its device and takes its report; all raise the union (a collective)."""
         assert self.group is not None, "only across ranks"
-        driver.synchronize_device(self.device)
-        per_rank = agreement.exchange_findings(self.group, self._errors.take())
-        if not self.validate_ids:
+        findings: tuple[Finding, ...] = ()
+        failure = None
+        try:
+            driver.synchronize_device(self.device)
+            findings = self._errors.take()
+        except Exception as exc:  # a sticky device error: every rank must hear of it
+            failure = exc
+        per_rank = agreement.exchange_findings(self.group, findings, failure)
+        if not self.validate_ids:  # the same on every rank (checked with every call's settings)
             per_rank = [tuple(f for f in fs if f.kind not in _ID_ERRORS) for fs in per_rank]
         if any(per_rank):
             text = "\n".join(
@@ -458,7 +488,7 @@ class MegaMoE:
 
     def _raise_reported(self, *, wait: bool) -> None:
         self._check_open()
-        if not wait and not self._errors.pending():
+        if not wait and not self._reports_pending(False):
             return
         # Let every call in flight finish before the report is cleared, so that a call still
         # reporting cannot write after the clear. Only errors (and synchronize) wait here.

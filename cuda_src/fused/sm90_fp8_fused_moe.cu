@@ -206,7 +206,8 @@ __device__ __forceinline__ void route_and_claim(const FusedParams& p, const Rout
                 m.expert_recv_stats[e] += static_cast<i32>(bank[p.bank.counts + e]);
         }
         if (threadIdx.x == 0 && overflow)
-            errors::report_error(m.errors, errors::ErrorKind::kPoolOverflow, tab.scalars[1], p.max_blocks);
+            errors::report_error(m.errors, errors::ErrorKind::kPoolOverflow, tab.scalars[1] * kBlockM,
+                                 p.max_blocks * kBlockM);
     }
     // A single-wave order never reuses a slot: its whole pool must fit the ring.
     if (threadIdx.x == 0 && !overflow && p.lag_units >= p.max_blocks && tab.scalars[1] > p.ring_blocks)
@@ -323,7 +324,8 @@ __device__ __forceinline__ void route_and_claim_across_ranks(const FusedParams& 
             if (e < el && m.expert_recv_stats != nullptr) m.expert_recv_stats[e] += ep.totals[e];
         }
         if (threadIdx.x == 0 && overflow)
-            errors::report_error(m.errors, errors::ErrorKind::kPoolOverflow, tab.scalars[1], p.max_blocks);
+            errors::report_error(m.errors, errors::ErrorKind::kPoolOverflow, tab.scalars[1] * kBlockM,
+                                 p.max_blocks * kBlockM);
     }
     if (threadIdx.x == 0 && !overflow && p.lag_units >= p.max_blocks && tab.scalars[1] > p.ring_blocks)
         sync::fail_wait(sync::WaitSite::kRingOverflow, p.wait, 0, p.ring_blocks, tab.scalars[1], 0);

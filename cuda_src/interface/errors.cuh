@@ -11,7 +11,7 @@ namespace megamoe_rt::errors {
 enum class ErrorKind : u32 {
     kExpertIdOutOfRange = 0,  // a routed id is outside [-1, num_experts); the pair is dropped
     kRepeatedExpertId = 1,    // an expert appears twice in one token's top-k; the later slot is dropped
-    kPoolOverflow = 2,        // the routing needs more pool rows than the buffer holds; the call is skipped
+    kPoolOverflow = 2,        // the routing needs more pool rows than the buffer holds (details: rows needed, rows held)
     kGroupLayout = 3,         // grouped GEMM: group offsets or counts break the layout contract; the GEMM is skipped
     kCount = 4,
 };

@@ -25,7 +25,8 @@ __global__ void __launch_bounds__(kDispatchThreads) moe_dispatch(const __grid_co
             if (e >= 0) {
                 row = p.expert_offsets[e] + atomicAdd(&p.expert_cursors[e], 1);
                 if (static_cast<u32>(row) >= p.pool_rows) {
-                    errors::report_error(p.errors, errors::ErrorKind::kPoolOverflow, pair, p.pool_rows);
+                    errors::report_error(p.errors, errors::ErrorKind::kPoolOverflow, static_cast<u32>(row) + 1,
+                                         p.pool_rows);
                     row = -1;
                 }
             }

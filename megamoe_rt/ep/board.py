@@ -10,8 +10,9 @@ No lock is taken. A writer stores the payload, then its length and CRC-32, and t
 number last, each field group with its own store (``struct.pack_into`` zero-fills what it
 packs before writing it, so a header packed in one go would show the new sequence number
 next to a zeroed length for a moment). A reader takes a slot seqlock-style (sequence, header,
-payload, then sequence and header again) and checks the CRC, so it never takes a half-written
-payload for a whole one, also on hosts with weaker store ordering than x86. The launcher
+payload, then sequence and header again) and checks a CRC over sequence, length and payload,
+so it never takes a half-written payload, or an older exchange's, for this exchange's, also on
+hosts with weaker store ordering than x86. The launcher
 marks a rank that has ended in a word of its own, and an exchange waiting for it fails at once.
 """
 
@@ -34,6 +35,12 @@ _SPIN_S = 0.002  # spin this long before sleeping between looks
 
 class RankGone(RuntimeError):
     """A rank ended while others waited for it in an exchange."""
+
+
+def _checksum(seq: int, payload: bytes) -> int:
+    """CRC-32 over the sequence number, the length and the payload: a whole payload of an older
+    exchange next to a newer sequence number (weakly ordered stores) does not pass either."""
+    return zlib.crc32(struct.pack("<QI", seq, len(payload)) + payload)
 
 
 def create(path: str, world_size: int) -> None:
@@ -66,7 +73,7 @@ class StatusBoard:
             raise ValueError(f"board payload of {len(payload)} bytes exceeds {MAX_PAYLOAD}")
         off = self._offset(rank, seq)
         self._map[off + _PAYLOAD_AT : off + _PAYLOAD_AT + len(payload)] = payload
-        _META.pack_into(self._map, off + _SEQ.size, len(payload), zlib.crc32(payload))
+        _META.pack_into(self._map, off + _SEQ.size, len(payload), _checksum(seq, payload))
         _SEQ.pack_into(self._map, off, seq)  # last: readers take the slot from here on
 
     def _read(self, rank: int, seq: int) -> bytes | None:
@@ -80,7 +87,7 @@ class StatusBoard:
         if (
             _SEQ.unpack_from(self._map, off)[0] != seq
             or _META.unpack_from(self._map, off + _SEQ.size) != (length, crc)
-            or zlib.crc32(payload) != crc
+            or _checksum(seq, payload) != crc
         ):
             return None
         return payload
@@ -100,15 +107,18 @@ class StatusBoard:
         out: list[bytes | None] = [None] * self.world_size
         start = time.monotonic()
         while True:
+            # The gone words first: a rank marked gone before its slot was read, whose slot
+            # still lacks this exchange, never posted it (it posts before it can end).
+            gone = [self.gone(r) for r in range(self.world_size)]
             for r in range(self.world_size):
                 if out[r] is None:
                     out[r] = self._read(r, seq)
             missing = [r for r, v in enumerate(out) if v is None]
             if not missing:
                 return [v for v in out if v is not None]
-            gone = [r for r in missing if self.gone(r)]
-            if gone:
-                raise RankGone(f"{what}: rank {gone[0]} ended without taking part")
+            dead = [r for r in missing if gone[r]]
+            if dead:
+                raise RankGone(f"{what}: rank {dead[0]} ended without taking part")
             waited = time.monotonic() - start
             if waited > timeout_s:
                 raise TimeoutError(f"{what}: rank {missing[0]} did not take part within {timeout_s:g} s")

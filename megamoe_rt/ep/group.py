@@ -49,3 +49,38 @@ class MpiRankGroup(RankGroup, Protocol):
 
     @property
     def mpi_comm(self) -> Any: ...
+
+
+# --- framing of all-gather payloads ------------------------------------------------------------
+# Each payload travels as ``key NUL kind data``: a rank whose collective calls got out of step
+# with the others (one rank calling check() alone, say) is found at the next exchange instead
+# of having its payload read as something else, and a payload too large to travel is replaced
+# by a note, so every rank raises instead of one rank raising before it posted.
+
+_VALUE, _TOO_LARGE = b"v", b"x"
+
+
+def frame(key: str, value: bytes, limit: int) -> bytes:
+    """``value`` framed for exchange ``key``, or a note of its size when the frame would
+    exceed ``limit`` bytes."""
+    head = key.encode() + b"\0"
+    if len(head) + 1 + len(value) <= limit:
+        return head + _VALUE + value
+    return head + _TOO_LARGE + str(len(value)).encode()
+
+
+def unframe(key: str, frames: list[bytes], who: str) -> list[bytes]:
+    """The values of every rank's frame of exchange ``key``; raises the same error on every
+    rank when a rank was in another exchange or had too much to say."""
+    out = []
+    for r, raw in enumerate(frames):
+        got, _, rest = raw.partition(b"\0")
+        if got != key.encode():
+            raise RuntimeError(
+                f"{who}: exchange {key!r} met rank {r}'s exchange {got.decode(errors='replace')!r}: "
+                "the ranks' collective calls are out of step"
+            )
+        if rest[:1] == _TOO_LARGE:
+            raise ValueError(f"{who}: exchange {key!r}: rank {r} passed {rest[1:].decode()} bytes, more than fits")
+        out.append(rest[1:])
+    return out

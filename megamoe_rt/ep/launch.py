@@ -28,7 +28,7 @@ from typing import Any
 
 from megamoe_rt.ep import board as status_board
 from megamoe_rt.ep.env import rank_env
-from megamoe_rt.ep.group import RankGroup
+from megamoe_rt.ep.group import RankGroup, frame, unframe
 from megamoe_rt.runtime.deadlines import env_seconds
 
 _ENV_RANK, _ENV_WORLD, _ENV_HUB, _ENV_KEY = (
@@ -58,6 +58,15 @@ class RankFailed(RuntimeError):
 
 
 # --- the hub ---------------------------------------------------------------------------------
+
+
+def _reply(conn: Any, msg: tuple) -> None:
+    """Send to a rank that may have stopped listening (its call timed out, its process ended):
+    that rank's problem, never the hub's (its other clients still need their replies)."""
+    try:
+        conn.send(msg)
+    except (OSError, EOFError, ValueError):
+        pass
 
 
 class _Hub:
@@ -108,14 +117,14 @@ class _Hub:
                         _, key, value = msg
                         self._values[key] = value
                         for c, _ in self._waiting.pop(key, []):
-                            c.send(("ok", value))
-                        conn.send(("ok", True))
+                            _reply(c, ("ok", value))
+                        _reply(conn, ("ok", True))
                     elif op == "get":
                         key, root = msg[1], msg[2]
                         if key in self._values:
-                            conn.send(("ok", self._values[key]))
+                            _reply(conn, ("ok", self._values[key]))
                         elif root in self._exited:
-                            conn.send(("error", self._gone(root, f"broadcast {key!r}")))
+                            _reply(conn, ("error", self._gone(root, f"broadcast {key!r}")))
                         else:
                             self._waiting.setdefault(key, []).append((conn, root))
                     elif op == "barrier":
@@ -125,7 +134,7 @@ class _Hub:
                         missing = set(range(self.world_size)) - {r for _, r in group}
                         if not missing:
                             for c, _ in self._barriers.pop(gen):
-                                c.send(("ok", True))
+                                _reply(c, ("ok", True))
                         elif missing & self._exited:
                             self._fail_barrier(gen, min(missing & self._exited))
         except (EOFError, OSError):
@@ -136,7 +145,7 @@ class _Hub:
 
     def _fail_barrier(self, gen: int, rank: int) -> None:
         for c, _ in self._barriers.pop(gen, []):
-            c.send(("error", self._gone(rank, f"barrier #{gen}")))
+            _reply(c, ("error", self._gone(rank, f"barrier #{gen}")))
 
     def rank_exited(self, rank: int) -> None:
         """``rank`` has ended: fail what it can no longer join."""
@@ -149,7 +158,7 @@ class _Hub:
             for key, waiters in list(self._waiting.items()):
                 stuck = [(c, root) for c, root in waiters if root == rank]
                 for c, _ in stuck:
-                    c.send(("error", self._gone(rank, f"broadcast {key!r}")))
+                    _reply(c, ("error", self._gone(rank, f"broadcast {key!r}")))
                 self._waiting[key] = [w for w in waiters if w[1] != rank]
 
     def close(self) -> None:
@@ -237,11 +246,13 @@ class RankContext:
         if self._board is None:
             self._board = status_board.StatusBoard(board_path(self.hub_address), self.world_size)
         self._uses["<allgather>"] = n = self._uses.get("<allgather>", 0) + 1
-        self._board.post(self.rank, n, bytes(value))
+        who = f"rank {self.rank}: exchange {key!r} #{n}"
+        self._board.post(self.rank, n, frame(key, bytes(value), status_board.MAX_PAYLOAD))
         try:
-            return self._board.gather(n, hub_timeout_s(), f"rank {self.rank}: exchange {key!r} #{n}")
+            frames = self._board.gather(n, hub_timeout_s(), who)
         except status_board.RankGone as exc:
             raise RuntimeError(str(exc)) from None
+        return unframe(key, frames, who)
 
 
 _env_context: RankGroup | None = None

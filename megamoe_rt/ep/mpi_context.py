@@ -12,7 +12,9 @@ import socket
 from typing import Any
 
 from megamoe_rt.ep.env import SAFE_ENV
+from megamoe_rt.ep.group import frame, unframe
 
+_MPI_LIMIT = 1 << 20  # bytes of one rank's all-gather payload
 # Set in every rank by the common MPI launchers (Open MPI, MPICH/Hydra and Intel MPI, PMIx).
 MPI_ENV_MARKERS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
 
@@ -58,8 +60,9 @@ class MpiRankContext:
         self.mpi_comm.Barrier()
 
     def allgather(self, value: bytes, *, key: str = "default") -> list[bytes]:
-        """Every rank's bytes in rank order (``key`` as in :meth:`broadcast`)."""
-        del key
+        """Every rank's bytes in rank order; ``key`` names the exchange, and a rank found in
+        another exchange makes every rank raise."""
         if not isinstance(value, (bytes, bytearray)):
             raise TypeError(f"allgather: expected bytes, got {type(value).__name__}")
-        return [bytes(v) for v in self.mpi_comm.allgather(bytes(value))]
+        frames = self.mpi_comm.allgather(frame(key, bytes(value), _MPI_LIMIT))
+        return unframe(key, [bytes(f) for f in frames], f"rank {self.rank}: exchange {key!r}")

@@ -64,11 +64,11 @@ class NvshmemRuntime:
         self._buffers: list[SymmetricBuffer] = []
 
     def _init_from_unique_id(self, nvshmem: Any, dev: Any, np: Any) -> None:
-        """NVSHMEM's unique-id bootstrap, retried with a fresh id while it fails on any rank.
+        """NVSHMEM's unique-id bootstrap, retried with a fresh id while it fails on every rank.
 
         Rank 0 hands out the id through the group; after each attempt the ranks compare
-        outcomes, so all retry or none does (a stray connection to rank 0's listener, say,
-        fails one attempt, not the launch)."""
+        outcomes: when every rank failed (a stray connection to rank 0's listener, say), all
+        retry with a fresh id; when only some did, all raise the same error."""
         failures: list[str] = []
         for _ in range(BOOTSTRAP_ATTEMPTS):
             uid = nvshmem.get_unique_id(empty=self.rank != 0)
@@ -85,9 +85,14 @@ class NvshmemRuntime:
             bad = [(r, o) for r, o in enumerate(outcomes) if o]
             if not bad:
                 return
-            if not error:
-                nvshmem.finalize()  # this rank got in, a peer did not: undo before the next attempt
             failures.append("; ".join(f"rank {r}: {o}" for r, o in bad))
+            if len(bad) < self.world_size:
+                # Some ranks are in: undoing that (finalize) is itself collective and would
+                # wait for the ranks that are not, so no retry; every rank raises alike.
+                raise RuntimeError(
+                    f"NVSHMEM bootstrap failed on ranks {[r for r, _ in bad]} but not the others; "
+                    f"not retried ({failures[-1]})"
+                )
         raise RuntimeError(f"NVSHMEM bootstrap failed on all {BOOTSTRAP_ATTEMPTS} attempts: " + " | ".join(failures))
 
     @classmethod

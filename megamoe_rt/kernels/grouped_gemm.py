@@ -127,9 +127,11 @@ class GroupedGemmPlan:
 
     def run(self, stream: Any = None) -> Any:
         """Enqueue the GEMM (and its layout check). A bad group layout an earlier run's check
-        reported is raised here first, as :class:`DeviceInputError`, and nothing is launched."""
+        reported is raised here first, as :class:`DeviceInputError`, and nothing is launched
+        (not while ``stream`` is being captured: then the next run or :meth:`check` raises it).
+        A plan runs on one stream at a time: its layout check has one state word."""
         sh = self.stream if stream is None else driver.stream_handle(stream)
-        if self.errors is not None and self.errors.pending():
+        if self.errors is not None and self.errors.pending() and not driver.stream_is_capturing(sh):
             self.check(wait=True)
         if self.refresh_scales is not None:
             self.refresh_scales(sh)

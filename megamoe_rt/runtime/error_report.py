@@ -44,9 +44,10 @@ class ErrorReport:
         self.device_ptr = int(driver.call(cu.cuMemHostGetDevicePointer, self.host_ptr, 0))
         self._words = _ReportFields.from_address(self.host_ptr).words
 
-    def pending(self) -> bool:
-        """True when some kernel has reported an error not yet taken."""
-        return any(self._words[i] for i in range(len(ERROR_KINDS)))
+    def pending(self, ignore: tuple[str, ...] = ()) -> bool:
+        """True when some kernel has reported an error not yet taken (kinds in ``ignore``
+        aside: their words stay until the next :meth:`take`)."""
+        return any(self._words[i] for i, kind in enumerate(ERROR_KINDS) if kind not in ignore)
 
     def peek(self) -> tuple[Finding, ...]:
         """The reported findings, left in place."""

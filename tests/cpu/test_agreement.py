@@ -16,9 +16,12 @@ def test_status_round_trips():
         assert CallStatus.decode(s.encode()) == s
 
 
-def test_long_messages_are_cut_to_fit_the_exchange():
-    s = CallStatus.of_error(ValueError("x" * 10_000))
-    assert s.error_type == "ValueError" and len(s.encode()) < 2000
+@pytest.mark.parametrize("text", ["x" * 10_000, "\u00e9\u4e2d" * 3000, "\x01" * 5000])
+def test_long_messages_are_cut_to_fit_the_exchange(text):
+    """Escapes grow a message when encoded: the cut is by encoded bytes, not characters."""
+    s = CallStatus.of_error(ValueError(text))
+    raw = s.encode()
+    assert len(raw) <= 2048 and CallStatus.decode(raw).error_type == "ValueError"
 
 
 def test_all_well_raises_nothing():
@@ -41,6 +44,12 @@ def test_an_unknown_error_type_is_raised_as_runtime_error_chained_to_the_origina
     assert info.value.__cause__ is original
 
 
+def test_layers_built_differently_on_some_rank_are_refused():
+    a, b = CallStatus(bound=8, settings="mode=fused debug=False"), CallStatus(bound=8, settings="mode=fused debug=True")
+    with pytest.raises(ValueError, match="the ranks' layers differ"):
+        agreement.raise_if_refused([a, b], None)
+
+
 def test_different_bounds_are_refused_on_every_rank():
     with pytest.raises(ValueError, match=r"num_tokens_bound: ranks passed \[64, 128\]"):
         agreement.raise_if_refused([CallStatus(bound=64), CallStatus(bound=128)], None)
@@ -58,3 +67,8 @@ def test_findings_travel_to_every_rank():
     out = spawn(ranks.share_findings, 3)
     expect = [(), (Finding("repeated_expert_id", 5, 3),), (Finding("expert_id_out_of_range", 1, 99),)]
     assert out == [expect] * 3
+
+
+def test_a_rank_that_cannot_collect_its_reports_makes_every_rank_raise():
+    out = spawn(ranks.findings_with_a_failed_rank, 2)
+    assert all("collecting device reports failed on rank 1" in text for text in out), out

@@ -51,7 +51,7 @@ def test_a_word_without_the_raised_bit_is_not_a_finding():
         (Finding("expert_id_out_of_range", 3 * 4 + 1, 64), r"outside \[-1, 64\) \(e.g. topk_idx\[3, 1\] = 64\)"),
         (Finding("expert_id_out_of_range", 0, (1 << 32) - 7), r"topk_idx\[0, 0\] = -7"),
         (Finding("repeated_expert_id", 5 * 4 + 2, 9), r"topk_idx\[5, 2\] = 9 repeats an earlier slot of token 5"),
-        (Finding("pool_overflow", 900, 640), r"900 needed, 640 available"),
+        (Finding("pool_overflow", 900, 640), r"needs 900 rows of the expert pool, the buffer holds 640"),
     ],
 )
 def test_messages_name_the_argument_and_the_entry(finding, expect):

@@ -257,17 +257,33 @@ def test_an_allgather_times_out_naming_the_missing_rank(monkeypatch):
 
 
 def test_a_failed_nvshmem_bootstrap_is_retried_on_every_rank():
+    out = spawn(ranks.bootstrap_with_a_failed_first_attempt, 2, args=({0, 1},))
+    assert out == [(None, {"init": 2, "finalize": 0})] * 2  # both failed once, then both got in
+
+
+def test_a_bootstrap_failing_on_some_ranks_only_is_raised_everywhere_not_retried():
     out = spawn(ranks.bootstrap_with_a_failed_first_attempt, 2, args=({0},))
-    # Both ranks tried twice; rank 1, which got in on the first attempt, undid it once.
-    assert out == [(None, {"init": 2, "finalize": 0}), (None, {"init": 2, "finalize": 1})]
+    texts = {text for text, _ in out}
+    assert len(texts) == 1 and "failed on ranks [0] but not the others; not retried" in texts.pop()
+    assert all(calls == {"init": 1, "finalize": 0} for _, calls in out)
 
 
 def test_a_bootstrap_failing_every_time_gives_up_with_every_attempt_named():
     from megamoe_rt.ep.symm import BOOTSTRAP_ATTEMPTS
 
-    out = spawn(ranks.bootstrap_with_a_failed_first_attempt, 2, args=({1}, 99))
+    out = spawn(ranks.bootstrap_with_a_failed_first_attempt, 2, args=({0, 1}, 99))
     texts = {text for text, _ in out}
     assert len(texts) == 1, texts  # the same error on every rank
     text = texts.pop()
     assert f"failed on all {BOOTSTRAP_ATTEMPTS} attempts" in text and "rank 1: RuntimeError: bootstrap" in text
-    assert out[0][1] == {"init": BOOTSTRAP_ATTEMPTS, "finalize": BOOTSTRAP_ATTEMPTS}  # rank 0 undid each
+    assert all(calls == {"init": BOOTSTRAP_ATTEMPTS, "finalize": 0} for _, calls in out)
+
+
+def test_ranks_out_of_step_in_their_exchanges_all_raise():
+    out = spawn(ranks.out_of_step, 2)
+    assert all("out of step" in text for text in out), out
+
+
+def test_a_payload_too_large_to_travel_makes_every_rank_raise():
+    out = spawn(ranks.too_large, 2)
+    assert all("rank 0 passed 10000 bytes, more than fits" in text for text in out), out

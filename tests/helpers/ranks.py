@@ -186,3 +186,33 @@ def bootstrap_with_a_failed_first_attempt(ctx, failing, attempts_failing=1):
     except RuntimeError as exc:
         return str(exc), calls
     return None, calls
+
+
+def out_of_step(ctx):
+    """Rank 1 makes an extra exchange the others do not: every rank must find out."""
+    try:
+        if ctx.rank == 1:
+            ctx.allgather(b"extra", key="check")
+        ctx.allgather(b"call", key="call-status")
+    except RuntimeError as exc:
+        return str(exc)
+    return "no error"
+
+
+def too_large(ctx):
+    try:
+        ctx.allgather(b"x" * (10_000 if ctx.rank == 0 else 10), key="big")
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+def findings_with_a_failed_rank(ctx):
+    from megamoe_rt.ep import agreement
+
+    failure = RuntimeError("CUDA_ERROR_LAUNCH_FAILED") if ctx.rank == 1 else None
+    try:
+        agreement.exchange_findings(ctx, (), failure)
+    except RuntimeError as exc:
+        return str(exc)
+    return "no error"

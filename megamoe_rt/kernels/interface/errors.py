@@ -26,7 +26,7 @@ ERROR_KIND = Enum(
         EnumValue(
             "kPoolOverflow",
             "pool_overflow",
-            "the routing needs more pool rows than the buffer holds; the call is skipped",
+            "the routing needs more pool rows than the buffer holds (details: rows needed, rows held)",
             "routing overflows the expert pool",
         ),
         EnumValue(

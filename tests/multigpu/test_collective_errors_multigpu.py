@@ -65,22 +65,20 @@ def _scenario(ctx, mode, what):
     args = list(_device_args(cp, inp))
     bad_rank = 1
     message = ""
-    if what == "bad_shape":
+    # One rank's bad argument: (argument index, how to spoil it, the error on every rank, a word of it).
+    spoil = {
+        "bad_shape": (1, lambda a: a[:, :1].copy(), ValueError, "x_sf: expected shape"),
+        "bad_dtype": (3, lambda a: a.astype(cp.float64), TypeError, "topk_weights"),
+    }
+    if what in spoil:
+        index, spoiled, kind, word = spoil[what]
         if ctx.rank == bad_rank:
-            args[1] = args[1][:, :1].copy()
+            args[index] = spoiled(args[index])
         try:
             layer(*args)
-        except ValueError as exc:
+        except kind as exc:
             message = str(exc)
-        assert "refused on rank 1" in message and "x_sf: expected shape" in message, message
-    elif what == "bad_dtype":
-        if ctx.rank == bad_rank:
-            args[3] = args[3].astype(cp.float64)
-        try:
-            layer(*args)
-        except TypeError as exc:
-            message = str(exc)
-        assert "refused on rank 1" in message and "topk_weights" in message, message
+        assert "refused on rank 1" in message and word in message, message
     elif what == "bounds_differ":
         try:
             layer(*args, num_tokens_bound=48 + 8 * ctx.rank)

@@ -54,8 +54,8 @@ class CallStatus:
         return cls(error_type, error, bound, bool(pending), bool(capturing), settings)
 
     @classmethod
-    def of_error(cls, exc: BaseException, **kw: object) -> CallStatus:
-        return cls(type(exc).__name__, str(exc), **kw)  # type: ignore[arg-type]
+    def of_error(cls, exc: BaseException, *, settings: str = "") -> CallStatus:
+        return cls(type(exc).__name__, str(exc), settings=settings)
 
 
 def exchange(group: RankGroup, status: CallStatus, *, key: str = "call-status") -> list[CallStatus]:

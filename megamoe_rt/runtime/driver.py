@@ -491,13 +491,12 @@ class Stream:
 
 
 class Event:
-    """A CUDA event (a ``cuda.core.Event`` underneath, as :attr:`core`). ``timing=False`` gives
-    the cheaper kind that only marks completion (no :meth:`elapsed_ms`)."""
+    """A CUDA event with timing enabled (a ``cuda.core.Event`` underneath, as :attr:`core`)."""
 
-    def __init__(self, *, device: int | None = None, timing: bool = True):
+    def __init__(self, *, device: int | None = None):
         core = _core()
         dev = core_device(device)
-        self._event = core_call("cuEventCreate", dev.create_event, options=core.EventOptions(timing_enabled=timing))
+        self._event = core_call("cuEventCreate", dev.create_event, options=core.EventOptions(timing_enabled=True))
 
     @property
     def core(self) -> Any:

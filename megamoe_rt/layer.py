@@ -99,9 +99,19 @@ class MegaMoE:
         schedule; needs hidden % 256 == 0) or ``"unfused"`` (separate kernels, full-size pools).
         Default: fused where the shape allows it (it is faster on every benchmarked shape, on
         one GPU and across two: bench/results/moe_fused_vs_unfused_h200_2026-11-30.md,
-        bench/results/ep2_h200_2026-11-30.md), else unfused.
+        bench/results/ep2_h200_2026-11-30.md), else unfused. ``"split"``: K1 (dispatch + L1)
+        and K2 (L2 + scatter) concurrently in disjoint green-context SM partitions and K3
+        (top-k reduce) after both, as one CUDA graph per call (bitwise equal to fused).
     ring_blocks: fused: slots (of 64 rows) of the ring pools; default the schedule's
         ``8 x (lag + group) + 4``; at least the full worst-case pool means the ring never wraps.
+        split: default the full pool; a ring (at least 32 blocks) bounds how far K1 runs ahead.
+    split_sms: split: ``(l1, l2, reduce)`` SMs of K1, K2 and K3, or a
+        :class:`~megamoe_rt.schedule.split_sms.SplitSms`. K1's count is a multiple of the
+        device's partition granularity (8 on Hopper); K2's a multiple of it or every SM K1
+        leaves; K3's a multiple of it or the whole device. Default: the split ``megamoe-rt
+        tune-split`` stored for this device and shape, else about two thirds to K1, the rest to
+        K2 and the whole device to K3 (88 / 44 / 132 on an H200). ``layer.runner.sms`` is the
+        split in use.
     timeout_s: deadline of every wait on another block or rank (default
         ``$MEGAMOE_RT_TIMEOUT_S`` or 60 s); a wait past it traps and the error names it.
     group: a :class:`megamoe_rt.ep.launch.RankContext` (``megamoe_rt.ep.launch.context_from_env()``
@@ -155,6 +165,7 @@ class MegaMoE:
         device: int | None = None,
         mode: str | None = None,
         ring_blocks: int | None = None,
+        split_sms: Any = None,
         timeout_s: float | None = None,
         group: RankGroup | None = None,
     ):
@@ -190,8 +201,9 @@ class MegaMoE:
             pow2_scale=bool(pow2_scale),
             debug=bool(debug),
             timeout_s=timeout_s,
+            split_sms=split_sms,
         )
-        mode_cls = select_mode(mode, spec, ring_blocks=ring_blocks)
+        mode_cls = select_mode(mode, spec, ring_blocks=ring_blocks, split_sms=split_sms)
         self.mode = mode_cls.name
         self.timeout_s = timeout_s
         if timeout_s is not None:

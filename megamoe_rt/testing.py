@@ -85,7 +85,8 @@ def force_call_schedule(layer: Any, schedule: CallSchedule) -> Any:
 
 def trace_into(layer: Any, trace_ptr: int) -> Any:
     """Launches that stamp ``kernels.fused.TRACE_EVENTS`` per block into the device array at
-    ``trace_ptr`` (uint64 ``[grid blocks, len(TRACE_EVENTS)]``, globaltimer ns)."""
+    ``trace_ptr`` (uint64 ``[grid blocks, len(TRACE_EVENTS)]``, globaltimer ns but the last
+    column, the block's SM). A split layer's K1 blocks take the first rows, K2's the next."""
     ptr = int(trace_ptr)
 
     def trace(params: fk.FusedParams) -> None:

@@ -18,6 +18,12 @@
 // its previous block are published; an L1 tile overwrites an activation slot once the L2
 // tiles of its previous block have read it. Per-row metadata (source pair, top-k weight,
 // combine address) stays full size, indexed by the global pool row.
+//
+// The split pipeline launches the same kernel twice, concurrently, in disjoint SM partitions
+// (Role, interface/fused.cuh): K1 (kSplitL1) routes, dispatches and runs the L1 tiles; K2
+// (kSplitL2) waits for K1's routing, builds the same tables and runs the L2 tiles, each
+// waiting on its block's published L1 output. Neither combines: K3 (split/split_reduce.cu)
+// does, after both. The graph's memset node zeroes the counter banks before every replay.
 
 #include "common/types.cuh"
 #include "ep/pull_row.cuh"
@@ -48,7 +54,11 @@ constexpr u32 kNumDispatchWarps = 2;
 constexpr u32 kRelayThread = 96;
 constexpr u32 kPartialsBarrier = 3;  // across ranks: the relay warp tells the math warps every rank's partials are in
 constexpr u32 kProducerRegs = 72;
+// Split K1 across ranks pulls rows with the tables' base live through the dispatch loop: 72
+// registers spilled it. 128 x 80 + 256 x 208 still fits the register file.
+constexpr u32 kSplitProducerRegs = 80;
 constexpr u32 kMathRegs = 208;
+static_assert(128 * kSplitProducerRegs + 256 * kMathRegs <= 65536, "the register file of one block per SM");
 constexpr u32 kMathBarrier = 2;  // named barrier of the 256 math threads (1 is the epilogue's)
 
 template <u32 kStages, u32 kActSfGran>
@@ -108,6 +118,12 @@ __device__ __forceinline__ void build_tables(const FusedParams& p, const u32* co
                               tab.unit_info, tab.scalars);
 }
 
+// Split K1, thread 0 of block 0 once the pool is laid out and claimed: K2 may build its tables
+// (the overflow bit also tells K3 to write zeros).
+__device__ __forceinline__ void publish_routing(const FusedParams& p, const RoutingTables& tab) {
+    ptx::st_release_gpu_u32(tab.bank(p) + p.bank.routing_published, 1u | (tab.overflow() ? 2u : 0u));
+}
+
 // Across ranks: pool row `row` of `expert` comes from the source rank whose range holds it
 // (sources in rank order); its send-list entry, x row and scales are pulled over NVLink and
 // its metadata written here (one rank claims rows in the routing phase instead).
@@ -127,7 +143,7 @@ __device__ __forceinline__ void pull_row_from_source(const FusedParams& p, const
 
 // Dispatch warps: rows in pool order, warps interleaved across blocks, so pool blocks (and
 // with them L1 tiles, which the stream also takes in pool order) complete front to back.
-template <bool kEp>
+template <bool kEp, Role kRole>
 __device__ __forceinline__ void dispatch_rows(const FusedParams& p, const RoutingTables& tab) {
     const moe::MoeParams& m = p.moe;
     u32* bank = tab.bank(p);
@@ -164,21 +180,23 @@ __device__ __forceinline__ void dispatch_rows(const FusedParams& p, const Routin
         // The rows are read by TMA (the async proxy) in another block.
         ptx::fence_proxy_async_global();
         __syncwarp();
-        if (lane == 0 && block != p.withhold_block) ptx::red_release_gpu_add_u32(bank + p.bank.arrivals + block, 1);
+        const bool withheld = kRole == Role::kFused && block == p.withhold_block;
+        if (lane == 0 && !withheld) ptx::red_release_gpu_add_u32(bank + p.bank.arrivals + block, 1);
     }
 }
 
 // Routing, by every thread of every block: count the pairs of each local expert, build the
 // tables (every block its own copy), claim a pool row per pair and write its metadata.
 // A routing that overflows the worst-case pool is flagged and the call skipped (zeros out).
-template <class IdxT>
+template <class IdxT, Role kRole>
 __device__ __forceinline__ void route_and_claim(const FusedParams& p, const RoutingTables& tab) {
     const moe::MoeParams& m = p.moe;
     u32* bank = tab.bank(p);
     u32* next_bank = p.banks[(tab.scalars[3] & 1) ^ 1];
     const u32 grid_threads = gridDim.x * kNumThreads;
     const u32 gtid = blockIdx.x * kNumThreads + threadIdx.x;
-    for (u32 i = gtid; i < p.bank.words; i += grid_threads) next_bank[i] = 0;
+    if constexpr (kRole == Role::kFused)  // the split graph's memset node zeroes the banks
+        for (u32 i = gtid; i < p.bank.words; i += grid_threads) next_bank[i] = 0;
 
     const u32 pairs = m.num_tokens * m.num_topk;
     i32* hist = tab.row_end;  // scratch until the tables are built
@@ -233,7 +251,7 @@ __device__ __forceinline__ void route_and_claim(const FusedParams& p, const Rout
 }
 
 // Across ranks: the routing of the header comment of fused/expert_parallel.cuh.
-template <class IdxT>
+template <class IdxT, Role kRole>
 __device__ __forceinline__ void route_and_claim_across_ranks(const FusedParams& p, const RoutingTables& tab) {
     const moe::MoeParams& m = p.moe;
     u32* bank = tab.bank(p);
@@ -243,7 +261,9 @@ __device__ __forceinline__ void route_and_claim_across_ranks(const FusedParams& 
     const u32 gtid = ptx::ctaid_x() * kNumThreads + threadIdx.x;
     u32* next_bank = p.banks[b ^ 1];
     u32* next_ep_bank = p.ep_banks + (b ^ 1) * p.ep_bank.words;
-    for (u32 i = gtid; i < p.bank.words; i += grid_threads) next_bank[i] = 0;
+    if constexpr (kRole == Role::kFused)  // the split graph's memset node zeroes the banks
+        for (u32 i = gtid; i < p.bank.words; i += grid_threads) next_bank[i] = 0;
+    // Peers write this rank's EP banks, so no memset may touch them: every role zeroes the next.
     for (u32 i = gtid; i < p.ep_bank.words; i += grid_threads) next_ep_bank[i] = 0;
     const EpScratch ep(tab.unit_info + p.max_blocks, m.num_experts, el);
 
@@ -333,6 +353,35 @@ __device__ __forceinline__ void route_and_claim_across_ranks(const FusedParams& 
     if (threadIdx.x == 0) trace(p, kTraceClaimed);
 }
 
+// Split K2, every block: once K1 has published the routing, the same tables from the same
+// counts (its own, or every source's in this rank's EP bank across ranks).
+template <bool kEp>
+__device__ __forceinline__ void wait_routing_and_build_tables(const FusedParams& p, const RoutingTables& tab) {
+    const u32* bank = tab.bank(p);
+    if (threadIdx.x == 0) {
+        sync::wait_ge_acquire_gpu_u32(bank + p.bank.routing_published, 1, sync::WaitSite::kSplitRoutingPublished,
+                                      p.wait);
+        trace(p, kTraceCounted);
+    }
+    __syncthreads();
+    const u32* counts = bank + p.bank.counts;
+    if constexpr (kEp) {
+        const u32 el = p.moe.num_local_experts;
+        const EpScratch ep(tab.unit_info + p.max_blocks, p.moe.num_experts, el);
+        const u32* own = ep_own_bank(p, tab.scalars[3] & 1);
+        for (u32 e = threadIdx.x; e < el; e += kNumThreads) {
+            u32 total = 0;
+            for (u32 s = 0; s < p.num_ranks; ++s) total += own[p.ep_bank.recv_counts + s * el + e];
+            ep.totals[e] = static_cast<i32>(total);
+        }
+        __syncthreads();
+        counts = reinterpret_cast<const u32*>(ep.totals);
+    }
+    if (threadIdx.x < 32) build_tables(p, counts, tab);
+    __syncthreads();
+    if (threadIdx.x == 0) trace(p, kTraceClaimed);
+}
+
 // Across ranks, after every block's last tile (thread 128 of block 0, past the grid
 // barrier): tell every rank its partials are in its combine buffer.
 __device__ __forceinline__ void signal_partials_ready(const FusedParams& p, const RoutingTables& tab) {
@@ -369,7 +418,18 @@ __device__ __forceinline__ gemm::Tile ring_tile(const FusedParams& p, const Rout
     return tile;
 }
 
-template <u32 kStages, u32 kActSfGran>
+// The tiles a launch of role kRole walks: both layers on the lag-ordered stream, or one.
+template <Role kRole>
+__device__ __forceinline__ auto role_stream(const FusedParams& p, const RoutingTables& tab) {
+    const u32 n1 = p.l1.n / kBlockN, n2 = p.l2.n / kBlockN;
+    if constexpr (kRole == Role::kFused) {
+        return LagOrderedStream(tab.units(), p.lag_units, p.group_units, n1, n2);
+    } else {
+        return LayerStream(tab.units(), kRole == Role::kSplitL2 ? n2 : n1, kRole == Role::kSplitL2);
+    }
+}
+
+template <u32 kStages, u32 kActSfGran, Role kRole>
 __device__ __forceinline__ void produce_tiles(const FusedParams& p, const RoutingTables& tab, u8* smem,
                                               const ptx::TmaDescriptor* tma_l1_a, const ptx::TmaDescriptor* tma_l1_b,
                                               const ptx::TmaDescriptor* tma_l1_sfa, const ptx::TmaDescriptor* tma_l2_a,
@@ -381,19 +441,20 @@ __device__ __forceinline__ void produce_tiles(const FusedParams& p, const Routin
     const gemm::SharedStorage<L2> sm2{smem};
     u32* bank = tab.bank(p);
     const u32 n1 = p.l1.n / kBlockN, n2 = p.l2.n / kBlockN;
-    LagOrderedStream stream(tab.units(), p.lag_units, p.group_units, n1, n2);
+    auto stream = role_stream<kRole>(p, tab);
+    u32* ticket = bank + (kRole == Role::kSplitL2 ? p.bank.l2_ticket : p.bank.ticket);
     gemm::PipelineState<kStages> st;
     TileQueueCursor queue;
     StreamTile s;
     // The next ticket is taken while this tile's loads are issued, so the atomic's round trip
     // is off the path between tiles (holding one position ahead keeps stream order: it is
     // started right after the current one, which depends on earlier positions only).
-    u32 next = atomicAdd(bank + p.bank.ticket, 1u);
+    u32 next = atomicAdd(ticket, 1u);
     for (;;) {
         const u32 t = next;
         push_ticket(tab.tiles, queue, t);  // past the end too: it tells the math warpgroups to stop
         if (!stream.tile(t, s)) break;
-        next = atomicAdd(bank + p.bank.ticket, 1u);
+        next = atomicAdd(ticket, 1u);
         gemm::Tile tile = ring_tile(p, tab, s);
         if (!s.l2) {
             // Past the first ring pass the rows themselves wait on a freed slot: a derived wait.
@@ -416,7 +477,7 @@ __device__ __forceinline__ void produce_tiles(const FusedParams& p, const Routin
     }
 }
 
-template <u32 kStages, u32 kActSfGran>
+template <u32 kStages, u32 kActSfGran, Role kRole>
 __device__ __forceinline__ void compute_tiles(const FusedParams& p, const RoutingTables& tab, u8* smem) {
     using L1 = L1Config<kStages, kActSfGran>;
     using L2 = L2Config<kStages, kActSfGran>;
@@ -428,8 +489,7 @@ __device__ __forceinline__ void compute_tiles(const FusedParams& p, const Routin
     const bool leader = threadIdx.x == 128;
     const SignalRelay& relay = tab.relay;
     u32 posted = 0;
-    const u32 n1 = p.l1.n / kBlockN, n2 = p.l2.n / kBlockN;
-    LagOrderedStream stream(tab.units(), p.lag_units, p.group_units, n1, n2);
+    auto stream = role_stream<kRole>(p, tab);
     gemm::PipelineState<kStages> st;
     TileQueueCursor queue;
     float acc[64];
@@ -445,7 +505,8 @@ __device__ __forceinline__ void compute_tiles(const FusedParams& p, const Routin
             // Every math thread's rows are written before the leader posts them (TMA reads them
             // in another block: the relay adds the proxy fence).
             ptx::bar_sync(kMathBarrier, L1::kNumMathThreads);
-            if (leader) relay.post(posted, (p.bank.l1_done + s.block) | SignalRelay::kProxyFence);
+            const bool withheld = kRole == Role::kSplitL1 && s.block == p.withhold_block;
+            if (leader && !withheld) relay.post(posted, (p.bank.l1_done + s.block) | SignalRelay::kProxyFence);
         } else {
             gemm::consume_tile<L2>(p.l2, tile, p.l2.k / L2::kBlockK, sm2, st, mt2, acc, out, 0);
             // The leader has seen every stage of this tile land: its activation rows are read.
@@ -456,7 +517,7 @@ __device__ __forceinline__ void compute_tiles(const FusedParams& p, const Routin
     if (leader) relay.post(posted, SignalRelay::kStop);
 }
 
-template <u32 kStages, u32 kActSfGran, typename IdxT, bool kEp>
+template <u32 kStages, u32 kActSfGran, typename IdxT, bool kEp, Role kRole>
 __global__ void __launch_bounds__(kNumThreads, 1)
     sm90_fp8_fused_moe(const __grid_constant__ FusedParams p, const __grid_constant__ ptx::TmaDescriptor tma_l1_a,
                        const __grid_constant__ ptx::TmaDescriptor tma_l1_b,
@@ -503,45 +564,70 @@ __global__ void __launch_bounds__(kNumThreads, 1)
     ptx::griddepcontrol_wait();
     if (threadIdx.x == 0) {
         trace(p, kTraceStart);
+        if (p.trace != nullptr) p.trace[ptx::ctaid_x() * kTraceEvents + kTraceSm] = ptx::smid();
         // Launch parity: this launch counts in one bank and clears the other for the next launch.
         tab.scalars[3] = ptx::ld_relaxed_gpu_u32(p.launch_epoch);
     }
     for (u32 e = threadIdx.x; e < m.num_local_experts; e += kNumThreads) tab.row_end[e] = 0;  // count scratch
     __syncthreads();
-    if constexpr (kEp) {
-        route_and_claim_across_ranks<IdxT>(p, tab);
+    if constexpr (kRole == Role::kSplitL2) {
+        wait_routing_and_build_tables<kEp>(p, tab);
+    } else if constexpr (kEp) {
+        route_and_claim_across_ranks<IdxT, kRole>(p, tab);
     } else {
-        route_and_claim<IdxT>(p, tab);
+        route_and_claim<IdxT, kRole>(p, tab);
+    }
+    // Split K1: the pool is laid out and claimed (past the grid barrier; across ranks, past this
+    // block's acquires of every source's counts), so K2 may build its tables.
+    if constexpr (kRole == Role::kSplitL1) {
+        if (threadIdx.x == 0 && ptx::ctaid_x() == 0) publish_routing(p, tab);
     }
 
     // --- dispatch and both GEMMs on the lag-ordered stream ------------------------------------
     if (threadIdx.x < 128) {
-        ptx::setmaxnreg_dec_sync_aligned<kProducerRegs>();
-        if constexpr (kEp) {
-            // The relay's warp stays whole: it also waits for every rank's partials and releases
-            // the math warps into the combine, overflow or not (peers still signal this launch).
-            if (threadIdx.x / 32 == kRelayThread / 32) {
-                if (threadIdx.x == kRelayThread && !tab.overflow()) tab.relay.run(tab.bank(p));
+        ptx::setmaxnreg_dec_sync_aligned<kRole == Role::kFused ? kProducerRegs : kSplitProducerRegs>();
+        if (threadIdx.x / 32 == kRelayThread / 32) {
+            if (threadIdx.x == kRelayThread && !tab.overflow()) tab.relay.run(tab.bank(p));
+            if constexpr (kEp && kRole == Role::kFused) {
+                // The relay's warp stays whole: it also waits for every rank's partials and
+                // releases the math warps into the combine, overflow or not (peers still
+                // signal this launch).
                 __syncwarp();
                 wait_partials_from_every_rank(p, tab);
-                return;
             }
+            return;
         }
         if (tab.overflow()) return;
         if (threadIdx.x == 0) {
-            produce_tiles<kStages, kActSfGran>(p, tab, smem, &tma_l1_a, &tma_l1_b, &tma_l1_sfa, &tma_l2_a, &tma_l2_b,
-                                               &tma_l2_sfa);
+            produce_tiles<kStages, kActSfGran, kRole>(p, tab, smem, &tma_l1_a, &tma_l1_b, &tma_l1_sfa, &tma_l2_a,
+                                                      &tma_l2_b, &tma_l2_sfa);
             trace(p, kTraceProducerDone);
-        } else if (threadIdx.x == kRelayThread) {
-            tab.relay.run(tab.bank(p));
-        } else if (threadIdx.x >= 32 && threadIdx.x < 32 * (1 + kNumDispatchWarps)) {
-            dispatch_rows<kEp>(p, tab);
+        } else if (kRole != Role::kSplitL2 && threadIdx.x >= 32 && threadIdx.x < 32 * (1 + kNumDispatchWarps)) {
+            dispatch_rows<kEp, kRole>(p, tab);
             if (threadIdx.x == 32) trace(p, kTraceDispatchDone);
         }
         return;
     }
     ptx::setmaxnreg_inc_sync_aligned<kMathRegs>();
-    if (!tab.overflow()) compute_tiles<kStages, kActSfGran>(p, tab, smem);
+    if (!tab.overflow()) compute_tiles<kStages, kActSfGran, kRole>(p, tab, smem);
+    if constexpr (kRole == Role::kSplitL1) {
+        if (threadIdx.x == 128) trace(p, kTraceMathDone);
+        return;
+    } else if constexpr (kRole == Role::kSplitL2) {
+        // Across ranks, once every block's partials are out, every rank learns its are in (K3
+        // waits for that); on one rank the graph's edge to K3 is enough.
+        if constexpr (kEp) ptx::bar_sync(kMathBarrier, L1::kNumMathThreads);
+        if (threadIdx.x == 128) {
+            trace(p, kTraceMathDone);
+            if constexpr (kEp) {
+                ptx::fence_acq_rel_sys();
+                sync::grid_barrier_acq_rel_gpu(p.grid_barrier, gridDim.x, p.wait);
+                trace(p, kTraceAllTilesDone);
+                if (blockIdx.x == 0) signal_partials_ready(p, tab);
+            }
+        }
+        return;
+    }
 
     // --- combine, once every block's L2 partials are in -----------------------------------------
     ptx::bar_sync(kMathBarrier, L1::kNumMathThreads);

@@ -93,4 +93,38 @@ class LagOrderedStream {
     u32 begin_ = 0, tiles_ = 0;
 };
 
+// One layer's tiles alone, units in pool order, each unit n-block-major as above: what each
+// kernel of the split pipeline walks (K1 the L1 tiles, K2 the L2 tiles, concurrently).
+// Every dependency inside one such stream (a pool slot's earlier block) is again earlier in
+// it, and K2's waits on K1 point into K1's stream only, so neither kernel can deadlock the other.
+class LayerStream {
+  public:
+    __device__ __forceinline__ LayerStream(const UnitTable& units, u32 n_blocks, bool l2)
+        : units_(units), n_(n_blocks), l2_(l2) {}
+
+    // Tile `t` of the layer; false past its end. Calls must come with non-decreasing t.
+    __device__ __forceinline__ bool tile(u32 t, StreamTile& out) {
+        while (t >= begin_ + tiles_) {
+            begin_ += tiles_;
+            if (next_unit_ >= units_.num_units) return false;
+            unit_ = next_unit_++;
+            tiles_ = units_.blocks(unit_) * n_;
+        }
+        const u32 i = t - begin_;
+        const u32 blocks = units_.blocks(unit_);
+        out.l2 = l2_;
+        out.block = units_.first_block[unit_] + i % blocks;
+        out.expert = units_.expert(unit_);
+        out.n_block = i / blocks;
+        return true;
+    }
+
+  private:
+    UnitTable units_;
+    u32 n_;
+    bool l2_;
+    u32 next_unit_ = 0, unit_ = 0;
+    u32 begin_ = 0, tiles_ = 0;
+};
+
 }  // namespace megamoe_rt::fused

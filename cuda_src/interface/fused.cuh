@@ -19,9 +19,19 @@ constexpr u32 kMaxBlocks = 0xFFFFu;
 constexpr u32 kNoBlock = 0xFFFFFFFFu;  // FusedParams::withhold_block when off
 constexpr u32 kTileQueueBytes = 80;    // TileQueue (fused/tile_queue.cuh) asserts it is this size
 constexpr u32 kRelayBytes = 320;       // SignalRelay (fused/signal_relay.cuh) asserts it is this size
+constexpr u32 kReduceThreads = 256;    // split K3 (split/split_reduce.cu): two tokens at a time
+
+// What one launch of the fused kernel runs: the whole layer, or one side of the split
+// pipeline (K1 and K2 run concurrently in disjoint SM partitions; K3 is split/split_reduce.cu).
+enum class Role : u32 {
+    kFused = 0,    // the whole layer in one launch
+    kSplitL1 = 1,  // split K1: routing, dispatch, L1 + SwiGLU + requant
+    kSplitL2 = 2,  // split K2: L2 + scatter of the partials
+};
 
 // Events of the optional per-block trace: FusedParams::trace holds kTraceEvents
-// %globaltimer stamps per block, in this order (the host names them TRACE_EVENTS).
+// %globaltimer stamps per block, in this order (the host names them TRACE_EVENTS), then
+// the block's SM.
 enum TraceEvent : u32 {
     kTraceStart = 0,
     kTraceCounted = 1,
@@ -31,22 +41,27 @@ enum TraceEvent : u32 {
     kTraceMathDone = 5,
     kTraceAllTilesDone = 6,
     kTraceCombineDone = 7,
-    kTraceEvents = 8,
+    kTraceSm = 8,  // not a time: the SM the block ran on (%smid)
+    kTraceEvents = 9,
 };
 
-// Per-launch counters, in one of two banks picked by the launch parity: a launch zeroes the
-// other bank for the next one, so back-to-back launches need no memset and no extra
-// barrier. Word offsets inside a bank, computed on the host.
+// Per-launch counters, in one of two banks picked by the launch parity: a fused launch
+// zeroes the other bank for the next one, so back-to-back launches need no memset and no
+// extra barrier (the split graph's memset node zeroes both instead). Word offsets inside a
+// bank, computed on the host.
 struct BankLayout {
-    u32 words;     // bank size in u32 words
-    u32 counts;    // [num_local_experts] rows routed to each local expert
-    u32 cursors;   // [num_local_experts] rows claimed so far
-    u32 arrivals;  // [max_blocks] rows landed in each pool block (gates its L1 tiles)
-    u32 l1_done;   // [max_blocks] L1 n-tiles published per block (gates L2, frees the pool slot)
-    u32 l2_read;   // [max_blocks] L2 n-tiles done reading the block (frees the activation slot)
-    u32 ticket;    // [1] next stream position to hand out (fused/tile_queue.cuh)
+    u32 words;              // bank size in u32 words
+    u32 counts;             // [num_local_experts] rows routed to each local expert
+    u32 cursors;            // [num_local_experts] rows claimed so far
+    u32 arrivals;           // [max_blocks] rows landed in each pool block (gates its L1 tiles)
+    u32 l1_done;            // [max_blocks] L1 n-tiles published per block (gates L2, frees the pool slot)
+    u32 l2_read;            // [max_blocks] L2 n-tiles done reading the block (frees the activation slot)
+    u32 ticket;             // [1] next stream position to hand out (fused/tile_queue.cuh)
+    u32 l2_ticket;          // [1] split: K2's next position on the L2 stream
+    u32 routing_published;  // [1] split: K1 laid out and claimed the pool: 1 | overflow << 1
+    u32 reduce_exits;       // [1] split: K3 blocks past their read of the launch epoch
 };
-static_assert(sizeof(BankLayout) == 28, "BankLayout: size differs from megamoe_rt/kernels/interface");
+static_assert(sizeof(BankLayout) == 40, "BankLayout: size differs from megamoe_rt/kernels/interface");
 static_assert(alignof(BankLayout) == 4, "BankLayout: alignment differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(BankLayout, words, 0, "BankLayout::words: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(BankLayout, counts, 4, "BankLayout::counts: offset differs from megamoe_rt/kernels/interface");
@@ -55,11 +70,14 @@ MEGAMOE_RT_ASSERT_OFFSET(BankLayout, arrivals, 12, "BankLayout::arrivals: offset
 MEGAMOE_RT_ASSERT_OFFSET(BankLayout, l1_done, 16, "BankLayout::l1_done: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(BankLayout, l2_read, 20, "BankLayout::l2_read: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(BankLayout, ticket, 24, "BankLayout::ticket: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(BankLayout, l2_ticket, 28, "BankLayout::l2_ticket: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(BankLayout, routing_published, 32, "BankLayout::routing_published: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(BankLayout, reduce_exits, 36, "BankLayout::reduce_exits: offset differs from megamoe_rt/kernels/interface");
 
 // u32 words of one counter bank: counts and cursors per expert, three per-block
-// counters and the ticket (BankLayout on the host).
+// counters, the ticket and the split pipeline's three words (BankLayout on the host).
 __host__ __device__ constexpr u32 bank_words(u32 num_experts, u32 max_blocks) {
-    return 2 * num_experts + 3 * max_blocks + 1;
+    return 2 * num_experts + 3 * max_blocks + 4;
 }
 
 // Shared memory of the GEMM carve-up (stages, epilogue scratch, barriers); the routing
@@ -98,10 +116,10 @@ struct FusedParams {
     sync::GridBarrierWords* grid_barrier;
     u32 ring_blocks;        // pool / activation slots of BLOCK_M rows
     u32 max_blocks;         // worst-case pool blocks of a call (counters and tables are sized for it)
-    u32 lag_units;          // >= max_blocks: single-wave order
+    u32 lag_units;          // >= max_blocks: single-wave order; split: 0 (each kernel walks one layer)
     u32 group_units;
     u32 table_smem_offset;  // bytes from the aligned shared-memory base to the routing tables
-    u32 withhold_block;     // tests only: this block's arrival is never published (kNoBlock: off)
+    u32 withhold_block;     // tests only: this block's rows (fused) or L1 output (split K1) are never published (kNoBlock: off)
     u64* trace;             // profiling only: kTraceEvents %globaltimer stamps per block (null: off)
     // Across ranks (the expert-parallel instantiation only). Regions of the symmetric buffer
     // sit at the same offsets on every rank: a peer's is peer_bases[peer] + offset. The bank's
@@ -118,7 +136,7 @@ struct FusedParams {
     u32 rank;
     u32 num_ranks;
 };
-static_assert(sizeof(FusedParams) == 624, "FusedParams: size differs from megamoe_rt/kernels/interface");
+static_assert(sizeof(FusedParams) == 632, "FusedParams: size differs from megamoe_rt/kernels/interface");
 static_assert(alignof(FusedParams) == 8, "FusedParams: alignment differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(FusedParams, moe, 0, "FusedParams::moe: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(FusedParams, l1, 168, "FusedParams::l1: offset differs from megamoe_rt/kernels/interface");
@@ -126,26 +144,26 @@ MEGAMOE_RT_ASSERT_OFFSET(FusedParams, l2, 288, "FusedParams::l2: offset differs 
 MEGAMOE_RT_ASSERT_OFFSET(FusedParams, wait, 408, "FusedParams::wait: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(FusedParams, banks, 432, "FusedParams::banks: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(FusedParams, bank, 448, "FusedParams::bank: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, launch_epoch, 480, "FusedParams::launch_epoch: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, grid_barrier, 488, "FusedParams::grid_barrier: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, ring_blocks, 496, "FusedParams::ring_blocks: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, max_blocks, 500, "FusedParams::max_blocks: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, lag_units, 504, "FusedParams::lag_units: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, group_units, 508, "FusedParams::group_units: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, table_smem_offset, 512, "FusedParams::table_smem_offset: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, withhold_block, 516, "FusedParams::withhold_block: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, trace, 520, "FusedParams::trace: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, peer_bases, 528, "FusedParams::peer_bases: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_x, 536, "FusedParams::off_x: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_x_sf, 544, "FusedParams::off_x_sf: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_send_list, 552, "FusedParams::off_send_list: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_combine, 560, "FusedParams::off_combine: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_ep_banks, 568, "FusedParams::off_ep_banks: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, send_list, 576, "FusedParams::send_list: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, ep_banks, 584, "FusedParams::ep_banks: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, ep_bank, 592, "FusedParams::ep_bank: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, rank, 616, "FusedParams::rank: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, num_ranks, 620, "FusedParams::num_ranks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, launch_epoch, 488, "FusedParams::launch_epoch: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, grid_barrier, 496, "FusedParams::grid_barrier: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, ring_blocks, 504, "FusedParams::ring_blocks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, max_blocks, 508, "FusedParams::max_blocks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, lag_units, 512, "FusedParams::lag_units: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, group_units, 516, "FusedParams::group_units: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, table_smem_offset, 520, "FusedParams::table_smem_offset: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, withhold_block, 524, "FusedParams::withhold_block: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, trace, 528, "FusedParams::trace: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, peer_bases, 536, "FusedParams::peer_bases: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_x, 544, "FusedParams::off_x: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_x_sf, 552, "FusedParams::off_x_sf: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_send_list, 560, "FusedParams::off_send_list: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_combine, 568, "FusedParams::off_combine: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_ep_banks, 576, "FusedParams::off_ep_banks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, send_list, 584, "FusedParams::send_list: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, ep_banks, 592, "FusedParams::ep_banks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, ep_bank, 600, "FusedParams::ep_bank: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, rank, 624, "FusedParams::rank: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, num_ranks, 628, "FusedParams::num_ranks: offset differs from megamoe_rt/kernels/interface");
 
 }  // namespace megamoe_rt::fused
 // clang-format on

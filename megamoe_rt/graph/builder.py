@@ -88,6 +88,31 @@ class GraphBuilder:
             ctx if ctx is not None else driver.ensure_context(),
         )
 
+    def set_cooperative(self, node: KernelNode) -> None:
+        """Launch the node's grid cooperatively (all blocks co-resident, as a grid barrier needs)."""
+        cu = _cu()
+        value = cu.CUkernelNodeAttrValue()
+        value.cooperative = 1
+        driver.call(
+            cu.cuGraphKernelNodeSetAttribute, node.node, cu.CUkernelNodeAttrID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE, value
+        )
+
+    def add_to_capture(self, stream: Any) -> None:
+        """Append this graph to the graph ``stream`` is being captured into, as one child node
+        after the stream's current dependencies (the kernels' arguments as they are now)."""
+        cu = _cu()
+        sh = driver.stream_handle(stream)
+        info = driver.call(cu.cuStreamGetCaptureInfo, sh)
+        # (status, id, graph, dependencies, edge data, count) with cuda-bindings 13; 12 has no edge data.
+        graph, deps, count = info[2], info[3], info[-1]
+        deps = list(deps)[: int(count)]
+        child = driver.call(cu.cuGraphAddChildGraphNode, graph, deps, len(deps), self.graph)
+        flag = cu.CUstreamUpdateCaptureDependencies_flags.CU_STREAM_SET_CAPTURE_DEPENDENCIES
+        if len(info) == 6:
+            driver.call(cu.cuStreamUpdateCaptureDependencies, sh, [child], None, 1, flag)
+        else:
+            driver.call(cu.cuStreamUpdateCaptureDependencies, sh, [child], 1, flag)
+
     def instantiate(self):
         cu = _cu()
         if self.exec is not None:

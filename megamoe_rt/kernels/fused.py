@@ -17,6 +17,11 @@ from megamoe_rt.kernels.interface.structs import BankLayout as BankLayout
 from megamoe_rt.kernels.interface.structs import FusedParams as FusedParams
 
 SOURCE = "fused/sm90_fp8_fused_moe.cu"
+REDUCE_SOURCE = "split/split_reduce.cu"
+REDUCE_THREADS = decl.REDUCE_THREADS.value
+# Roles of a launch (Role in interface/fused.cuh): the whole layer, or one side of the split pipeline.
+ROLES = tuple(v.key for v in decl.ROLE.values)
+_ROLE_CXX = {v.key: f"megamoe_rt::fused::Role::{v.cxx}" for v in decl.ROLE.values}
 BLOCK_M = decl.BLOCK_M.value
 BLOCK_N = decl.BLOCK_N.value
 NUM_THREADS = decl.NUM_THREADS.value
@@ -30,6 +35,8 @@ _IDX_CXX = {"int32": "megamoe_rt::i32", "int64": "megamoe_rt::i64"}
 
 # The optional per-block trace's events, in TraceEvent order.
 TRACE_EVENTS = tuple(v.key for v in decl.TRACE_EVENT.values)
+# The columns that are %globaltimer stamps (the last, "sm", is the block's SM).
+TRACE_TIMES = TRACE_EVENTS[: TRACE_EVENTS.index("sm")]
 
 RELAY_BYTES = decl.RELAY_BYTES.value  # SignalRelay::kBytes (asserted there)
 TILE_QUEUE_BYTES = decl.TILE_QUEUE_BYTES.value  # TileQueue::kBytes (asserted there)
@@ -47,8 +54,11 @@ def bank_layout(num_experts: int, max_blocks: int) -> BankLayout:
         l1_done=2 * el + b,
         l2_read=2 * el + 2 * b,
         ticket=2 * el + 3 * b,
+        l2_ticket=2 * el + 3 * b + 1,
+        routing_published=2 * el + 3 * b + 2,
+        reduce_exits=2 * el + 3 * b + 3,
     )
-    assert bank.ticket + 1 == bank.words, "the counters fill the bank the buffer layout reserves"
+    assert bank.reduce_exits + 1 == bank.words, "the counters fill the bank the buffer layout reserves"
     return bank
 
 
@@ -99,16 +109,18 @@ class FusedConfig:
     idx: str = "int32"
     expert_parallel: bool = False  # the instantiation that runs across ranks
     smem_bytes: int = 0  # dynamic shared memory of a launch (tables depend on the buffer)
+    role: str = "fused"  # one of ROLES
 
     @property
     def name(self) -> str:
         ep = ",ep" if self.expert_parallel else ""
-        return f"fused_moe[s{self.stages},asf{self.act_sf_gran},{self.idx}{ep}]"
+        role = "" if self.role == "fused" else f",{self.role}"
+        return f"fused_moe[s{self.stages},asf{self.act_sf_gran},{self.idx}{ep}{role}]"
 
     def spec(self) -> KernelSpec:
         entry = (
             f"megamoe_rt::fused::sm90_fp8_fused_moe<{self.stages}u, {self.act_sf_gran}u, "
-            f"{_IDX_CXX[self.idx]}, {'true' if self.expert_parallel else 'false'}>"
+            f"{_IDX_CXX[self.idx]}, {'true' if self.expert_parallel else 'false'}, {_ROLE_CXX[self.role]}>"
         )
         return KernelSpec(
             name=self.name,
@@ -121,12 +133,27 @@ class FusedConfig:
         )
 
 
+def reduce_spec(idx: str, expert_parallel: bool) -> KernelSpec:
+    """The split pipeline's K3: the top-k reduce (after K1 and K2; across ranks it first waits
+    for every rank's partials)."""
+    ep = ",ep" if expert_parallel else ""
+    return KernelSpec(
+        name=f"split_reduce[{idx}{ep}]",
+        source=REDUCE_SOURCE,
+        entry=f"megamoe_rt::split::split_reduce<{_IDX_CXX[idx]}, {'true' if expert_parallel else 'false'}>",
+        block_threads=REDUCE_THREADS,
+        params=(FusedParams,),
+    )
+
+
 def kernel_specs() -> list[KernelSpec]:
-    """The variants buffers of the shipped presets pick (deeper pipelines for smaller tables)."""
+    """The variants buffers of the shipped presets pick (deeper pipelines for smaller tables),
+    in every role, and the split pipeline's reduce."""
     return [
-        FusedConfig(s, g, idx, ep).spec()
+        FusedConfig(s, g, idx, ep, role=role).spec()
+        for role in ROLES
         for s in (4, 5)
         for g in (64, 128)
         for idx in ("int32", "int64")
         for ep in (False, True)
-    ]
+    ] + [reduce_spec(idx, ep) for idx in ("int32", "int64") for ep in (False, True)]

@@ -50,6 +50,7 @@ class LayerSpec:
     timeout_s: float | None = None
     device: int = 0
     sm_count: int = 0
+    split_sms: Any = None  # split: (K1, K2, K3) SM counts or a SplitSms; None: tuned or default
 
     @property
     def num_local_experts(self) -> int:

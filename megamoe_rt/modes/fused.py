@@ -244,14 +244,21 @@ class FusedPlan:
             **ep_fields,
         )
 
-    def kernel(self, idx: str):
-        if idx not in self._kernels:
-            cfg = fk.FusedConfig(self.stages, self.act_sf_gran, idx, self.expert_parallel)
+    def kernel(self, idx: str, role: str = "fused"):
+        """The loaded kernel for ids of dtype ``idx`` in ``role`` (``kernels.fused.ROLES``)."""
+        key = f"{idx},{role}"
+        if key not in self._kernels:
+            cfg = fk.FusedConfig(self.stages, self.act_sf_gran, idx, self.expert_parallel, role=role)
             k = get_kernel(cfg.spec(), self.device)
             if k.max_active_blocks_per_sm(fk.NUM_THREADS, self.smem_bytes) < 1:
                 raise driver.GpuUnavailableError(f"{cfg.name}: cannot keep one block per SM resident")
-            self._kernels[idx] = k
-        return self._kernels[idx]
+            self._kernels[key] = k
+        return self._kernels[key]
+
+    @property
+    def tensor_map_args(self) -> list:
+        """The six tensor maps, in the kernel's parameter order after the struct."""
+        return list(self._maps_raw)
 
     def params(self, moe: MoeParams, schedule: CallSchedule, *, timeout_s: float | None = None) -> fk.FusedParams:
         """The launch's parameter struct: the call's inputs in the fixed part, in ``schedule``'s order."""

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from megamoe_rt.modes.base import LayerSpec, Mode
 from megamoe_rt.modes.fused import FusedMode
+from megamoe_rt.modes.split import SplitMode
 from megamoe_rt.modes.unfused import UnfusedMode
 
-MODES: dict[str, type[Mode]] = {"unfused": UnfusedMode, "fused": FusedMode}
+MODES: dict[str, type[Mode]] = {"unfused": UnfusedMode, "fused": FusedMode, "split": SplitMode}
 
 # mode=None: the first of these that can run the shape. Fused is faster on every benchmarked
 # shape, on one GPU and across two (bench/results/moe_fused_vs_unfused_h200_2026-11-30.md,
-# bench/results/ep2_h200_2026-11-30.md); unfused runs every shape.
+# bench/results/ep2_h200_2026-11-30.md); unfused runs every shape. Split is asked for by name:
+# it holds green contexts and SM partitions, an experiment's choice rather than a default.
 DEFAULT_ORDER: tuple[str, ...] = ("fused", "unfused")
 
 
@@ -22,7 +24,9 @@ def mode_names() -> tuple[str, ...]:
     return tuple(MODES)
 
 
-def select_mode(mode: str | None, spec: LayerSpec, *, ring_blocks: int | None = None) -> type[Mode]:
+def select_mode(
+    mode: str | None, spec: LayerSpec, *, ring_blocks: int | None = None, split_sms: object = None
+) -> type[Mode]:
     """The mode class a layer of ``spec`` runs, checking the mode arguments the way the layer's
     constructor reports them (ValueError)."""
     if mode is None:
@@ -39,6 +43,8 @@ def select_mode(mode: str | None, spec: LayerSpec, *, ring_blocks: int | None = 
         reason = cls.refusal(spec)
         if reason is not None:
             raise ValueError(reason)
+    if split_sms is not None and cls.name != "split":
+        raise ValueError(f"split_sms={split_sms!r}: only mode='split' takes SM counts")
     if ring_blocks is not None and not cls.ring_pools:
         ring = " or ".join(f"mode={name!r}" for name, c in MODES.items() if c.ring_pools)
         raise ValueError(f"ring_blocks={ring_blocks!r}: only {ring} has ring pools")

@@ -75,7 +75,9 @@ def test_presets_fit_shared_memory_with_deep_pipelines(name):
         stages = fk.pick_stages(el, blocks)
         assert stages >= 4
         assert fk.dynamic_smem_bytes(stages, el, blocks) <= fk.SMEM_LIMIT
-        assert stages in {int(s.name.split("[s")[1].split(",")[0]) for s in fk.kernel_specs()}
+        assert stages in {
+            int(s.name.split("[s")[1].split(",")[0]) for s in fk.kernel_specs() if s.name.startswith("fused_moe")
+        }
 
 
 def test_bank_layout_matches_the_workspace_region():
@@ -84,7 +86,10 @@ def test_bank_layout_matches_the_workspace_region():
     bank = fk.bank_layout(lay.num_local_experts, blocks)
     region = lay.workspace_region("fused_banks")
     assert region.shape == (2, bank.words)
-    assert bank.ticket == bank.words - 1 and bank.l2_read + blocks == bank.ticket
+    assert bank.l2_read + blocks == bank.ticket
+    # The ticket and the split pipeline's words close the bank, one word each, all distinct.
+    tail = [bank.ticket, bank.l2_ticket, bank.routing_published, bank.reduce_exits]
+    assert tail == list(range(bank.words - 4, bank.words))
 
 
 def test_ring_stream_of_a_skewed_call_is_safe_at_tile_level():

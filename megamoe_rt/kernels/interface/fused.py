@@ -29,7 +29,19 @@ MAX_BLOCKS = Constant(
 )
 NO_BLOCK = Constant("kNoBlock", 0xFFFFFFFF, hex=True, doc="FusedParams::withhold_block when off")
 TILE_QUEUE_BYTES = Constant("kTileQueueBytes", 80, doc="TileQueue (fused/tile_queue.cuh) asserts it is this size")
+REDUCE_THREADS = Constant("kReduceThreads", 256, doc="split K3 (split/split_reduce.cu): two tokens at a time")
 RELAY_BYTES = Constant("kRelayBytes", 320, doc="SignalRelay (fused/signal_relay.cuh) asserts it is this size")
+
+ROLE = Enum(
+    "Role",
+    [
+        EnumValue("kFused", "fused", "the whole layer in one launch"),
+        EnumValue("kSplitL1", "split_l1", "split K1: routing, dispatch, L1 + SwiGLU + requant"),
+        EnumValue("kSplitL2", "split_l2", "split K2: L2 + scatter of the partials"),
+    ],
+    doc="What one launch of the fused kernel runs: the whole layer, or one side of the split\n"
+    "pipeline (K1 and K2 run concurrently in disjoint SM partitions; K3 is split/split_reduce.cu).",
+)
 
 TRACE_EVENT = Enum(
     "TraceEvent",
@@ -42,9 +54,11 @@ TRACE_EVENT = Enum(
         EnumValue("kTraceMathDone", "math_done"),
         EnumValue("kTraceAllTilesDone", "all_tiles_done"),
         EnumValue("kTraceCombineDone", "combine_done"),
+        EnumValue("kTraceSm", "sm", "not a time: the SM the block ran on (%smid)"),
     ],
     doc="Events of the optional per-block trace: FusedParams::trace holds kTraceEvents\n"
-    "%globaltimer stamps per block, in this order (the host names them TRACE_EVENTS).",
+    "%globaltimer stamps per block, in this order (the host names them TRACE_EVENTS), then\n"
+    "the block's SM.",
     scoped=False,
     count="kTraceEvents",
 )
@@ -59,19 +73,23 @@ BANK_LAYOUT = Struct(
         Field("l1_done", U32, "[max_blocks] L1 n-tiles published per block (gates L2, frees the pool slot)"),
         Field("l2_read", U32, "[max_blocks] L2 n-tiles done reading the block (frees the activation slot)"),
         Field("ticket", U32, "[1] next stream position to hand out (fused/tile_queue.cuh)"),
+        Field("l2_ticket", U32, "[1] split: K2's next position on the L2 stream"),
+        Field("routing_published", U32, "[1] split: K1 laid out and claimed the pool: 1 | overflow << 1"),
+        Field("reduce_exits", U32, "[1] split: K3 blocks past their read of the launch epoch"),
     ],
-    doc="Per-launch counters, in one of two banks picked by the launch parity: a launch zeroes the\n"
-    "other bank for the next one, so back-to-back launches need no memset and no extra\n"
-    "barrier. Word offsets inside a bank, computed on the host.",
+    doc="Per-launch counters, in one of two banks picked by the launch parity: a fused launch\n"
+    "zeroes the other bank for the next one, so back-to-back launches need no memset and no\n"
+    "extra barrier (the split graph's memset node zeroes both instead). Word offsets inside a\n"
+    "bank, computed on the host.",
 )
 
 
 @formula(
     doc="u32 words of one counter bank: counts and cursors per expert, three per-block\n"
-    "counters and the ticket (BankLayout on the host)."
+    "counters, the ticket and the split pipeline's three words (BankLayout on the host)."
 )
 def bank_words(num_experts: Value, max_blocks: Value) -> Value:
-    return 2 * num_experts + 3 * max_blocks + 1
+    return 2 * num_experts + 3 * max_blocks + 4
 
 
 @formula(
@@ -116,10 +134,14 @@ FUSED_PARAMS = Struct(
         Field("grid_barrier", Ptr(GRID_BARRIER_WORDS)),
         Field("ring_blocks", U32, "pool / activation slots of BLOCK_M rows"),
         Field("max_blocks", U32, "worst-case pool blocks of a call (counters and tables are sized for it)"),
-        Field("lag_units", U32, ">= max_blocks: single-wave order"),
+        Field("lag_units", U32, ">= max_blocks: single-wave order; split: 0 (each kernel walks one layer)"),
         Field("group_units", U32),
         Field("table_smem_offset", U32, "bytes from the aligned shared-memory base to the routing tables"),
-        Field("withhold_block", U32, "tests only: this block's arrival is never published (kNoBlock: off)"),
+        Field(
+            "withhold_block",
+            U32,
+            "tests only: this block's rows (fused) or L1 output (split K1) are never published (kNoBlock: off)",
+        ),
         Field("trace", Ptr(U64), "profiling only: kTraceEvents %globaltimer stamps per block (null: off)"),
         Comment(
             "Across ranks (the expert-parallel instantiation only). Regions of the symmetric buffer\n"
@@ -153,6 +175,8 @@ HEADER = Header(
         NO_BLOCK,
         TILE_QUEUE_BYTES,
         RELAY_BYTES,
+        REDUCE_THREADS,
+        ROLE,
         TRACE_EVENT,
         BANK_LAYOUT,
         bank_words,

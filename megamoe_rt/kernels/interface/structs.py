@@ -290,9 +290,10 @@ class EpParams(ctypes.Structure):
 
 
 class BankLayout(ctypes.Structure):
-    """Per-launch counters, in one of two banks picked by the launch parity: a launch zeroes the
-    other bank for the next one, so back-to-back launches need no memset and no extra
-    barrier. Word offsets inside a bank, computed on the host.
+    """Per-launch counters, in one of two banks picked by the launch parity: a fused launch
+    zeroes the other bank for the next one, so back-to-back launches need no memset and no
+    extra barrier (the split graph's memset node zeroes both instead). Word offsets inside a
+    bank, computed on the host.
 
     ``megamoe_rt::fused::BankLayout``, declared in megamoe_rt/kernels/interface/fused.py.
     """
@@ -304,6 +305,9 @@ class BankLayout(ctypes.Structure):
     l1_done: int  # [max_blocks] L1 n-tiles published per block (gates L2, frees the pool slot)
     l2_read: int  # [max_blocks] L2 n-tiles done reading the block (frees the activation slot)
     ticket: int  # [1] next stream position to hand out (fused/tile_queue.cuh)
+    l2_ticket: int  # [1] split: K2's next position on the L2 stream
+    routing_published: int  # [1] split: K1 laid out and claimed the pool: 1 | overflow << 1
+    reduce_exits: int  # [1] split: K3 blocks past their read of the launch epoch
 
     _fields_ = [
         ("words", ctypes.c_uint32),
@@ -313,6 +317,9 @@ class BankLayout(ctypes.Structure):
         ("l1_done", ctypes.c_uint32),
         ("l2_read", ctypes.c_uint32),
         ("ticket", ctypes.c_uint32),
+        ("l2_ticket", ctypes.c_uint32),
+        ("routing_published", ctypes.c_uint32),
+        ("reduce_exits", ctypes.c_uint32),
     ]
 
 
@@ -333,10 +340,12 @@ class FusedParams(ctypes.Structure):
     grid_barrier: int
     ring_blocks: int  # pool / activation slots of BLOCK_M rows
     max_blocks: int  # worst-case pool blocks of a call (counters and tables are sized for it)
-    lag_units: int  # >= max_blocks: single-wave order
+    lag_units: int  # >= max_blocks: single-wave order; split: 0 (each kernel walks one layer)
     group_units: int
     table_smem_offset: int  # bytes from the aligned shared-memory base to the routing tables
-    withhold_block: int  # tests only: this block's arrival is never published (kNoBlock: off)
+    withhold_block: (
+        int  # tests only: this block's rows (fused) or L1 output (split K1) are never published (kNoBlock: off)
+    )
     trace: int  # profiling only: kTraceEvents %globaltimer stamps per block (null: off)
     peer_bases: int  # [num_ranks]
     off_x: int  # [T, H] e4m3 inputs, staged by the host

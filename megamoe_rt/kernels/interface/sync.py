@@ -71,6 +71,12 @@ WAIT_SITE = Enum(
             "fused: a single-wave call needs more pool blocks than the ring holds",
             "single-wave pool fits the ring",
         ),
+        EnumValue(
+            "kSplitRoutingPublished",
+            "split_routing_published",
+            "split: K1 has laid out and claimed the pool (K2 may build its tables)",
+            "split routing published",
+        ),
     ],
     doc="Where a wait happens. Its message names it in the device's report and in the host's\n"
     "exception (megamoe_rt.runtime.deadlines.WAIT_SITES).",

@@ -128,6 +128,8 @@ def cmd_plan(args) -> int:
     ranks = args.ranks
     if args.mode == "fused":  # the fused layer's buffer: 64-row blocks, ring pools
         args.block_m, args.pool = 64, "ring"
+    elif args.mode == "split":  # 64-row blocks, the full pool (K1 may run the whole pool ahead)
+        args.block_m, args.pool = 64, "full"
     elif args.mode == "unfused":
         args.block_m, args.pool = 128, "full"
     try:
@@ -343,6 +345,14 @@ def cmd_partitions(args) -> int:
 # --- sweep ------------------------------------------------------------------------------
 
 
+def cmd_tune_split(args) -> int:
+    from megamoe_rt.cli.tune_split import run
+
+    if _hopper_or_none("tune-split") is None:
+        return 1
+    return run(args)
+
+
 def cmd_sweep(args) -> int:
     from megamoe_rt.graph import SpecError, load_spec
     from megamoe_rt.graph.sweep import format_table, parse_vary, plot, run_sweep, sweep_points
@@ -424,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--experts", type=_positive_int, default=None, help="total experts (default: the preset's)")
     s.add_argument(
         "--mode",
-        choices=("unfused", "fused"),
+        choices=("unfused", "fused", "split"),
         default=None,
         help="the buffer a MegaMoE of this mode allocates (sets --block-m and --pool)",
     )
@@ -450,11 +460,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--mode",
-        choices=("unfused", "fused"),
+        choices=("unfused", "fused", "split"),
         default=None,
         help="execution mode (default: the layer's, fused where the shape allows)",
     )
     s.set_defaults(func=cmd_demo)
+
+    from megamoe_rt.cli.tune_split import add_arguments as add_tune_split_arguments
+
+    s = sub.add_parser(
+        "tune-split", help="sweep the split mode's K1/K2 SM counts for a shape and store the fastest (GPU)"
+    )
+    add_tune_split_arguments(s)
+    s.set_defaults(func=cmd_tune_split)
 
     s = sub.add_parser("launch", help="run a script as N ranks, one process per GPU")
     s.add_argument("-n", "--nprocs", type=_positive_int, required=True, help="number of ranks")
@@ -491,7 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--mode",
         type=_modes,
         default=["unfused"],
-        help="moe: execution mode(s), comma-separated and bracketed in rounds (unfused, fused)",
+        help="moe: execution mode(s), comma-separated and bracketed in rounds (unfused, fused, split)",
     )
     s.add_argument(
         "--capacity",

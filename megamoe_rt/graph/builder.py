@@ -127,12 +127,14 @@ class GraphBuilder:
         driver.call(_cu().cuGraphLaunch, self.exec, driver.stream_handle(stream))
 
     def set_kernel_args(self, node: KernelNode, args: Sequence) -> None:
-        """Replace a kernel node's arguments in the executable graph (same kernel and shape)."""
+        """Replace a kernel node's arguments (same kernel and shape) in the executable graph and
+        in the graph it was built from (which :meth:`add_to_capture` copies)."""
         cu = _cu()
         p = node.params
         ptrs = (ctypes.c_void_p * max(len(args), 1))(*[ctypes.addressof(a) for a in args])
         p.kernelParams = ctypes.addressof(ptrs)
         driver.call(cu.cuGraphExecKernelNodeSetParams, self.exec, node.node, p)  # copies the arguments
+        driver.call(cu.cuGraphKernelNodeSetParams, node.node, p)
         node.args = list(args)
 
     def close(self) -> None:

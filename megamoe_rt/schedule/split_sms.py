@@ -105,10 +105,9 @@ def default_split_sms(total_sms: int, granularity: int) -> SplitSms:
 
 
 def sweep_split_sms(total_sms: int, granularity: int, step: int | None = None) -> list[SplitSms]:
-    """The K1/K2 splits ``tune-split`` tries: K1 every ``step`` SMs (default twice the
-    granularity) from a quarter to seven eighths of the device, K2 every SM left, K3 the whole
-    device."""
-    step = step or 2 * granularity
+    """The K1/K2 splits ``tune-split`` tries: K1 every ``step`` SMs (default the granularity)
+    from a quarter to seven eighths of the device, K2 every SM left, K3 the whole device."""
+    step = step or granularity
     lo, hi = total_sms // 4, total_sms * 7 // 8
     out = []
     for l1 in valid_l1_counts(total_sms, granularity):

@@ -16,6 +16,7 @@ from megamoe_rt.modes import base, fused
 from megamoe_rt.modes.base import Call, LayerSpec, LayoutNeeds, Mode, buffer_layout
 from megamoe_rt.modes.fused import CallSchedule, FusedMode, buffer_schedule, call_schedule
 from megamoe_rt.modes.registry import DEFAULT_ORDER, MODES, select_mode
+from megamoe_rt.modes.split import SplitMode
 from megamoe_rt.modes.unfused import UnfusedMode
 from megamoe_rt.runtime.buffer import LaidOutBuffer
 
@@ -67,7 +68,8 @@ def _call(t=100, bound=2048, idx="int32"):
 def test_registry_names_the_mode_classes_and_the_layer_lists_them():
     from megamoe_rt.layer import MODES as LAYER_MODES
 
-    assert LAYER_MODES == tuple(MODES) == ("unfused", "fused")
+    assert LAYER_MODES == tuple(MODES) == ("unfused", "fused", "split")
+    assert "split" not in DEFAULT_ORDER  # holds green contexts: only when asked for
     for name, cls in MODES.items():
         assert issubclass(cls, Mode) and cls.name == name
     assert set(DEFAULT_ORDER) <= set(MODES)
@@ -89,7 +91,9 @@ def test_the_default_is_the_first_mode_that_runs_the_shape(spec, expected):
 
 
 def test_mode_arguments_are_checked_with_the_layer_messages():
-    with pytest.raises(ValueError, match=r"mode: expected one of \('unfused', 'fused'\) or None, got 'split-ish'"):
+    with pytest.raises(
+        ValueError, match=r"mode: expected one of \('unfused', 'fused', 'split'\) or None, got 'split-ish'"
+    ):
         select_mode("split-ish", _spec())
     with pytest.raises(ValueError, match="mode: expected one of"):
         select_mode(["fused"], _spec())  # not a name (and not hashable)
@@ -97,14 +101,18 @@ def test_mode_arguments_are_checked_with_the_layer_messages():
         select_mode("fused", _spec(h=384))
     with pytest.raises(ValueError, match="group: 33 ranks; mode='fused' runs on at most 32"):
         select_mode("fused", _spec(h=384, e=66, num_ranks=33))  # the rank count is reported first
-    with pytest.raises(ValueError, match="ring_blocks=50: only mode='fused' has ring pools"):
+    with pytest.raises(ValueError, match="ring_blocks=50: only mode='fused' or mode='split' has ring pools"):
         select_mode("unfused", _spec(), ring_blocks=50)
+    with pytest.raises(ValueError, match="hidden=384: mode='split' needs a multiple of 256"):
+        select_mode("split", _spec(h=384))
+    with pytest.raises(ValueError, match=r"split_sms=\(64, 64, 132\): only mode='split' takes SM counts"):
+        select_mode("fused", _spec(), split_sms=(64, 64, 132))
     # More ranks than the unfused kernels' one-thread-per-rank signalling covers.
     with pytest.raises(ValueError, match="group: 257 ranks; mode='unfused' runs on at most 256"):
         select_mode("unfused", _spec(e=257, num_ranks=257))
     with pytest.raises(ValueError, match="no mode runs this layer: group: 257 ranks; mode='fused' runs on at most 32"):
         select_mode(None, _spec(e=257, num_ranks=257))
-    with pytest.raises(ValueError, match="ring_blocks=50: only mode='fused' has ring pools"):
+    with pytest.raises(ValueError, match="ring_blocks=50: only mode='fused' or mode='split' has ring pools"):
         select_mode(None, _spec(h=384), ring_blocks=50)  # the default fell back to unfused
     assert select_mode("fused", _spec(), ring_blocks=500) is FusedMode
 
@@ -116,7 +124,7 @@ def test_the_layer_checks_the_mode_before_looking_for_a_gpu():
         MegaMoE(512, 256, 8, 2, 64, mode="split-ish")
     with pytest.raises(ValueError, match="hidden=384: mode='fused' needs a multiple of 256"):
         MegaMoE(384, 256, 8, 2, 64, mode="fused")
-    with pytest.raises(ValueError, match="only mode='fused' has ring pools"):
+    with pytest.raises(ValueError, match="only mode='fused' or mode='split' has ring pools"):
         MegaMoE(512, 256, 8, 2, 64, mode="unfused", ring_blocks=10)
 
 
@@ -135,6 +143,8 @@ def test_each_mode_says_which_buffer_it_needs():
     assert UnfusedMode.layout_needs(spec) == LayoutNeeds(pool="full", block_m=128)
     assert FusedMode.layout_needs(spec) == LayoutNeeds(pool="ring", block_m=fk.BLOCK_M)
     assert FusedMode.layout_needs(spec, 300).ring_blocks == 300
+    assert SplitMode.layout_needs(spec) == LayoutNeeds(pool="full", block_m=fk.BLOCK_M)
+    assert SplitMode.layout_needs(spec, 300) == LayoutNeeds(pool="ring", block_m=fk.BLOCK_M, ring_blocks=300)
     unfused = buffer_layout(spec, UnfusedMode.layout_needs(spec))
     ring = buffer_layout(spec, FusedMode.layout_needs(spec))
     assert (unfused.pool, unfused.block_m, ring.pool, ring.block_m) == ("full", 128, "ring", 64)

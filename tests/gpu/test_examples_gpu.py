@@ -21,3 +21,16 @@ def test_torch_interop_runs_on_a_hopper_gpu():
     out = _run("torch_interop")
     assert out.returncode == 0, out.stderr
     assert "calc_diff vs reference" in out.stdout
+
+
+@pytest.mark.gpu
+def test_split_partitions_example_runs_and_every_split_is_bitwise_fused():
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLES / "split_partitions.py"), "--tokens", "1024", "--splits", "64,88"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr
+    rows = [line for line in out.stdout.splitlines() if line.strip().startswith(("64 ", "88 "))]
+    assert len(rows) == 2 and all(r.rstrip().endswith("True") for r in rows), out.stdout

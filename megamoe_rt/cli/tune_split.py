@@ -1,0 +1,168 @@
+"""``megamoe-rt tune-split --preset P --tokens T [--ranks R]``: the split mode's K1/K2 SMs.
+
+For one shape (the preset's EP8 per-rank slice, ``T`` tokens per rank) it times a split-mode
+layer at each K1 count of :func:`~megamoe_rt.schedule.split_sms.sweep_split_sms` (K2 takes
+every SM left, K3 the whole device), with the fused mode as the yardstick, and prints a
+table as it goes. The fastest split is stored in the tuning cache
+(:mod:`megamoe_rt.graph.split_tuning`), which ``MegaMoE(mode="split")`` reads by default.
+Across ranks (``--ranks R``, re-run under ``megamoe-rt launch``) a split's time is that of
+the slowest rank. Timing as in ``megamoe-rt bench moe`` (graph replays, bracketed rounds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from typing import Any
+
+from megamoe_rt.cli.layer_inputs import preset_slices, rank_inputs
+from megamoe_rt.cli.timing import DeviceTimer, capture_layer_call
+
+
+def _slowest(group: Any, value: float) -> float:
+    if group is None:
+        return value
+    everyone = [
+        float(group.broadcast(repr(value).encode() if group.rank == r else None, key="tune-split", root=r))
+        for r in range(group.world_size)
+    ]
+    return max(everyone)
+
+
+def tune_split(
+    preset: str,
+    tokens: int,
+    *,
+    group: Any = None,
+    step: int | None = None,
+    json_path: str | None = None,
+    png_path: str | None = None,
+    store: bool = True,
+) -> list[dict]:
+    import cupy as cp
+
+    from megamoe_rt.graph import split_tuning
+    from megamoe_rt.graph.green import partition_granularity
+    from megamoe_rt.layer import MegaMoE
+    from megamoe_rt.runtime import driver
+    from megamoe_rt.schedule.split_sms import sweep_split_sms
+
+    rank, world = (0, 1) if group is None else (group.rank, group.world_size)
+    device = 0 if group is None else group.device
+    cp.cuda.Device(device).use()
+    info = driver.require_hopper(device)
+    granularity = partition_granularity(device)
+    name, p, local, experts, t = next(iter(preset_slices([preset], [tokens], world)))
+    args, weights = rank_inputs(cp, rank, t, p.hidden, p.intermediate, experts, local, p.num_topk, t)
+    candidates = sweep_split_sms(info.sm_count, granularity, step)
+    timer = DeviceTimer()
+    stream = cp.cuda.Stream(non_blocking=True)
+    say = print if rank == 0 else (lambda *a, **k: None)
+    say(
+        f"tune-split {name} T={t}/rank x{world} ranks on {info.name} ({info.sm_count} SMs, partitions of "
+        f"{granularity}): {len(candidates)} splits + fused",
+        flush=True,
+    )
+    rows: list[dict] = []
+    for n, sms in enumerate([None, *candidates]):
+        label = "fused" if sms is None else f"K1 {sms.l1:>3} | K2 {sms.l2:>3} | K3 {sms.reduce:>3}"
+        kw = {"mode": "fused"} if sms is None else {"mode": "split", "split_sms": sms}
+        layer = MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, t, group=group, **kw)
+        layer.load_weights(*weights)
+        y = cp.empty((t, p.hidden), dtype=cp.uint16)
+        graph = capture_layer_call(layer, args, y, stream)
+        with stream:
+            us = _slowest(group, timer.arm_round(functools.partial(graph.launch, stream=stream)))
+        layer.close()
+        row = {"split_sms": None if sms is None else list(sms.as_tuple()), "median_us": us}
+        rows.append(row)
+        say(f"[{n}/{len(candidates)}] {label}: {us:9.1f} us", flush=True)
+    fused_us = rows[0]["median_us"]
+    split_rows = rows[1:]
+    best = min(range(len(split_rows)), key=lambda i: split_rows[i]["median_us"])
+    best_sms, best_us = candidates[best], split_rows[best]["median_us"]
+    say("\n| K1 | K2 | K3 | us | x fused |\n|---:|---:|---:|---:|---:|")
+    for r in split_rows:
+        mark = " (best)" if r is split_rows[best] else ""
+        say(
+            f"| {r['split_sms'][0]} | {r['split_sms'][1]} | {r['split_sms'][2]} | {r['median_us']:.1f}{mark} | "
+            f"{r['median_us'] / fused_us:.3f} |"
+        )
+    say(f"| fused | | | {fused_us:.1f} | 1.000 |", flush=True)
+    if rank == 0:
+        key = split_tuning.shape_key(info.name, info.sm_count, p.hidden, p.intermediate, experts, p.num_topk, world)
+        if store:
+            path = split_tuning.store(key, t, best_sms, best_us)
+            say(f"stored {best_sms.as_tuple()} for {key} T={t} in {path}")
+        if png_path:
+            from megamoe_rt.cli.png_chart import bar_chart_png
+
+            with open(png_path, "wb") as f:
+                f.write(bar_chart_png([r["median_us"] for r in split_rows], highlight=best, reference=fused_us))
+            say(f"wrote {png_path} (bars: K1 = {', '.join(str(s.l1) for s in candidates)}; red line: fused)")
+        if json_path:
+            with open(json_path, "w") as f:
+                json.dump(
+                    {
+                        "preset": name,
+                        "tokens_per_rank": t,
+                        "ranks": world,
+                        "device": info.name,
+                        "fused_us": fused_us,
+                        "best": list(best_sms.as_tuple()),
+                        "rows": rows,
+                    },
+                    f,
+                    indent=2,
+                )
+    return rows
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    from megamoe_rt.presets import PRESETS
+
+    ap.add_argument("--preset", default="flash", choices=sorted(PRESETS))
+    ap.add_argument("--tokens", type=int, required=True, help="tokens per rank")
+    ap.add_argument("--ranks", type=int, default=1, help="expert-parallel ranks (one GPU each; default 1)")
+    ap.add_argument("--step", type=int, default=None, help="K1 step in SMs (default the partition granularity)")
+    ap.add_argument("--json", default=None, help="write the rows to this JSON file")
+    ap.add_argument("--png", default=None, help="write a bar chart of the sweep to this PNG file")
+    ap.add_argument("--no-store", action="store_true", help="do not store the best split in the tuning cache")
+
+
+def _argv(a: argparse.Namespace) -> list[str]:
+    out = ["--preset", a.preset, "--tokens", str(a.tokens), "--ranks", str(a.ranks)]
+    for flag, value in (("--step", a.step), ("--json", a.json), ("--png", a.png)):
+        if value is not None:
+            out += [flag, str(value)]
+    return out + (["--no-store"] if a.no_store else [])
+
+
+def run(a: argparse.Namespace) -> int:
+    """The command for parsed arguments; across ranks it re-runs itself under ``launch``."""
+    from megamoe_rt.ep.launch import context_from_env, launch_script, launched
+
+    if a.tokens <= 0 or a.ranks <= 0:
+        print("megamoe-rt tune-split: --tokens and --ranks must be positive", file=sys.stderr)
+        return 2
+    if a.ranks > 1 and not launched():
+        return launch_script(a.ranks, "megamoe_rt.cli.tune_split", _argv(a), module=True)
+    group = context_from_env() if launched() else None
+    tune_split(a.preset, a.tokens, group=group, step=a.step, json_path=a.json, png_path=a.png, store=not a.no_store)
+    if group is not None:
+        from megamoe_rt.ep.symm import NvshmemRuntime
+
+        NvshmemRuntime.initialize(group).finalize()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="megamoe-rt tune-split", description=__doc__.splitlines()[0])
+    add_arguments(ap)
+    return run(ap.parse_args(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

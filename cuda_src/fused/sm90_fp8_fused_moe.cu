@@ -468,17 +468,10 @@ __device__ __forceinline__ void produce_tiles(const FusedParams& p, const Routin
             tile.b_row0 = s.expert * p.l1.n + tile.n0;
             gemm::produce_tile<L1>(tile, p.l1.k / L1::kBlockK, sm1, st, tma_l1_a, tma_l1_b, tma_l1_sfa, 0);
         } else {
-            tile.b_row0 = s.expert * p.l2.n + tile.n0;
-            const u32* l1_done = bank + p.bank.l1_done + s.block;
-            if constexpr (kRole == Role::kSplitL2) {
-                // K2 runs ahead of K1 in small calls: while the block's L1 output is still
-                // being computed, stream the tile's weights into L2 (they depend on nothing).
-                if (ptx::ld_relaxed_gpu_u32(l1_done) < n1)
-                    gemm::prefetch_b_tile_to_l2<L2>(tile, p.l2.k / L2::kBlockK, tma_l2_b);
-            }
-            sync::wait_ge_acquire_gpu_u32(l1_done, n1, sync::WaitSite::kL1OutputPublished, p.wait, s.block,
-                                          sync::kDerivedWaitShift);
+            sync::wait_ge_acquire_gpu_u32(bank + p.bank.l1_done + s.block, n1, sync::WaitSite::kL1OutputPublished,
+                                          p.wait, s.block, sync::kDerivedWaitShift);
             ptx::fence_proxy_async_global();
+            tile.b_row0 = s.expert * p.l2.n + tile.n0;
             gemm::produce_tile<L2>(tile, p.l2.k / L2::kBlockK, sm2, st, tma_l2_a, tma_l2_b, tma_l2_sfa, 0);
         }
     }

@@ -76,16 +76,6 @@ __device__ __forceinline__ void produce_tile(const Tile& tile, u32 num_k_blocks,
     }
 }
 
-// The B (weight) side of a tile into L2, every k-block of it, without shared memory: for a
-// producer whose A side is not ready yet (its weights do not depend on anything).
-template <class Cfg>
-__device__ __forceinline__ void prefetch_b_tile_to_l2(const Tile& tile, u32 num_k_blocks,
-                                                      const ptx::TmaDescriptor* tma_b) {
-    for (u32 kb = 0; kb < num_k_blocks; ++kb)
-        ptx::cp_async_bulk_prefetch_tensor_2d_l2(tma_b, static_cast<i32>(kb * Cfg::kBlockK),
-                                                 static_cast<i32>(tile.b_row0));
-}
-
 // Position of this thread's accumulator rows inside the tile.
 template <class Cfg>
 struct MathThread {

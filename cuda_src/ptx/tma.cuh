@@ -27,15 +27,6 @@ __device__ __forceinline__ void cp_async_bulk_tensor_2d_global_to_shared(void* d
         : "memory");
 }
 
-// 2-d tile global -> L2 only: no shared memory, no completion to wait for. Warms the cache
-// for a load of the same tile that cannot be issued yet.
-__device__ __forceinline__ void cp_async_bulk_prefetch_tensor_2d_l2(const TmaDescriptor* desc, i32 coord_inner,
-                                                                    i32 coord_outer) {
-    asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" ::"l"(desc), "r"(coord_inner),
-                 "r"(coord_outer)
-                 : "memory");
-}
-
 }  // namespace megamoe_rt::ptx
 
 namespace megamoe_rt::ptx {

@@ -188,7 +188,7 @@ def test_pool_overflow_and_ring_and_int64_ids():
 def test_bad_split_sms_are_refused_with_the_valid_choices():
     from megamoe_rt import MegaMoE
 
-    with pytest.raises(ValueError, match=r"K1 gets 60 SMs.*multiple of 8.*8, 16, \.\.\., 120"):
+    with pytest.raises(ValueError, match=r"K1 gets 60 SMs.*multiple of 8.*8, 16, \.\.\., 112, 120"):
         MegaMoE(512, 256, 8, 2, 64, mode="split", split_sms=(60, 64, 132))
     with pytest.raises(ValueError, match=r"K2 gets 50 SMs.*all 36 left"):
         MegaMoE(512, 256, 8, 2, 64, mode="split", split_sms=(96, 50, 132))

@@ -85,6 +85,9 @@ def test_info_runs_without_gpu():
         ("launch", "-n", "2", "--timeout", "-1", "x.py"),
         ("launch", "-n", "2", "--timeout", "nan", "x.py"),
         ("launch", "-n", "2", "--timeout", "inf", "x.py"),
+        ("tune-split", "--preset", "nosuch", "--tokens", "64"),
+        ("tune-split", "--preset", "flash"),
+        ("tune-split", "--preset", "flash", "--tokens", "x"),
         (),
     ],
 )
@@ -104,6 +107,26 @@ def test_bench_module_forwards_to_the_cli_outside_a_launch():
         timeout=120,
     )
     assert out.returncode == 2 and "nosuch" in out.stderr  # the CLI's own argument check
+
+
+def test_tune_split_without_a_hopper_gpu_says_why(monkeypatch, capsys):
+    import megamoe_rt.cli.main as cli
+
+    monkeypatch.setattr(cli, "_hopper_or_none", lambda command: print(f"megamoe-rt {command}: no GPU") or None)
+    assert cli.main(["tune-split", "--preset", "flash", "--tokens", "64"]) == 1
+    assert "megamoe-rt tune-split: no GPU" in capsys.readouterr().out
+
+
+def test_tune_split_rebuilds_its_arguments_for_the_ranks_it_launches():
+    import argparse
+
+    from megamoe_rt.cli.tune_split import _argv, add_arguments
+
+    ap = argparse.ArgumentParser()
+    add_arguments(ap)
+    argv = ["--preset", "v3", "--tokens", "512", "--ranks", "2", "--step", "16", "--png", "a.png", "--no-store"]
+    a = ap.parse_args(argv)
+    assert ap.parse_args(_argv(a)) == a
 
 
 GRAPHS = Path(__file__).resolve().parents[2] / "graphs"

@@ -37,6 +37,15 @@ struct StreamTile {
     u32 n_block;  // n-block within the GEMM's N
 };
 
+// Tile `i` of a task over `unit`: n-block-major, so the unit's blocks share each weight tile.
+__device__ __forceinline__ void unit_tile(const UnitTable& units, u32 unit, u32 i, bool l2, StreamTile& out) {
+    const u32 blocks = units.blocks(unit);
+    out.l2 = l2;
+    out.block = units.first_block[unit] + i % blocks;
+    out.expert = units.expert(unit);
+    out.n_block = i / blocks;
+}
+
 class LagOrderedStream {
   public:
     __device__ __forceinline__ LagOrderedStream(const UnitTable& units, u32 lag, u32 group, u32 l1_n_blocks,
@@ -53,12 +62,7 @@ class LagOrderedStream {
             begin_ += tiles_;
             if (!next_task()) return false;
         }
-        const u32 i = t - begin_;
-        const u32 blocks = units_.blocks(unit_);
-        out.l2 = l2_;
-        out.block = units_.first_block[unit_] + i % blocks;
-        out.expert = units_.expert(unit_);
-        out.n_block = i / blocks;
+        unit_tile(units_, unit_, t - begin_, l2_, out);
         return true;
     }
 
@@ -110,12 +114,7 @@ class LayerStream {
             unit_ = next_unit_++;
             tiles_ = units_.blocks(unit_) * n_;
         }
-        const u32 i = t - begin_;
-        const u32 blocks = units_.blocks(unit_);
-        out.l2 = l2_;
-        out.block = units_.first_block[unit_] + i % blocks;
-        out.expert = units_.expert(unit_);
-        out.n_block = i / blocks;
+        unit_tile(units_, unit_, t - begin_, l2_, out);
         return true;
     }
 

@@ -315,12 +315,12 @@ class FusedMode(Mode):
         # production; megamoe_rt.testing sets it (withheld blocks, traces, forced orders).
         self.params_transforms: tuple[ParamsTransform, ...] = ()
 
-    def load(self, weights: Weights) -> None:
+    def _make_plan(self, schedule: FusedSchedule, weights: Weights) -> FusedPlan:
         s = self.spec
-        self.plan = FusedPlan(
+        return FusedPlan(
             self.bound_buffer(),
             self.layout,
-            self.schedules.buffer,
+            schedule,
             weights,
             act_sf_gran=s.act_sf_gran,
             swiglu_limit=s.swiglu_limit,
@@ -328,6 +328,10 @@ class FusedMode(Mode):
             sm_count=s.sm_count,
             device=s.device,
         )
+
+    def load(self, weights: Weights) -> None:
+        s = self.spec
+        self.plan = self._make_plan(self.schedules.buffer, weights)
         if s.expert_parallel:
             self.plan.kernel("int32")  # int64 ids load at their first call
 

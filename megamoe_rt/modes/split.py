@@ -116,17 +116,7 @@ class SplitMode(FusedMode):
 
     def load(self, weights: Weights) -> None:
         s = self.spec
-        self.plan = FusedPlan(
-            self.bound_buffer(),
-            self.layout,
-            self.schedule,
-            weights,
-            act_sf_gran=s.act_sf_gran,
-            swiglu_limit=s.swiglu_limit,
-            pow2_scale=s.pow2_scale,
-            sm_count=s.sm_count,
-            device=s.device,
-        )
+        self.plan = self._make_plan(self.schedule, weights)
         if self.sms is None:
             self.sms, self.sms_source = resolve_split_sms(s, partition_granularity(s.device), s.split_sms)
         l1, l2, reduce = self.sms.as_tuple()

@@ -1,5 +1,6 @@
 """The split pipeline's protocol between its kernels, as a step-level model (CPU only; the
-kernels are not built yet).
+kernels are the fused kernel's K1/K2 roles and cuda_src/split/split_reduce.cu, driven by
+megamoe_rt/modes/split.py; docs/ARCHITECTURE.md, "The split mode").
 
 Three kernels per call, nodes of one CUDA graph: K1 (routing, the pull of routed rows, L1 with
 the SwiGLU/requant epilogue) and K2 (L2 with the scatter to combine slots) run concurrently on
@@ -14,8 +15,10 @@ readiness word, in the buffer:
   never finds the previous replay's counts (which already reach the target: K2 would read
   the L1 output before this replay wrote it).
 
-K1 never waits on K2, so on disjoint partitions both make progress; K3 needs no words (the
-graph orders it after both). :class:`SplitModel` executes the protocol one store or load at a
+K1 never waits on K2 (with the full pool), so on disjoint partitions both make progress; K3
+needs no words on one rank (the graph orders it after both). The kernels add one word the
+model leaves out: K1 publishes its routing once (``routing_published``) before any block's
+readiness can count, and K2 waits for it before its first block. :class:`SplitModel` executes the protocol one store or load at a
 time so tests can drive arbitrary interleavings and replays.
 """
 

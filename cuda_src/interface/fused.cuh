@@ -119,7 +119,7 @@ struct FusedParams {
     u32 lag_units;          // >= max_blocks: single-wave order; split: 0 (each kernel walks one layer)
     u32 group_units;
     u32 table_smem_offset;  // bytes from the aligned shared-memory base to the routing tables
-    u32 withhold_block;     // tests only: this block's rows (fused) or L1 output (split K1) are never published (kNoBlock: off)
+    u32 withhold_block;     // tests only: this block's rows (fused) or L1 output (split K1) go unpublished (kNoBlock: off)
     u64* trace;             // profiling only: kTraceEvents %globaltimer stamps per block (null: off)
     // Across ranks (the expert-parallel instantiation only). Regions of the symmetric buffer
     // sit at the same offsets on every rank: a peer's is peer_bases[peer] + offset. The bank's

@@ -149,7 +149,9 @@ def test_flash_full_pool_sizes():
         (EL + 1) * 4,  # expert_pool_offsets      132
         EL * 4,  # expert_cursors           128
         32 * 4,  # grid_sync                128
-        2 * (2 * 256 + 3 * blocks + 1) * 4,  # fused_banks 78576 (counts and cursors per global expert)
+        # fused_banks 78600: counts and cursors per global expert, three per-block counters,
+        # the ticket and the split pipeline's three words
+        2 * (2 * 256 + 3 * blocks + 4) * 4,
         32 * 4,  # launch_epoch             128
         256 * 4,  # ep_send_counts          1024
         257 * 4,  # ep_send_offsets         1028
@@ -164,7 +166,7 @@ def test_flash_full_pool_sizes():
         ws_end = up(ws_end, 128) + part
     expected["workspace"] = up(ws_end, 1024)
     assert expected["workspace"] == up(
-        1024 + 256 + 128 + 128 + 78592 + 128 + 1024 + 1152 + 1024 + 1152 + 128 + 4224 + 64, 1024
+        1024 + 256 + 128 + 128 + 78720 + 128 + 1024 + 1152 + 1024 + 1152 + 128 + 4224 + 64, 1024
     )
     expected["send_list"] = 8192 * 6 * 8
 

@@ -140,7 +140,7 @@ FUSED_PARAMS = Struct(
         Field(
             "withhold_block",
             U32,
-            "tests only: this block's rows (fused) or L1 output (split K1) are never published (kNoBlock: off)",
+            "tests only: this block's rows (fused) or L1 output (split K1) go unpublished (kNoBlock: off)",
         ),
         Field("trace", Ptr(U64), "profiling only: kTraceEvents %globaltimer stamps per block (null: off)"),
         Comment(

@@ -343,9 +343,7 @@ class FusedParams(ctypes.Structure):
     lag_units: int  # >= max_blocks: single-wave order; split: 0 (each kernel walks one layer)
     group_units: int
     table_smem_offset: int  # bytes from the aligned shared-memory base to the routing tables
-    withhold_block: (
-        int  # tests only: this block's rows (fused) or L1 output (split K1) are never published (kNoBlock: off)
-    )
+    withhold_block: int  # tests only: this block's rows (fused) or L1 output (split K1) go unpublished (kNoBlock: off)
     trace: int  # profiling only: kTraceEvents %globaltimer stamps per block (null: off)
     peer_bases: int  # [num_ranks]
     off_x: int  # [T, H] e4m3 inputs, staged by the host

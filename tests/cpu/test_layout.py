@@ -189,7 +189,7 @@ def test_flash_full_pool_sizes():
         + up(8192 * 6 * 8)  # send_list
         + expected["workspace"]  # workspace
     )
-    assert lay.total_bytes == total == 2_960_652_288
+    assert lay.total_bytes == total == 2_960_653_312
     assert lay.region("l1_pool").offset == sum(up(expected[n]) for n in TOP_LEVEL[:2])
 
 

@@ -27,7 +27,7 @@ from megamoe_rt.ep import agreement
 from megamoe_rt.ep.group import RankGroup
 from megamoe_rt.kernels import moe as mk
 from megamoe_rt.kernels.grouped_gemm import prepare_swiglu_weights
-from megamoe_rt.modes.base import Call, LayerSpec, Weights, buffer_layout
+from megamoe_rt.modes.base import Call, LayerSpec, LayoutNeeds, Mode, Weights, buffer_layout
 from megamoe_rt.modes.registry import mode_names, select_mode
 from megamoe_rt.runtime import driver
 from megamoe_rt.runtime.arrays import as_device_array, check_array, cupy_stream, require_cupy
@@ -35,6 +35,7 @@ from megamoe_rt.runtime.buffer import DeviceBuffer, LayerBuffer
 from megamoe_rt.runtime.deadlines import wait_timeout_ns
 from megamoe_rt.runtime.error_report import ErrorReport
 from megamoe_rt.runtime.errors import DeviceInputError, Finding
+from megamoe_rt.schedule.ring_size import PoolCost, check_chunk_ratio, ring_blocks_for_memory, ring_blocks_for_ratio
 
 # The names of the execution modes (megamoe_rt.modes.registry.MODES maps them to their classes).
 MODES = mode_names()
@@ -76,6 +77,20 @@ def describe_findings(findings: tuple[Finding, ...], num_topk: int, num_experts:
     return f"MegaMoE{where}: inputs refused on the device by an earlier call:\n  " + "\n  ".join(lines)
 
 
+def _ring_for_chunk_ratio(mode_cls: type[Mode], spec: LayerSpec, chunk_ratio: float | str) -> int:
+    """Ring blocks for ``chunk_ratio`` (a share of the worst-case pool, or ``"auto"``: what
+    fits the memory budget; megamoe_rt/schedule/ring_size.py)."""
+    needs = mode_cls.layout_needs(spec)
+    full = buffer_layout(spec, LayoutNeeds(pool="full", block_m=needs.block_m))
+    minimum = mode_cls.minimum_ring_blocks(spec)
+    if chunk_ratio != "auto":
+        return ring_blocks_for_ratio(full.pool_blocks, float(chunk_ratio), minimum)
+    pools = sum(full.region(n).nbytes for n in ("l1_pool", "l1_pool_sf", "l2_pool", "l2_pool_sf"))
+    per_block = pools // max(full.pool_blocks, 1)
+    cost = PoolCost(per_block, full.total_bytes - pools, full.pool_blocks)
+    return ring_blocks_for_memory(cost, driver.free_memory_bytes(spec.device), minimum)
+
+
 class MegaMoE:
     """One MoE FFN layer.
 
@@ -107,6 +122,10 @@ class MegaMoE:
     ring_blocks: fused: slots (of 64 rows) of the ring pools; default the schedule's
         ``8 x (lag + group) + 4``; at least the full worst-case pool means the ring never wraps.
         split: default the full pool; a ring (at least 32 blocks) bounds how far K1 runs ahead.
+    chunk_ratio: fused or split, instead of ``ring_blocks``: the ring as a share in (0, 1] of
+        the worst-case pool (at least the mode's minimum), or ``"auto"``: the whole pool when
+        the buffer then takes at most half the device memory free now, else the largest ring
+        that does.
     split_sms: split: ``(l1, l2, reduce)`` SMs of K1, K2 and K3, or a
         :class:`~megamoe_rt.schedule.split_sms.SplitSms`. K1's count is a multiple of the
         device's partition granularity (8 on Hopper); K2's a multiple of it or every SM K1
@@ -167,6 +186,7 @@ class MegaMoE:
         device: int | None = None,
         mode: str | None = None,
         ring_blocks: int | None = None,
+        chunk_ratio: float | str | None = None,
         split_sms: Any = None,
         timeout_s: float | None = None,
         group: RankGroup | None = None,
@@ -205,7 +225,9 @@ class MegaMoE:
             timeout_s=timeout_s,
             split_sms=split_sms,
         )
-        mode_cls = select_mode(mode, spec, ring_blocks=ring_blocks, split_sms=split_sms)
+        if chunk_ratio is not None:
+            chunk_ratio = check_chunk_ratio(chunk_ratio)
+        mode_cls = select_mode(mode, spec, ring_blocks=ring_blocks, split_sms=split_sms, chunk_ratio=chunk_ratio)
         self.mode = mode_cls.name
         self.timeout_s = timeout_s
         if timeout_s is not None:
@@ -235,6 +257,8 @@ class MegaMoE:
         self.device = self.device_info.ordinal
         driver.ensure_context(self.device)
         spec = replace(spec, device=self.device, sm_count=self.device_info.sm_count)
+        if chunk_ratio is not None:
+            ring_blocks = _ring_for_chunk_ratio(mode_cls, spec, chunk_ratio)
         self.layout = buffer_layout(spec, mode_cls.layout_needs(spec, ring_blocks))
         self.pool_align = self.layout.block_m
         self.token_capacity = self.layout.num_max_tokens_per_rank

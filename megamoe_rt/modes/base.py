@@ -132,6 +132,11 @@ class Mode(ABC):
     def layout_needs(cls, spec: LayerSpec, ring_blocks: int | None = None) -> LayoutNeeds:
         """The buffer this mode runs ``spec`` on."""
 
+    @classmethod
+    def minimum_ring_blocks(cls, spec: LayerSpec) -> int:
+        """The smallest ring this mode runs ``spec`` on (modes with ``ring_pools`` only)."""
+        return 1
+
     def __init__(self, spec: LayerSpec, layout: BufferLayout):
         self.spec = spec
         self.layout = layout

@@ -307,6 +307,12 @@ class FusedMode(Mode):
     def layout_needs(cls, spec: LayerSpec, ring_blocks: int | None = None) -> LayoutNeeds:
         return LayoutNeeds(pool="ring", block_m=BLOCK_M, ring_blocks=ring_blocks)
 
+    @classmethod
+    def minimum_ring_blocks(cls, spec: LayerSpec) -> int:
+        """The live window of the lag the capacity's schedule uses (buffer_schedule's check)."""
+        s = fused_schedule(spec.num_max_tokens_per_rank, spec.num_ranks, spec.num_topk, spec.num_experts, BLOCK_M)
+        return min(live_blocks_upper_bound(s), s.full_pool_blocks)
+
     def __init__(self, spec: LayerSpec, layout: BufferLayout):
         super().__init__(spec, layout)
         self.schedules = FusedSchedules(layout)

@@ -25,7 +25,12 @@ def mode_names() -> tuple[str, ...]:
 
 
 def select_mode(
-    mode: str | None, spec: LayerSpec, *, ring_blocks: int | None = None, split_sms: object = None
+    mode: str | None,
+    spec: LayerSpec,
+    *,
+    ring_blocks: int | None = None,
+    split_sms: object = None,
+    chunk_ratio: object = None,
 ) -> type[Mode]:
     """The mode class a layer of ``spec`` runs, checking the mode arguments the way the layer's
     constructor reports them (ValueError)."""
@@ -45,6 +50,11 @@ def select_mode(
             raise ValueError(reason)
     if split_sms is not None and cls.name != "split":
         raise ValueError(f"split_sms={split_sms!r}: only mode='split' takes SM counts")
+    if chunk_ratio is not None and ring_blocks is not None:
+        raise ValueError(f"ring_blocks={ring_blocks!r}, chunk_ratio={chunk_ratio!r}: pass one of them")
+    if chunk_ratio is not None and not cls.ring_pools:
+        ring = " or ".join(f"mode={name!r}" for name, c in MODES.items() if c.ring_pools)
+        raise ValueError(f"chunk_ratio={chunk_ratio!r}: only {ring} has ring pools")
     if ring_blocks is not None and not cls.ring_pools:
         ring = " or ".join(f"mode={name!r}" for name, c in MODES.items() if c.ring_pools)
         raise ValueError(f"ring_blocks={ring_blocks!r}: only {ring} has ring pools")

@@ -29,7 +29,7 @@ from megamoe_rt.modes.fused import BLOCK_M, GROUP_UNITS, CallSchedule, FusedMode
 from megamoe_rt.modes.peers import stage_inputs
 from megamoe_rt.runtime import driver
 from megamoe_rt.schedule.layout import BufferLayout
-from megamoe_rt.schedule.plan import FusedSchedule, pool_blocks_upper_bound
+from megamoe_rt.schedule.plan import FusedSchedule, live_blocks_upper_bound, pool_blocks_upper_bound
 from megamoe_rt.schedule.split_sms import SplitSms, check_split_sms, default_split_sms
 
 # Each kernel walks one layer in pool order: no lag (the kernel never checks a single wave
@@ -92,6 +92,14 @@ class SplitMode(FusedMode):
         if ring_blocks is None:
             return LayoutNeeds(pool="full", block_m=BLOCK_M)
         return LayoutNeeds(pool="ring", block_m=BLOCK_M, ring_blocks=ring_blocks)
+
+    @classmethod
+    def minimum_ring_blocks(cls, spec: LayerSpec) -> int:
+        """The blocks K1 may hold ahead of K2's reads (FusedSchedule's live window at lag 0)."""
+        full = pool_blocks_upper_bound(
+            spec.num_max_tokens_per_rank, spec.num_ranks, spec.num_topk, spec.num_local_experts, BLOCK_M
+        )
+        return min(live_blocks_upper_bound(FusedSchedule(0, GROUP_UNITS, full, full)), full)
 
     def __init__(self, spec: LayerSpec, layout: BufferLayout):
         Mode.__init__(self, spec, layout)  # not FusedMode's: no lag-ordered schedules here

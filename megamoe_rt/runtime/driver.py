@@ -550,6 +550,13 @@ def stream_is_capturing(stream: Any = None) -> bool:
     return bool(status != cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE)
 
 
+def free_memory_bytes(ordinal: int | None = None) -> int:
+    """Device memory free now (cuMemGetInfo, in the device's primary context)."""
+    ensure_context(ordinal)
+    free, _total = call(_cu().cuMemGetInfo)
+    return int(free)
+
+
 def synchronize_device(ordinal: int | None = None) -> None:
     """Wait for all work on a device (its primary context)."""
     ensure_context(ordinal)

@@ -231,3 +231,21 @@ def test_a_withheld_l1_readiness_makes_k2_trap_naming_the_wait(block, finishes):
     else:
         assert out.returncode == 3, text
         assert "wait 'L1 output published' timed out" in text, text
+
+
+def test_chunk_ratio_sizes_the_ring_and_the_bits_do_not_change():
+    h, i, e, k, cap = 512, 256, 16, 6, 4096
+    rng = np.random.default_rng()
+    w = ref.random_moe_inputs(rng, 1, h, i, e, k)
+    quarter = _layers(h, i, e, k, cap, w, modes=("split",), chunk_ratio=0.25)["split"]
+    auto = _layers(h, i, e, k, cap, w, modes=("split",), chunk_ratio="auto")["split"]
+    fused = _layers(h, i, e, k, cap, w, modes=("fused",))["fused"]
+    full = quarter.runner.schedule.full_pool_blocks
+    assert quarter.layout.pool_blocks == -(-full // 4)
+    assert auto.layout.pool_blocks == full  # a small layer: the whole pool fits the budget
+    inp = ref.random_moe_inputs(rng, cap, h, i, e, k)
+    inp["topk_idx"][: cap // 2] = np.arange(k)
+    args = _dev(inp)
+    want = _run(fused, args)
+    np.testing.assert_array_equal(_run(quarter, args), want)
+    np.testing.assert_array_equal(_run(auto, args), want)

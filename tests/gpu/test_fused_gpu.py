@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 
 import numpy as np
 import pytest
 
 from megamoe_rt import reference as ref
+from tests.helpers.traps import WITHHOLD_HOOK, check_withheld, trap_script
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
@@ -145,41 +145,10 @@ def test_bound_and_ring_arguments_are_checked():
     assert "fused pools: ring of" in report and "lag" in report
 
 
-def _trap_script(t, h, i, e, k, timeout_s, setup, hook):
-    """A fused call in a fresh process, with `setup` run between load_weights and the call and
-    the call made inside `with <hook>:` (a megamoe_rt.testing context manager); exits 3
-    printing the CudaError when the kernel traps."""
-    head = textwrap.dedent(f"""
-        import sys
-        import numpy as np
-        import cupy as cp
-        from megamoe_rt import MegaMoE, reference as ref
-        from megamoe_rt import testing
-        from megamoe_rt.runtime import driver
-        from cuda.bindings import driver as cu
-        rng = np.random.default_rng(0)
-        inp = ref.random_moe_inputs(rng, {t}, {h}, {i}, {e}, {k})
-        layer = MegaMoE({h}, {i}, {e}, {k}, {t}, mode="fused", timeout_s={timeout_s})
-        layer.load_weights(inp["w1"], inp["w1_sf"], inp["w2"], inp["w2_sf"])
-    """)
-    tail = textwrap.dedent(f"""
-        args = [cp.asarray(inp[n].view(np.uint8) if n == "x" else inp[n]) for n in ("x", "x_sf", "topk_idx", "topk_weights")]
-        with {hook}:
-            layer(*args)
-        try:
-            driver.call(cu.cuCtxSynchronize)
-        except driver.CudaError as err:
-            print("ERROR", err)
-            sys.exit(3)
-        print("finished")
-    """)
-    return head + textwrap.dedent(setup) + tail
-
-
-_WITHHELD = _trap_script(256, 512, 256, 8, 2, 0.5, "", "testing.withhold_block(layer, int(sys.argv[1]))")
+_WITHHELD = trap_script(256, 512, 256, 8, 2, 0.5, "", WITHHOLD_HOOK)
 
 # What a bound below a peer's count does across ranks: a single wave larger than the ring.
-_OVERFLOW = _trap_script(
+_OVERFLOW = trap_script(
     2048,
     512,
     256,
@@ -205,10 +174,4 @@ def test_a_single_wave_larger_than_the_ring_traps_with_a_message():
 
 @pytest.mark.parametrize("block,finishes", [(0, False), (0xFFFFFFFF, True)])
 def test_a_withheld_arrival_traps_naming_the_wait(block, finishes):
-    out = subprocess.run([sys.executable, "-c", _WITHHELD, str(block)], capture_output=True, text=True, timeout=300)
-    text = out.stdout + out.stderr
-    if finishes:
-        assert out.returncode == 0 and "finished" in out.stdout, text
-    else:
-        assert out.returncode == 3, text
-        assert "wait 'L1 rows arrived' timed out" in text and "expected >= " in text, text
+    check_withheld(_WITHHELD, block, finishes, "L1 rows arrived")

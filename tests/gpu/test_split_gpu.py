@@ -6,14 +6,11 @@ reduce, so their outputs must agree bit for bit, and all must match the referenc
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
-
 import numpy as np
 import pytest
 
 from megamoe_rt import reference as ref
+from tests.helpers.traps import WITHHOLD_HOOK, check_withheld, trap_script
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
@@ -198,39 +195,12 @@ def test_bad_split_sms_are_refused_with_the_valid_choices():
         MegaMoE(512, 256, 8, 2, 64, mode="fused", split_sms=(64, 64, 132))
 
 
-_WITHHELD = textwrap.dedent("""
-    import sys
-    import numpy as np
-    import cupy as cp
-    from megamoe_rt import MegaMoE, reference as ref, testing
-    from megamoe_rt.runtime import driver
-    from cuda.bindings import driver as cu
-    rng = np.random.default_rng(0)
-    h, i, e, k, t = 512, 256, 8, 2, 256
-    inp = ref.random_moe_inputs(rng, t, h, i, e, k)
-    layer = MegaMoE(h, i, e, k, t, mode="split", timeout_s=0.5)
-    layer.load_weights(inp["w1"], inp["w1_sf"], inp["w2"], inp["w2_sf"])
-    args = [cp.asarray(inp[n].view(np.uint8) if n == "x" else inp[n]) for n in ("x", "x_sf", "topk_idx", "topk_weights")]
-    with testing.withhold_block(layer, int(sys.argv[1])):
-        layer(*args)
-    try:
-        driver.call(cu.cuCtxSynchronize)
-    except driver.CudaError as err:
-        print("ERROR", err)
-        sys.exit(3)
-    print("finished")
-""")
+_WITHHELD = trap_script(256, 512, 256, 8, 2, 0.5, "", WITHHOLD_HOOK, mode="split")
 
 
 @pytest.mark.parametrize("block,finishes", [(0, False), (0xFFFFFFFF, True)])
 def test_a_withheld_l1_readiness_makes_k2_trap_naming_the_wait(block, finishes):
-    out = subprocess.run([sys.executable, "-c", _WITHHELD, str(block)], capture_output=True, text=True, timeout=300)
-    text = out.stdout + out.stderr
-    if finishes:
-        assert out.returncode == 0 and "finished" in out.stdout, text
-    else:
-        assert out.returncode == 3, text
-        assert "wait 'L1 output published' timed out" in text, text
+    check_withheld(_WITHHELD, block, finishes, "L1 output published")
 
 
 def test_chunk_ratio_sizes_the_ring_and_the_bits_do_not_change():

@@ -88,5 +88,5 @@ def run_demo(
     )
     print(f"time {ms * 1e3:.1f} us (median of 10 calls, one stream, no graph)  {tflops:.1f} TFLOP/s")
     report = layer.memory_report().splitlines()
-    print("\n".join(line for line in report if line.startswith(("total", "fused pools"))))
+    print("\n".join(line for line in report if line.startswith(("total", "fused pools", "split pools", "split SMs"))))
     return 0 if ok else 1

@@ -97,13 +97,15 @@ def trace_into(layer: Any, trace_ptr: int) -> Any:
 
 @contextmanager
 def trace_buffer(layer: Any) -> Iterator[Any]:
-    """A zeroed CuPy uint64 ``[SMs, len(TRACE_EVENTS)]`` array the fused calls inside the block
-    stamp (one row per block of the persistent grid)."""
+    """A zeroed CuPy uint64 ``[rows, len(TRACE_EVENTS)]`` array the fused calls inside the block
+    stamp: one row per block of the persistent grid (split: K1's blocks, then K2's, then K3's,
+    whose rows hold start, combine_done and sm only; rows of K3 blocks that did not run stay 0)."""
     import cupy as cp
 
-    spec = fused_runner(layer).spec
+    runner = fused_runner(layer)
+    spec = runner.spec
     with cp.cuda.Device(spec.device):
-        stamps = cp.zeros((spec.sm_count, len(fk.TRACE_EVENTS)), cp.uint64)
+        stamps = cp.zeros((runner.trace_rows(), len(fk.TRACE_EVENTS)), cp.uint64)
         # The zeros are written on CuPy's current stream, the call runs on the caller's.
         cp.cuda.Device(spec.device).synchronize()
     with trace_into(layer, int(stamps.data.ptr)):

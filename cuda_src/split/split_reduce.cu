@@ -13,6 +13,7 @@
 #include "moe/combine_token.cuh"
 #include "moe/params.cuh"
 #include "ptx/ld_st.cuh"
+#include "ptx/special_regs.cuh"
 #include "sync/deadline_wait.cuh"
 
 namespace megamoe_rt::split {
@@ -27,8 +28,16 @@ __global__ void __launch_bounds__(kReduceThreads) split_reduce(const __grid_cons
     static_assert(kReduceThreads % kTokenThreads == 0, "whole token groups per block");
     constexpr u32 kGroups = kReduceThreads / kTokenThreads;
     const moe::MoeParams& m = p.moe;
+    // Profiling only: this block's row of the trace (start, finish, SM).
+    u64* trace = p.trace == nullptr ? nullptr : p.trace + static_cast<u64>(blockIdx.x) * fused::kTraceEvents;
     __shared__ u32 epoch;
-    if (threadIdx.x == 0) epoch = ptx::ld_relaxed_gpu_u32(p.launch_epoch);
+    if (threadIdx.x == 0) {
+        if (trace != nullptr) {
+            trace[fused::kTraceStart] = ptx::globaltimer_ns();
+            trace[fused::kTraceSm] = ptx::smid();
+        }
+        epoch = ptx::ld_relaxed_gpu_u32(p.launch_epoch);
+    }
     __syncthreads();
     const u32 b = epoch & 1;
     u32* bank = p.banks[b];
@@ -47,7 +56,9 @@ __global__ void __launch_bounds__(kReduceThreads) split_reduce(const __grid_cons
         const u32 mask = overflow ? 0u : moe::valid_slot_mask<IdxT>(m, token);
         moe::combine_token(m, token, mask, threadIdx.x % kTokenThreads, kTokenThreads);
     }
+    __syncthreads();  // the block's tokens are reduced before its finish stamp
     if (threadIdx.x == 0) {
+        if (trace != nullptr) trace[fused::kTraceCombineDone] = ptx::globaltimer_ns();
         const u32 exits = atomicAdd(bank + p.bank.reduce_exits, 1u) + 1;
         if (exits == gridDim.x) ptx::st_relaxed_gpu_u32(p.launch_epoch, epoch + 1);
     }

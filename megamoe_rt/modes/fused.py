@@ -341,6 +341,10 @@ class FusedMode(Mode):
         if s.expert_parallel:
             self.plan.kernel("int32")  # int64 ids load at their first call
 
+    def trace_rows(self) -> int:
+        """Rows of a trace buffer (megamoe_rt.testing.trace_buffer): one per block of the grid."""
+        return self.spec.sm_count
+
     def launch_params(self, call: Call) -> fk.FusedParams:
         """The parameter struct of one call's launch."""
         assert self.plan is not None, "launch before load"

@@ -38,6 +38,8 @@ SPLIT_ORDER = CallSchedule(single_wave=False, lag_units=0, group_units=GROUP_UNI
 # K2's grid barrier (across ranks, before it signals its partials) uses the second pair of
 # grid_sync words; K1's routing barrier the first.
 _K2_BARRIER_OFFSET = 8
+# K3 blocks per SM at most (2048 threads): the rows a trace reserves for K3's blocks.
+_REDUCE_BLOCKS_PER_SM = 2048 // fk.REDUCE_THREADS
 
 
 def resolve_split_sms(spec: LayerSpec, granularity: int, requested: Any = None) -> tuple[SplitSms, str]:
@@ -162,7 +164,7 @@ class SplitMode(FusedMode):
             # every block must be resident, which a cooperative launch guarantees.
             b.set_cooperative(n1)
             b.set_cooperative(n2)
-            per_sm = k3_kernel.max_active_blocks_per_sm(fk.REDUCE_THREADS, 0)
+            per_sm = min(k3_kernel.max_active_blocks_per_sm(fk.REDUCE_THREADS, 0), _REDUCE_BLOCKS_PER_SM)
             k3_ctx = self.reduce_partition["k3"].ctx if self.reduce_partition is not None else None
             n3 = b.add_kernel(
                 k3_kernel, (sms.reduce * per_sm,), (fk.REDUCE_THREADS,), [p3], ctx=k3_ctx, deps=[n1, n2], smem=0
@@ -184,10 +186,17 @@ class SplitMode(FusedMode):
             transform(p1)
         p2 = fk.FusedParams.from_buffer_copy(p1)
         p2.grid_barrier = p1.grid_barrier + _K2_BARRIER_OFFSET
-        if p1.trace and self.sms is not None:  # K2's blocks stamp the rows after K1's
-            p2.trace = p1.trace + self.sms.l1 * len(fk.TRACE_EVENTS) * 8
         p3 = fk.FusedParams.from_buffer_copy(p1)
+        if p1.trace and self.sms is not None:  # K2's blocks stamp the rows after K1's, K3's after K2's
+            row_bytes = len(fk.TRACE_EVENTS) * 8
+            p2.trace = p1.trace + self.sms.l1 * row_bytes
+            p3.trace = p1.trace + (self.sms.l1 + self.sms.l2) * row_bytes
         return p1, p2, p3
+
+    def trace_rows(self) -> int:
+        """Rows of a trace buffer: K1's blocks, then K2's, then (at most) K3's."""
+        assert self.sms is not None, "the split is chosen when the layer is built on a device"
+        return self.sms.l1 + self.sms.l2 + self.sms.reduce * _REDUCE_BLOCKS_PER_SM
 
     def launch_params(self, call: Call) -> fk.FusedParams:
         """K1's parameter struct of one call (K2's differs in its grid barrier only)."""

@@ -119,6 +119,30 @@ def test_k1_and_k2_stay_in_their_partitions_and_overlap():
     assert k2[0] < k1[1] and k1[0] < k2[1], (k1, k2)
 
 
+def test_k3_runs_on_its_reduce_sms_after_k1_and_k2():
+    from megamoe_rt.kernels import fused as fk
+    from megamoe_rt.testing import trace_buffer
+
+    h, i, e, k, t = 1024, 512, 16, 6, 2048
+    rng = np.random.default_rng()
+    w = ref.random_moe_inputs(rng, 1, h, i, e, k)
+    split = _layers(h, i, e, k, t, w, modes=("split",), split_sms=(96, 36, 64))["split"]
+    args = _dev(ref.random_moe_inputs(rng, t, h, i, e, k))
+    want = _run(split, args)  # compile and warm
+    with trace_buffer(split) as stamps:
+        np.testing.assert_array_equal(_run(split, args), want)
+    s = cp.asnumpy(stamps).astype(np.int64)
+    col = {name: fk.TRACE_EVENTS.index(name) for name in ("start", "math_done", "combine_done", "sm")}
+    k3 = s[96 + 36 :]
+    ran = k3[:, col["start"]] > 0
+    assert ran.any()
+    k3_sms = set(k3[ran, col["sm"]].tolist())
+    assert len(k3_sms) <= 64, len(k3_sms)  # its own partition, not the whole device
+    # The graph's edges: K3 starts once K1 and K2 are through their tiles.
+    assert k3[ran, col["start"]].min() >= s[: 96 + 36, col["math_done"]].max()
+    assert (k3[ran, col["combine_done"]] >= k3[ran, col["start"]]).all()
+
+
 def test_twenty_replays_with_new_inputs_in_the_same_arrays():
     h, i, e, k, cap = 1024, 512, 16, 6, 1024
     rng = np.random.default_rng()

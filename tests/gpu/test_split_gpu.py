@@ -95,24 +95,29 @@ def test_every_split_the_device_allows_gives_the_same_bits(sms):
     np.testing.assert_array_equal(_run(layers["split"], args), _run(layers["fused"], args))
 
 
-def test_k1_and_k2_stay_in_their_partitions_and_overlap():
+def _traced_split_call(h, i, e, k, t, sms):
+    """One traced call of a split layer (after a warm call it must match bit for bit): the
+    stamps (rows: K1's blocks, K2's, K3's) and the column of each trace event."""
     from megamoe_rt.kernels import fused as fk
     from megamoe_rt.testing import trace_buffer
 
-    h, i, e, k, t = 4096, 2048, 32, 6, 4096
     rng = np.random.default_rng()
     w = ref.random_moe_inputs(rng, 1, h, i, e, k)
-    split = _layers(h, i, e, k, t, w, modes=("split",), split_sms=(80, 52, 132))["split"]
+    split = _layers(h, i, e, k, t, w, modes=("split",), split_sms=sms)["split"]
     args = _dev(ref.random_moe_inputs(rng, t, h, i, e, k))
-    _run(split, args)  # compile and warm
+    want = _run(split, args)  # compile and warm
     with trace_buffer(split) as stamps:
-        _run(split, args)
-    s = cp.asnumpy(stamps).astype(np.int64)
-    sm = fk.TRACE_EVENTS.index("sm")
+        np.testing.assert_array_equal(_run(split, args), want)
+    return cp.asnumpy(stamps).astype(np.int64), {name: n for n, name in enumerate(fk.TRACE_EVENTS)}
+
+
+def test_k1_and_k2_stay_in_their_partitions_and_overlap():
+    s, col = _traced_split_call(4096, 2048, 32, 6, 4096, (80, 52, 132))
+    sm = col["sm"]
     k1_sms, k2_sms = set(s[:80, sm].tolist()), set(s[80:132, sm].tolist())
     assert len(k1_sms) == 80 and len(k2_sms) == 52, (len(k1_sms), len(k2_sms))
     assert not k1_sms & k2_sms
-    start, done = fk.TRACE_EVENTS.index("start"), fk.TRACE_EVENTS.index("math_done")
+    start, done = col["start"], col["math_done"]
     k1 = (s[:80, start].min(), s[:80, done].max())
     k2 = (s[80:132, start].min(), s[80:132, done].max())
     # K2 starts before K1 is through its tiles: the two run concurrently.
@@ -120,19 +125,7 @@ def test_k1_and_k2_stay_in_their_partitions_and_overlap():
 
 
 def test_k3_runs_on_its_reduce_sms_after_k1_and_k2():
-    from megamoe_rt.kernels import fused as fk
-    from megamoe_rt.testing import trace_buffer
-
-    h, i, e, k, t = 1024, 512, 16, 6, 2048
-    rng = np.random.default_rng()
-    w = ref.random_moe_inputs(rng, 1, h, i, e, k)
-    split = _layers(h, i, e, k, t, w, modes=("split",), split_sms=(96, 36, 64))["split"]
-    args = _dev(ref.random_moe_inputs(rng, t, h, i, e, k))
-    want = _run(split, args)  # compile and warm
-    with trace_buffer(split) as stamps:
-        np.testing.assert_array_equal(_run(split, args), want)
-    s = cp.asnumpy(stamps).astype(np.int64)
-    col = {name: fk.TRACE_EVENTS.index(name) for name in ("start", "math_done", "combine_done", "sm")}
+    s, col = _traced_split_call(1024, 512, 16, 6, 2048, (96, 36, 64))
     k3 = s[96 + 36 :]
     ran = k3[:, col["start"]] > 0
     assert ran.any()

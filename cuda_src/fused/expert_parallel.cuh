@@ -29,7 +29,7 @@ struct EpScratch {
     i32* totals;
     i32* src_rows;
 
-    __device__ __forceinline__ EpScratch(u16* after_units, u32 num_experts, u32 num_local_experts)
+    __device__ __forceinline__ EpScratch(u32* after_units, u32 num_experts, u32 num_local_experts)
         : send_offsets(reinterpret_cast<i32*>(after_units)),
           totals(send_offsets + num_experts + 1),
           src_rows(totals + num_local_experts) {}

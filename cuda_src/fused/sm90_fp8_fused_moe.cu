@@ -72,13 +72,12 @@ using L2Config = gemm::Config<kBlockM, kBlockN, kStages, kActSfGran, 128, 128, 1
 struct RoutingTables {
     i32* row_begin;   // [num_local_experts + 1] first pool row of each expert; last = total rows
     i32* row_end;     // [num_local_experts] end of its routed rows (the rest up to the next begin is padding)
-    u16* unit_first;  // [max_blocks]
-    u16* unit_info;   // [max_blocks]
+    u32* unit_begin;  // [num_local_experts + 1] first unit of each expert; last = total units
     u32* scalars;     // [0] units, [1] blocks, [2] pool overflow, [3] launch epoch
     TileQueue tiles;  // first in the region: mbarriers need 8-byte alignment
     SignalRelay relay;
 
-    __device__ __forceinline__ RoutingTables(u8* base, u32 num_local_experts, u32 max_blocks)
+    __device__ __forceinline__ RoutingTables(u8* base, u32 num_local_experts)
         : tiles(base), relay(base + TileQueue::kBytes) {
         // The scalars first: at a fixed offset from the base their address costs no register
         // of its own across the kernel (after row_end it depends on the expert count, and
@@ -86,19 +85,22 @@ struct RoutingTables {
         scalars = reinterpret_cast<u32*>(base + TileQueue::kBytes + SignalRelay::kBytes);
         row_begin = reinterpret_cast<i32*>(scalars + 4);
         row_end = row_begin + num_local_experts + 1;
-        unit_first = reinterpret_cast<u16*>(row_end + num_local_experts);
-        unit_info = unit_first + max_blocks;
+        unit_begin = reinterpret_cast<u32*>(row_end + num_local_experts);
     }
     // The layout above occupies routing_table_bytes() (generated; the host reserves the same).
-    static __device__ __forceinline__ u32 bytes(u32 num_local_experts, u32 max_blocks) {
-        return routing_table_bytes(num_local_experts, max_blocks);
+    static __device__ __forceinline__ u32 bytes(u32 num_local_experts) {
+        return routing_table_bytes(num_local_experts);
     }
+    // Shared memory past the tables (EpScratch across ranks).
+    __device__ __forceinline__ u32* end(u32 num_local_experts) const { return unit_begin + num_local_experts + 1; }
     // This launch's counter bank. The epoch lives in shared memory rather than in a register
     // kept across the roles' register reallocation.
     __device__ __forceinline__ u32* bank(const FusedParams& p) const { return p.banks[scalars[3] & 1]; }
     // Read from shared memory wherever needed, for the same reason.
     __device__ __forceinline__ bool overflow() const { return scalars[2] != 0; }
-    __device__ __forceinline__ UnitTable units() const { return UnitTable{unit_first, unit_info, scalars[0]}; }
+    __device__ __forceinline__ UnitTable units(u32 num_local_experts) const {
+        return UnitTable{row_begin, unit_begin, num_local_experts, scalars[0], kBlockM};
+    }
     // Routed rows of pool block b (0 for a block of padding only, which cannot exist).
     __device__ __forceinline__ u32 block_rows(u32 expert, u32 block) const {
         return static_cast<u32>(min(static_cast<i32>(kBlockM), row_end[expert] - static_cast<i32>(block * kBlockM)));
@@ -110,12 +112,11 @@ __device__ __forceinline__ void trace(const FusedParams& p, TraceEvent event) {
 }
 
 // Warp 0: the pool layout and unit table (fused/unit_table.cuh) into this block's tables.
-// Blocks and units are packed 16 bits each into one scan there: the host keeps the
-// worst-case block count within kMaxBlocks.
-static_assert(kMaxBlocks <= 0xFFFFu, "block and unit counts are packed 16 bits each");
+// Pool rows are i32 there: the host keeps the worst-case block count within kMaxBlocks.
+static_assert(static_cast<u64>(kMaxBlocks) * kBlockM < (1ull << 31), "pool rows fit an i32");
 __device__ __forceinline__ void build_tables(const FusedParams& p, const u32* counts, const RoutingTables& tab) {
-    build_unit_table<kBlockM>(counts, p.moe.num_local_experts, p.max_blocks, tab.row_begin, tab.row_end, tab.unit_first,
-                              tab.unit_info, tab.scalars);
+    build_unit_table<kBlockM>(counts, p.moe.num_local_experts, p.max_blocks, tab.row_begin, tab.row_end, tab.unit_begin,
+                              tab.scalars);
 }
 
 // Split K1, thread 0 of block 0 once the pool is laid out and claimed: K2 may build its tables
@@ -130,7 +131,7 @@ __device__ __forceinline__ void publish_routing(const FusedParams& p, const Rout
 __device__ __forceinline__ void pull_row_from_source(const FusedParams& p, const RoutingTables& tab, u32 expert,
                                                      u32 row, u32 slot_row, u32 lane) {
     const moe::MoeParams& m = p.moe;
-    const EpScratch ep(tab.unit_info + p.max_blocks, m.num_experts, m.num_local_experts);
+    const EpScratch ep(tab.end(m.num_local_experts), m.num_experts, m.num_local_experts);
     const i32* src_rows = ep.src_rows + expert * (p.num_ranks + 1);
     u32 s = 0;
     while (static_cast<i32>(row) >= src_rows[s + 1]) ++s;
@@ -265,7 +266,7 @@ __device__ __forceinline__ void route_and_claim_across_ranks(const FusedParams& 
         for (u32 i = gtid; i < p.bank.words; i += grid_threads) next_bank[i] = 0;
     // Peers write this rank's EP banks, so no memset may touch them: every role zeroes the next.
     for (u32 i = gtid; i < p.ep_bank.words; i += grid_threads) next_ep_bank[i] = 0;
-    const EpScratch ep(tab.unit_info + p.max_blocks, m.num_experts, el);
+    const EpScratch ep(tab.end(el), m.num_experts, el);
 
     // This rank's pairs per global expert.
     const u32 pairs = m.num_tokens * m.num_topk;
@@ -367,7 +368,7 @@ __device__ __forceinline__ void wait_routing_and_build_tables(const FusedParams&
     const u32* counts = bank + p.bank.counts;
     if constexpr (kEp) {
         const u32 el = p.moe.num_local_experts;
-        const EpScratch ep(tab.unit_info + p.max_blocks, p.moe.num_experts, el);
+        const EpScratch ep(tab.end(el), p.moe.num_experts, el);
         const u32* own = ep_own_bank(p, tab.scalars[3] & 1);
         for (u32 e = threadIdx.x; e < el; e += kNumThreads) {
             u32 total = 0;
@@ -423,9 +424,10 @@ template <Role kRole>
 __device__ __forceinline__ auto role_stream(const FusedParams& p, const RoutingTables& tab) {
     const u32 n1 = p.l1.n / kBlockN, n2 = p.l2.n / kBlockN;
     if constexpr (kRole == Role::kFused) {
-        return LagOrderedStream(tab.units(), p.lag_units, p.group_units, n1, n2);
+        return LagOrderedStream(tab.units(p.moe.num_local_experts), p.lag_units, p.group_units, n1, n2);
     } else {
-        return LayerStream(tab.units(), kRole == Role::kSplitL2 ? n2 : n1, kRole == Role::kSplitL2);
+        return LayerStream(tab.units(p.moe.num_local_experts), kRole == Role::kSplitL2 ? n2 : n1,
+                           kRole == Role::kSplitL2);
     }
 }
 
@@ -537,12 +539,12 @@ __global__ void __launch_bounds__(kNumThreads, 1)
     extern __shared__ u8 smem_raw[];
     const u32 raw_addr = ptx::smem_addr_u32(smem_raw);
     u8* smem = smem_raw + ((1024 - raw_addr % 1024) % 1024);
-    const RoutingTables tab(smem + p.table_smem_offset, m.num_local_experts, p.max_blocks);
+    const RoutingTables tab(smem + p.table_smem_offset, m.num_local_experts);
     const gemm::SharedStorage<L1> sm1{smem};
 
     if (threadIdx.x == 0) {
         // The host sizes shared memory from the same generated formulas; a mismatch is a bug.
-        if (ptx::dynamic_smem_size() < p.table_smem_offset + RoutingTables::bytes(m.num_local_experts, p.max_blocks) +
+        if (ptx::dynamic_smem_size() < p.table_smem_offset + RoutingTables::bytes(m.num_local_experts) +
                                            ep_scratch_smem_bytes<kEp>(p) + L1::kSmemAlignSlack)
             __trap();
         for (u32 s = 0; s < kStages; ++s) {

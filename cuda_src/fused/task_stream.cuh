@@ -20,14 +20,40 @@ namespace megamoe_rt::fused {
 
 constexpr u32 kUnitBlocks = 8;
 
-// Unit u: first pool block, and (expert << 3) | (blocks - 1). Built in shared memory.
-struct UnitTable {
-    const u16* first_block;
-    const u16* info;
-    u32 num_units;
+// The pool blocks of one unit.
+struct UnitSpan {
+    u32 expert;
+    u32 first_block;
+    u32 blocks;  // 1 .. kUnitBlocks
+};
 
-    __device__ __forceinline__ u32 expert(u32 u) const { return info[u] >> 3; }
-    __device__ __forceinline__ u32 blocks(u32 u) const { return (info[u] & 7u) + 1; }
+// Units by expert, in shared memory, sized by the expert count rather than the pool: unit u
+// belongs to the expert e with unit_begin[e] <= u < unit_begin[e + 1] and covers up to
+// kUnitBlocks of its blocks, from the expert's first block + kUnitBlocks * (u - unit_begin[e]).
+// A stream looks a unit up once per task (a binary search over the experts).
+struct UnitTable {
+    const i32* row_begin;   // [num_experts + 1] first pool row of each expert (block-aligned); last = total
+    const u32* unit_begin;  // [num_experts + 1] first unit of each expert; last = num_units
+    u32 num_experts;
+    u32 num_units;
+    u32 block_rows;  // rows of a pool block
+
+    __device__ __forceinline__ UnitSpan span(u32 u) const {
+        // The last expert whose first unit is at most u (experts without units share theirs
+        // with the next one, which is the one that owns u).
+        u32 lo = 0, hi = num_experts;
+        while (hi - lo > 1) {
+            const u32 mid = (lo + hi) / 2;
+            if (unit_begin[mid] <= u) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        const u32 first = static_cast<u32>(row_begin[lo]) / block_rows + (u - unit_begin[lo]) * kUnitBlocks;
+        const u32 end = static_cast<u32>(row_begin[lo + 1]) / block_rows;
+        return UnitSpan{lo, first, min(kUnitBlocks, end - first)};
+    }
 };
 
 struct StreamTile {
@@ -37,13 +63,12 @@ struct StreamTile {
     u32 n_block;  // n-block within the GEMM's N
 };
 
-// Tile `i` of a task over `unit`: n-block-major, so the unit's blocks share each weight tile.
-__device__ __forceinline__ void unit_tile(const UnitTable& units, u32 unit, u32 i, bool l2, StreamTile& out) {
-    const u32 blocks = units.blocks(unit);
+// Tile `i` of a task over a unit: n-block-major, so the unit's blocks share each weight tile.
+__device__ __forceinline__ void unit_tile(const UnitSpan& unit, u32 i, bool l2, StreamTile& out) {
     out.l2 = l2;
-    out.block = units.first_block[unit] + i % blocks;
-    out.expert = units.expert(unit);
-    out.n_block = i / blocks;
+    out.block = unit.first_block + i % unit.blocks;
+    out.expert = unit.expert;
+    out.n_block = i / unit.blocks;
 }
 
 class LagOrderedStream {
@@ -62,7 +87,7 @@ class LagOrderedStream {
             begin_ += tiles_;
             if (!next_task()) return false;
         }
-        unit_tile(units_, unit_, t - begin_, l2_, out);
+        unit_tile(span_, t - begin_, l2_, out);
         return true;
     }
 
@@ -84,7 +109,8 @@ class LagOrderedStream {
         } else {
             return false;
         }
-        tiles_ = units_.blocks(unit_) * (l2_ ? n2_ : n1_);
+        span_ = units_.span(unit_);
+        tiles_ = span_.blocks * (l2_ ? n2_ : n1_);
         return true;
     }
 
@@ -94,6 +120,7 @@ class LagOrderedStream {
     u32 next_l1_ = 0, next_l2_ = 0, pending_l2_ = 0;
     bool l2_ = false;
     u32 unit_ = 0;
+    UnitSpan span_{};
     u32 begin_ = 0, tiles_ = 0;
 };
 
@@ -111,10 +138,10 @@ class LayerStream {
         while (t >= begin_ + tiles_) {
             begin_ += tiles_;
             if (next_unit_ >= units_.num_units) return false;
-            unit_ = next_unit_++;
-            tiles_ = units_.blocks(unit_) * n_;
+            span_ = units_.span(next_unit_++);
+            tiles_ = span_.blocks * n_;
         }
-        unit_tile(units_, unit_, t - begin_, l2_, out);
+        unit_tile(span_, t - begin_, l2_, out);
         return true;
     }
 
@@ -122,7 +149,8 @@ class LayerStream {
     UnitTable units_;
     u32 n_;
     bool l2_;
-    u32 next_unit_ = 0, unit_ = 0;
+    u32 next_unit_ = 0;
+    UnitSpan span_{};
     u32 begin_ = 0, tiles_ = 0;
 };
 

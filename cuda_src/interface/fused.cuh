@@ -11,15 +11,14 @@
 
 namespace megamoe_rt::fused {
 
-constexpr u32 kBlockM = 64;       // rows of a tile and of a pool block
-constexpr u32 kBlockN = 256;      // columns of a tile, split between the two math warpgroups
-constexpr u32 kNumThreads = 384;  // one producer and two math warpgroups
-// pool blocks of a call: unit-table entries and the packed table scan are 16-bit
-constexpr u32 kMaxBlocks = 0xFFFFu;
-constexpr u32 kNoBlock = 0xFFFFFFFFu;  // FusedParams::withhold_block when off
-constexpr u32 kTileQueueBytes = 80;    // TileQueue (fused/tile_queue.cuh) asserts it is this size
-constexpr u32 kRelayBytes = 320;       // SignalRelay (fused/signal_relay.cuh) asserts it is this size
-constexpr u32 kReduceThreads = 256;    // split K3 (split/split_reduce.cu): two tokens at a time
+constexpr u32 kBlockM = 64;             // rows of a tile and of a pool block
+constexpr u32 kBlockN = 256;            // columns of a tile, split between the two math warpgroups
+constexpr u32 kNumThreads = 384;        // one producer and two math warpgroups
+constexpr u32 kMaxBlocks = 0x1000000u;  // pool blocks of a call: its rows stay within an i32
+constexpr u32 kNoBlock = 0xFFFFFFFFu;   // FusedParams::withhold_block when off
+constexpr u32 kTileQueueBytes = 80;     // TileQueue (fused/tile_queue.cuh) asserts it is this size
+constexpr u32 kRelayBytes = 320;        // SignalRelay (fused/signal_relay.cuh) asserts it is this size
+constexpr u32 kReduceThreads = 256;     // split K3 (split/split_reduce.cu): two tokens at a time
 
 // What one launch of the fused kernel runs: the whole layer, or one side of the split
 // pipeline (K1 and K2 run concurrently in disjoint SM partitions; K3 is split/split_reduce.cu).
@@ -87,14 +86,14 @@ __host__ __device__ constexpr u32 tile_smem_bytes(u32 stages) {
 }
 
 // The pool layout and unit table (fused/unit_table.cuh): scalars[4] | row_begin[E_local + 1] |
-// row_end[E_local] | unit_first, unit_info [max_blocks] u16 each.
-__host__ __device__ constexpr u32 unit_table_bytes(u32 num_local_experts, u32 max_blocks) {
-    return 4 * (2 * num_local_experts + 1) + 16 + 4 * max_blocks;
+// row_end[E_local] | unit_begin[E_local + 1], 4 bytes each: sized by the experts, not the pool.
+__host__ __device__ constexpr u32 unit_table_bytes(u32 num_local_experts) {
+    return 4 * (2 * num_local_experts + 1) + 16 + 4 * (num_local_experts + 1);
 }
 
 // Shared memory of RoutingTables: the tile queue, the signal relay, then the unit table.
-__host__ __device__ constexpr u32 routing_table_bytes(u32 num_local_experts, u32 max_blocks) {
-    return unit_table_bytes(num_local_experts, max_blocks) + kTileQueueBytes + kRelayBytes;
+__host__ __device__ constexpr u32 routing_table_bytes(u32 num_local_experts) {
+    return unit_table_bytes(num_local_experts) + kTileQueueBytes + kRelayBytes;
 }
 
 // Across ranks, shared memory after the routing tables (EpScratch):

@@ -8,8 +8,8 @@
 //
 // Dynamic shared memory, laid out as the fused kernel's tables:
 //   row_begin i32[num_experts + 1], row_end i32[num_experts], scalars u32[4],
-//   unit_first u16[max_blocks], unit_info u16[max_blocks]
-// i.e. fused::unit_table_bytes(num_experts, max_blocks) bytes (interface/fused.cuh).
+//   unit_begin u32[num_experts + 1]
+// i.e. fused::unit_table_bytes(num_experts) bytes (interface/fused.cuh).
 //
 // Output:
 //   tiles  u32[capacity][4]: per tile, in stream order, l2 (0 or 1), block, expert, n_block
@@ -31,21 +31,19 @@ __global__ void __launch_bounds__(32, 1)
     i32* row_begin = reinterpret_cast<i32*>(smem);
     i32* row_end = row_begin + num_experts + 1;
     u32* scalars = reinterpret_cast<u32*>(row_end + num_experts);
-    u16* unit_first = reinterpret_cast<u16*>(scalars + 4);
-    u16* unit_info = unit_first + max_blocks;
+    u32* unit_begin = scalars + 4;
 
     // One row to a block: the counts are block counts, so the table is the fused kernel's for
     // experts of those many (full or partial) blocks.
-    fused::build_unit_table<1>(blocks_per_expert, num_experts, max_blocks, row_begin, row_end, unit_first, unit_info,
-                               scalars);
+    fused::build_unit_table<1>(blocks_per_expert, num_experts, max_blocks, row_begin, row_end, unit_begin, scalars);
     __syncthreads();
     if (threadIdx.x != 0) return;
 
     const bool overflow = scalars[2] != 0;
     u32 n = 0;
     if (!overflow) {
-        fused::LagOrderedStream stream(fused::UnitTable{unit_first, unit_info, scalars[0]}, lag, group, l1_n_blocks,
-                                       l2_n_blocks);
+        fused::LagOrderedStream stream(fused::UnitTable{row_begin, unit_begin, num_experts, scalars[0], 1}, lag, group,
+                                       l1_n_blocks, l2_n_blocks);
         fused::StreamTile s;
         for (; n <= capacity; ++n) {
             if (!stream.tile(n, s)) break;

@@ -28,7 +28,7 @@ NUM_THREADS = decl.NUM_THREADS.value
 MIN_STAGES = 3
 MAX_STAGES = 6
 NO_BLOCK = decl.NO_BLOCK.value
-MAX_BLOCKS = decl.MAX_BLOCKS.value  # unit table entries are 16-bit block numbers
+MAX_BLOCKS = decl.MAX_BLOCKS.value  # a call's pool rows stay within an i32
 SMEM_LIMIT = gemm_decl.SMEM_LIMIT.value
 _IDX_CXX = {"int32": "megamoe_rt::i32", "int64": "megamoe_rt::i64"}
 
@@ -67,10 +67,10 @@ def bank_words(num_local_experts: int, max_blocks: int) -> int:
     return int(decl.bank_words(num_local_experts, max_blocks))
 
 
-def table_bytes(num_local_experts: int, max_blocks: int) -> int:
+def table_bytes(num_local_experts: int) -> int:
     """Shared memory after the GEMM stages (RoutingTables): the tile queue, the routing tables
-    and the signal relay's queue."""
-    return int(decl.routing_table_bytes(num_local_experts, max_blocks))
+    and the signal relay's queue; sized by the local experts, whatever the pool."""
+    return int(decl.routing_table_bytes(num_local_experts))
 
 
 def tile_smem_bytes(stages: int) -> int:
@@ -86,19 +86,18 @@ def ep_scratch_bytes(num_experts: int, num_local_experts: int, num_ranks: int) -
     return int(decl.ep_scratch_bytes(num_experts, num_local_experts, num_ranks))
 
 
-def dynamic_smem_bytes(stages: int, num_local_experts: int, max_blocks: int, extra: int = 0) -> int:
+def dynamic_smem_bytes(stages: int, num_local_experts: int, extra: int = 0) -> int:
     slack = gemm_decl.SMEM_ALIGN_SLACK.value
-    return tile_smem_bytes(stages) + table_bytes(num_local_experts, max_blocks) + extra + slack
+    return tile_smem_bytes(stages) + table_bytes(num_local_experts) + extra + slack
 
 
-def pick_stages(num_local_experts: int, max_blocks: int, extra: int = 0) -> int:
+def pick_stages(num_local_experts: int, extra: int = 0) -> int:
     """The deepest pipeline whose stages and routing tables (plus ``extra`` bytes) fit in shared memory."""
     for s in range(MAX_STAGES, MIN_STAGES - 1, -1):
-        if dynamic_smem_bytes(s, num_local_experts, max_blocks, extra) <= SMEM_LIMIT:
+        if dynamic_smem_bytes(s, num_local_experts, extra) <= SMEM_LIMIT:
             return s
     raise ValueError(
-        f"{num_local_experts} local experts and {max_blocks} pool blocks leave no room for "
-        f"{MIN_STAGES} pipeline stages in shared memory"
+        f"{num_local_experts} local experts leave no room for {MIN_STAGES} pipeline stages in shared memory"
     )
 
 

@@ -131,8 +131,8 @@ class FusedPlan:
         el, h, i = layout.num_local_experts, layout.hidden, layout.intermediate
         self.expert_parallel = layout.num_ranks > 1
         ep_extra = fk.ep_scratch_bytes(layout.num_experts, el, layout.num_ranks)
-        self.stages = fk.pick_stages(el, self.max_blocks, ep_extra)
-        self.smem_bytes = fk.dynamic_smem_bytes(self.stages, el, self.max_blocks, ep_extra)
+        self.stages = fk.pick_stages(el, ep_extra)
+        self.smem_bytes = fk.dynamic_smem_bytes(self.stages, el, ep_extra)
         self.sm_count = sm_count
         self.device = device
         self.act_sf_gran = act_sf_gran

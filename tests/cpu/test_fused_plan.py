@@ -72,9 +72,10 @@ def test_presets_fit_shared_memory_with_deep_pipelines(name):
     for ranks in (1, 8):
         el = p.num_experts // 8
         blocks = pool_blocks_upper_bound(8192, ranks, p.num_topk, el, BLOCK_M)
-        stages = fk.pick_stages(el, blocks)
+        assert blocks <= fk.MAX_BLOCKS
+        stages = fk.pick_stages(el)
         assert stages >= 4
-        assert fk.dynamic_smem_bytes(stages, el, blocks) <= fk.SMEM_LIMIT
+        assert fk.dynamic_smem_bytes(stages, el) <= fk.SMEM_LIMIT
         assert stages in {
             int(s.name.split("[s")[1].split(",")[0]) for s in fk.kernel_specs() if s.name.startswith("fused_moe")
         }
@@ -100,3 +101,18 @@ def test_ring_stream_of_a_skewed_call_is_safe_at_tile_level():
     c = call_schedule(lay, s, 4096)
     if not c.single_wave:
         check_stream(lag_ordered_stream(blocks, c.lag_units, c.group_units), s.ring_blocks)
+
+
+@pytest.mark.parametrize("name", ["flash", "pro", "v3"])
+@pytest.mark.parametrize("tokens", [32768, 65536, 131072])
+def test_long_prefill_at_ep8_fits_shared_memory_whatever_the_pool(name, tokens):
+    # The routing tables are sized by the local experts: a larger pool grows only global memory.
+    p = get_preset(name)
+    el = p.num_experts // 8
+    blocks = pool_blocks_upper_bound(tokens, 8, p.num_topk, el, BLOCK_M)
+    assert blocks <= fk.MAX_BLOCKS
+    extra = fk.ep_scratch_bytes(p.num_experts, el, 8)
+    stages = fk.pick_stages(el, extra)
+    assert stages >= 4 and fk.dynamic_smem_bytes(stages, el, extra) <= fk.SMEM_LIMIT
+    # scalars, row_begin, row_end, unit_begin; tile queue and relay: no term in the pool's size
+    assert fk.table_bytes(el) == 16 + 4 * (el + 1) + 4 * el + 4 * (el + 1) + fk.TILE_QUEUE_BYTES + fk.RELAY_BYTES

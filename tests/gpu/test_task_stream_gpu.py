@@ -82,11 +82,11 @@ LAG_SCHEDULES = [
 ]
 
 
-def _smem_bytes(num_experts: int, max_blocks: int) -> int:
+def _smem_bytes(num_experts: int) -> int:
     # The probe's tables, laid out as the fused kernel's (header comment of the probe).
     from megamoe_rt.kernels.interface.fused import unit_table_bytes
 
-    return unit_table_bytes(num_experts, max_blocks)
+    return unit_table_bytes(num_experts)
 
 
 def _run_probe(blocks, lag, group, n1, n2, *, max_blocks=None, capacity=None):
@@ -98,7 +98,7 @@ def _run_probe(blocks, lag, group, n1, n2, *, max_blocks=None, capacity=None):
     total = sum(blocks)
     max_blocks = max(total, 1) if max_blocks is None else max_blocks
     capacity = total * (n1 + n2) + SLACK_TILES if capacity is None else capacity
-    assert group >= 1 and max_blocks <= 0xFFFF
+    assert group >= 1
     counts = cp.asarray(np.asarray(blocks, np.uint32))
     tiles = cp.full((max(capacity, 1), 4), POISON, dtype=cp.uint32)
     info = cp.full(4, POISON, dtype=cp.uint32)
@@ -115,7 +115,7 @@ def _run_probe(blocks, lag, group, n1, n2, *, max_blocks=None, capacity=None):
         ctypes.c_uint32(capacity),
         ctypes.c_uint64(int(info.data.ptr)),
     ]
-    kernel.launch((1,), (32,), args, smem_bytes=_smem_bytes(len(blocks), max_blocks))
+    kernel.launch((1,), (32,), args, smem_bytes=_smem_bytes(len(blocks)))
     cp.cuda.get_current_stream().synchronize()
     return cp.asnumpy(tiles), cp.asnumpy(info)
 

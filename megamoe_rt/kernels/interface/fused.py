@@ -24,9 +24,7 @@ from megamoe_rt.kernels.interface.sync import GRID_BARRIER_WORDS, WAIT_CONTEXT
 BLOCK_M = Constant("kBlockM", 64, doc="rows of a tile and of a pool block")
 BLOCK_N = Constant("kBlockN", 256, doc="columns of a tile, split between the two math warpgroups")
 NUM_THREADS = Constant("kNumThreads", 384, doc="one producer and two math warpgroups")
-MAX_BLOCKS = Constant(
-    "kMaxBlocks", 0xFFFF, hex=True, doc="pool blocks of a call: unit-table entries and the packed table scan are 16-bit"
-)
+MAX_BLOCKS = Constant("kMaxBlocks", 1 << 24, hex=True, doc="pool blocks of a call: its rows stay within an i32")
 NO_BLOCK = Constant("kNoBlock", 0xFFFFFFFF, hex=True, doc="FusedParams::withhold_block when off")
 TILE_QUEUE_BYTES = Constant("kTileQueueBytes", 80, doc="TileQueue (fused/tile_queue.cuh) asserts it is this size")
 REDUCE_THREADS = Constant("kReduceThreads", 256, doc="split K3 (split/split_reduce.cu): two tokens at a time")
@@ -102,15 +100,15 @@ def tile_smem_bytes(stages: Value) -> Value:
 
 @formula(
     doc="The pool layout and unit table (fused/unit_table.cuh): scalars[4] | row_begin[E_local + 1] |\n"
-    "row_end[E_local] | unit_first, unit_info [max_blocks] u16 each."
+    "row_end[E_local] | unit_begin[E_local + 1], 4 bytes each: sized by the experts, not the pool."
 )
-def unit_table_bytes(num_local_experts: Value, max_blocks: Value) -> Value:
-    return 4 * (2 * num_local_experts + 1) + 4 * 4 + 2 * 2 * max_blocks
+def unit_table_bytes(num_local_experts: Value) -> Value:
+    return 4 * (2 * num_local_experts + 1) + 4 * 4 + 4 * (num_local_experts + 1)
 
 
 @formula(doc="Shared memory of RoutingTables: the tile queue, the signal relay, then the unit table.")
-def routing_table_bytes(num_local_experts: Value, max_blocks: Value) -> Value:
-    return unit_table_bytes(num_local_experts, max_blocks) + TILE_QUEUE_BYTES + RELAY_BYTES
+def routing_table_bytes(num_local_experts: Value) -> Value:
+    return unit_table_bytes(num_local_experts) + TILE_QUEUE_BYTES + RELAY_BYTES
 
 
 @formula(

@@ -113,7 +113,8 @@ class MegaMoE:
         slots are dropped silently.
     debug: wait for every call and raise what it reported before returning.
     mode: ``"fused"`` (one persistent launch, pools sized as rings around the lag-ordered
-        schedule; needs hidden % 256 == 0) or ``"unfused"`` (separate kernels, full-size pools).
+        schedule; needs hidden % 256 == 0) or ``"unfused"`` (separate kernels; the full
+        worst-case pool, or a ring run in cycles).
         Default: fused where the shape allows it (it is faster on every benchmarked shape, on
         one GPU and across two: bench/results/moe_fused_vs_unfused_h200_2026-11-30.md,
         bench/results/ep2_h200_2026-11-30.md), else unfused. ``"split"``: K1 (dispatch + L1)
@@ -122,7 +123,9 @@ class MegaMoE:
     ring_blocks: fused: slots (of 64 rows) of the ring pools; default the schedule's
         ``8 x (lag + group) + 4``; at least the full worst-case pool means the ring never wraps.
         split: default the full pool; a ring (at least 32 blocks) bounds how far K1 runs ahead.
-    chunk_ratio: fused or split, instead of ``ring_blocks``: the ring as a share in (0, 1] of
+        unfused: default the full pool; a ring (blocks of 128 rows, at least 1/64 of the
+        worst-case pool) makes a call run in cycles, one window of the pool at a time.
+    chunk_ratio: any mode, instead of ``ring_blocks``: the ring as a share in (0, 1] of
         the worst-case pool (at least the mode's minimum), or ``"auto"``: the whole pool when
         the buffer then takes at most half the device memory free now, else the largest ring
         that does.

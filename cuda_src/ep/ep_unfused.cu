@@ -12,7 +12,13 @@
 //                   and its scales, over NVLink; the row's combine slot is in the source's buffer
 //   (L1 and L2 grouped GEMMs; the L2 epilogue scatters into the sources' combine buffers)
 //   ep_finish       tell every rank its partials are in, wait until every rank did the same,
-//                   bump the launch epoch
+//                   record the most pool cycles of any rank, bump the launch epoch
+//
+// With a ring (pool_rows below the rows laid out) ep_dispatch and the two GEMMs run once per
+// cycle, on the window of pool rows [row_base, row_base + pool_rows). A pull reads only what its
+// source published before count_ready (x, x_sf, the send list), so cycles need no handshake
+// with peers: each rank's host enqueues the same number of cycles (from the shared layout), and
+// a cycle past a rank's pool is a few empty launches.
 //   (combine over this rank's tokens)
 //
 // The protocol and why the parity banks make it safe across back-to-back launches:
@@ -111,7 +117,7 @@ __global__ void __launch_bounds__(kScanThreads) ep_recv_layout(const __grid_cons
     // The routing's checks keep every rank within the worst-case pool; should one still be
     // exceeded, it is reported and leaves every expert empty: the GEMMs then do nothing,
     // rather than scatter rows of a previous launch into peers' combine buffers.
-    const bool overflow = static_cast<u32>(scan[kScanThreads - 1]) > m.pool_rows;
+    const bool overflow = static_cast<u32>(scan[kScanThreads - 1]) > m.pool_row_limit;
     if (overflow) total = 0;
     if (e < el) {
         const i32 begin = overflow ? 0 : scan[e] - padded;
@@ -130,37 +136,37 @@ __global__ void __launch_bounds__(kScanThreads) ep_recv_layout(const __grid_cons
         m.expert_offsets[el] = overflow ? 0 : scan[e];
         if (overflow)
             errors::report_error(m.errors, errors::ErrorKind::kPoolOverflow, static_cast<u32>(scan[kScanThreads - 1]),
-                                 m.pool_rows);
+                                 m.pool_row_limit);
+    }
+    // This rank's cycles, folded into every rank's bank word; ep_finish reads the word after
+    // every rank's combine_ready, which each rank releases after this reduction.
+    if (threadIdx.x < p.num_ranks) {
+        const u32 cycles = moe::pool_cycles(m, overflow ? 0u : static_cast<u32>(scan[kScanThreads - 1]));
+        ptx::red_relaxed_sys_max_u32(peer_bank_word(p, threadIdx.x, b, p.bank.pool_cycles), cycles);
     }
 }
 
-// A warp per pool row: find its (expert, source, index), pull the send-list entry, the x row
-// and its scales from the source rank, and write the row's metadata.
+// A warp per pool row of the window [row_base, row_base + pool_rows): find its (expert, source,
+// index), pull the send-list entry, the x row and its scales from the source rank into data row
+// row - row_base, and write the row's metadata.
 __global__ void __launch_bounds__(kThreads) ep_dispatch(const __grid_constant__ EpParams p) {
     const moe::MoeParams& m = p.moe;
     const u32 lane = threadIdx.x % 32;
     const u32 warps = gridDim.x * (kThreads / 32);
     const u32 el = m.num_local_experts;
     const u32 rows = static_cast<u32>(m.expert_offsets[el]);  // 0 after an overflow (ep_recv_layout)
+    const u32 end = min(rows, m.row_base + m.pool_rows);
     const u32 b = launch_bank(p);
     const u32* bank = p.banks + b * p.bank.words;
-    for (u32 row = (blockIdx.x * kThreads + threadIdx.x) / 32; row < rows; row += warps) {
-        // Last expert whose first row is <= row (offsets are non-decreasing).
-        u32 lo = 0, hi = el;
-        while (hi - lo > 1) {
-            const u32 mid = (lo + hi) / 2;
-            if (static_cast<u32>(m.expert_offsets[mid]) <= row)
-                lo = mid;
-            else
-                hi = mid;
-        }
+    for (u32 row = m.row_base + (blockIdx.x * kThreads + threadIdx.x) / 32; row < end; row += warps) {
+        const u32 lo = moe::expert_of_row(m, row);
         const i32* src_rows = p.src_rows + lo * (p.num_ranks + 1);
         if (static_cast<i32>(row) >= src_rows[p.num_ranks]) continue;  // padding
         u32 s = 0;
         while (static_cast<i32>(row) >= src_rows[s + 1]) ++s;
         const u32 list_pos = bank[p.bank.recv_offsets + s * el + lo] + (row - static_cast<u32>(src_rows[s]));
         const SourceRegions regions{p.peer_bases[s], p.off_x, p.off_x_sf, p.off_send_list, p.off_combine};
-        pull_row(m, regions, s, list_pos, row, row, lane);
+        pull_row(m, regions, s, list_pos, row, row - m.row_base, lane);
     }
 }
 
@@ -179,7 +185,10 @@ __global__ void __launch_bounds__(kThreads) ep_finish(const __grid_constant__ Ep
     }
     __syncthreads();
     // Every read of the epoch in this launch is behind us (earlier kernels, and the bank above).
-    if (threadIdx.x == 0) *p.launch_epoch += 1;
+    if (threadIdx.x == 0) {
+        *p.moe.pool_cycles = ptx::ld_acquire_sys_u32(p.banks + b * p.bank.words + p.bank.pool_cycles);
+        *p.launch_epoch += 1;
+    }
 }
 
 }  // namespace megamoe_rt::ep

@@ -48,7 +48,9 @@ struct TileScheduler {
         const u32 nb = (t % num_n_groups) * kClusterN + rank;
         tile.n0 = nb * kBlockN;
         if constexpr (kLayout == GroupLayout::kContiguous) {
-            const u32 row0 = mb * kBlockM;
+            // A and D hold the window [row_base, row_base + num_rows) of the group layout's rows
+            // (a ring of the pool, one cycle at a time); offsets and metadata are in layout rows.
+            const u32 row0 = p.row_base + mb * kBlockM;
             const u32 end = static_cast<u32>(ptx::ld_global_nc_s32(p.group_offsets + p.num_groups));
             if (row0 >= end) return tile;
             // Last group whose start is <= row0 (starts are non-decreasing).
@@ -70,6 +72,7 @@ struct TileScheduler {
             if (row0 >= limit) return tile;
             tile.group = lo;
             tile.row0 = row0;
+            tile.a_row0 = tile.d_row0 = mb * kBlockM;
             tile.rows = min(kBlockM, limit - row0);
         } else {
             const u32 blocks_per_group = (p.masked_rows + kBlockM - 1) / kBlockM;
@@ -80,9 +83,9 @@ struct TileScheduler {
             tile.group = g;
             tile.row0 = g * p.masked_rows + local;
             tile.rows = min(kBlockM, count - local);
+            tile.a_row0 = tile.d_row0 = tile.row0;
         }
         tile.b_row0 = tile.group * p.n + tile.n0;
-        tile.a_row0 = tile.d_row0 = tile.row0;  // one row space; the fused kernel separates them
         tile.valid = true;
         return tile;
     }

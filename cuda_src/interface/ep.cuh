@@ -25,7 +25,7 @@ struct EpBankLayout {
     u32 recv_offsets;   // [num_ranks][num_local_experts] where they start in s's send list
     u32 count_ready;    // [num_ranks] source s has published its counts and send list
     u32 combine_ready;  // [num_ranks] rank s has scattered every partial it owes this rank
-    u32 pad_;
+    u32 pool_cycles;    // one word: the most pool cycles any rank runs this launch (each rank's max)
 };
 static_assert(sizeof(EpBankLayout) == 24, "EpBankLayout: size differs from megamoe_rt/kernels/interface");
 static_assert(alignof(EpBankLayout) == 4, "EpBankLayout: alignment differs from megamoe_rt/kernels/interface");
@@ -34,12 +34,12 @@ MEGAMOE_RT_ASSERT_OFFSET(EpBankLayout, recv_counts, 4, "EpBankLayout::recv_count
 MEGAMOE_RT_ASSERT_OFFSET(EpBankLayout, recv_offsets, 8, "EpBankLayout::recv_offsets: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(EpBankLayout, count_ready, 12, "EpBankLayout::count_ready: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(EpBankLayout, combine_ready, 16, "EpBankLayout::combine_ready: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(EpBankLayout, pad_, 20, "EpBankLayout::pad_: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpBankLayout, pool_cycles, 20, "EpBankLayout::pool_cycles: offset differs from megamoe_rt/kernels/interface");
 
 // u32 words of one bank (EpBankLayout::words): two [num_ranks][num_local_experts]
-// tables and two [num_ranks] flag rows.
+// tables, two [num_ranks] flag rows and the pool-cycle word.
 __host__ __device__ constexpr u32 bank_words(u32 num_ranks, u32 num_local_experts) {
-    return 2 * num_ranks * num_local_experts + 2 * num_ranks;
+    return 2 * num_ranks * num_local_experts + 2 * num_ranks + 1;
 }
 
 // Parameters of the expert-parallel kernels of the unfused layer. Regions of the symmetric
@@ -65,26 +65,26 @@ struct EpParams {
     u32 rank;
     u32 num_ranks;
 };
-static_assert(sizeof(EpParams) == 328, "EpParams: size differs from megamoe_rt/kernels/interface");
+static_assert(sizeof(EpParams) == 344, "EpParams: size differs from megamoe_rt/kernels/interface");
 static_assert(alignof(EpParams) == 8, "EpParams: alignment differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(EpParams, moe, 0, "EpParams::moe: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(EpParams, peer_bases, 168, "EpParams::peer_bases: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(EpParams, off_x, 176, "EpParams::off_x: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(EpParams, off_x_sf, 184, "EpParams::off_x_sf: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(EpParams, off_send_list, 192, "EpParams::off_send_list: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(EpParams, off_combine, 200, "EpParams::off_combine: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(EpParams, off_banks, 208, "EpParams::off_banks: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(EpParams, send_counts, 216, "EpParams::send_counts: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(EpParams, send_offsets, 224, "EpParams::send_offsets: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(EpParams, send_cursors, 232, "EpParams::send_cursors: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(EpParams, send_list, 240, "EpParams::send_list: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(EpParams, src_rows, 248, "EpParams::src_rows: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(EpParams, banks, 256, "EpParams::banks: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(EpParams, bank, 264, "EpParams::bank: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(EpParams, launch_epoch, 288, "EpParams::launch_epoch: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(EpParams, wait, 296, "EpParams::wait: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(EpParams, rank, 320, "EpParams::rank: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(EpParams, num_ranks, 324, "EpParams::num_ranks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, peer_bases, 184, "EpParams::peer_bases: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, off_x, 192, "EpParams::off_x: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, off_x_sf, 200, "EpParams::off_x_sf: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, off_send_list, 208, "EpParams::off_send_list: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, off_combine, 216, "EpParams::off_combine: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, off_banks, 224, "EpParams::off_banks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, send_counts, 232, "EpParams::send_counts: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, send_offsets, 240, "EpParams::send_offsets: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, send_cursors, 248, "EpParams::send_cursors: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, send_list, 256, "EpParams::send_list: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, src_rows, 264, "EpParams::src_rows: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, banks, 272, "EpParams::banks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, bank, 280, "EpParams::bank: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, launch_epoch, 304, "EpParams::launch_epoch: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, wait, 312, "EpParams::wait: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, rank, 336, "EpParams::rank: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, num_ranks, 340, "EpParams::num_ranks: offset differs from megamoe_rt/kernels/interface");
 
 }  // namespace megamoe_rt::ep
 // clang-format on

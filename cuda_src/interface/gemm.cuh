@@ -28,7 +28,8 @@ struct Flags {
 // Runtime parameters of the grouped FP8 GEMM. Every offset and stride is computed on the
 // host and arrives ready to use.
 struct GemmParams {
-    u32 num_rows;              // rows of A (contiguous) or num_groups * masked_rows (masked)
+    u32 num_rows;              // rows of A and D (contiguous: a window of row_base + num_rows rows of the group layout)
+                               // or num_groups * masked_rows (masked)
     u32 n;                     // output columns per group
     u32 k;                     // reduction length, a multiple of 128
     u32 num_groups;
@@ -42,10 +43,11 @@ struct GemmParams {
     u64 d_row_stride_bytes;
     float* d_sf;               // SwigluFp8Epilogue: scales, [n / 2 / gran, d_sf_row_stride] (K-block major)
     u64 d_sf_row_stride;       // in floats (>= num_rows)
-    const float* row_weight;   // SwigluFp8Epilogue: per-row top-k weight [num_rows]
+    const float* row_weight;   // SwigluFp8Epilogue: per-row top-k weight [row_base + num_rows]
     const u64* row_dst;        // ScatterBf16Epilogue: per-row destination byte address
     float swiglu_limit;
-    u32 pad_;
+    u32 row_base;              // contiguous: the group layout's row that is row 0 of A and D (a ring's window of the
+                               // pool: group offsets and per-row metadata are in pool rows, A and D in window rows); 0 otherwise
     const u32* layout_state;   // written by the group-layout check just before: nonzero = invalid, the GEMM does nothing (nullptr: unchecked)
 };
 static_assert(sizeof(GemmParams) == 120, "GemmParams: size differs from megamoe_rt/kernels/interface");
@@ -67,7 +69,7 @@ MEGAMOE_RT_ASSERT_OFFSET(GemmParams, d_sf_row_stride, 80, "GemmParams::d_sf_row_
 MEGAMOE_RT_ASSERT_OFFSET(GemmParams, row_weight, 88, "GemmParams::row_weight: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(GemmParams, row_dst, 96, "GemmParams::row_dst: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(GemmParams, swiglu_limit, 104, "GemmParams::swiglu_limit: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(GemmParams, pad_, 108, "GemmParams::pad_: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(GemmParams, row_base, 108, "GemmParams::row_base: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(GemmParams, layout_state, 112, "GemmParams::layout_state: offset differs from megamoe_rt/kernels/interface");
 
 // Shared memory of one pipeline stage: A and B tiles and an A-scale slot with room for

@@ -29,10 +29,11 @@ struct MoeParams {
     u32 num_experts;              // global
     u32 num_local_experts;
     u32 first_local_expert;       // global id of local expert 0
-    u32 pool_rows;                // capacity of the expert pool
+    u32 pool_rows;                // rows of the pool's data regions (pool, pool_sf): the ring's slots when the pool is a ring
     u32 pool_align;               // each expert's rows start on a multiple of this
     u32 token_capacity;           // T of the combine buffer [K, T, hidden]
-    u32 pad_;
+    u32 row_base;                 // unfused ring: first pool row of this cycle's window (pool row r lives in data row
+                                  // r - row_base); 0 otherwise
     i32* expert_counts;           // [num_local_experts]
     i32* expert_offsets;          // [num_local_experts + 1]
     i32* expert_cursors;          // [num_local_experts]
@@ -40,13 +41,16 @@ struct MoeParams {
     errors::ErrorReport* errors;  // mapped host memory the call reports refused inputs into
     u8* pool;                     // [pool_rows, hidden] e4m3
     float* pool_sf;               // [hidden / 128, pool_rows]
-    i32* pool_src;                // [pool_rows]: token * num_topk + slot
-    float* pool_weight;           // [pool_rows]
-    u64* pool_dst;                // [pool_rows]: byte address of the row's combine slot
+    i32* pool_src;                // [pool_row_limit]: token * num_topk + slot
+    float* pool_weight;           // [pool_row_limit]
+    u64* pool_dst;                // [pool_row_limit]: byte address of the row's combine slot
     u8* combine;                  // [num_topk, token_capacity, hidden] bf16
     u16* y;                       // [num_tokens, hidden] bf16 bits
+    u32* pool_cycles;             // unfused: the call's pool cycles, ceil(rows laid out / pool_rows) (max over ranks)
+    u32 pool_row_limit;           // rows the routing may lay out: the worst-case pool, the size of the per-row metadata
+    u32 pad_;
 };
-static_assert(sizeof(MoeParams) == 168, "MoeParams: size differs from megamoe_rt/kernels/interface");
+static_assert(sizeof(MoeParams) == 184, "MoeParams: size differs from megamoe_rt/kernels/interface");
 static_assert(alignof(MoeParams) == 8, "MoeParams: alignment differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(MoeParams, topk_idx, 0, "MoeParams::topk_idx: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(MoeParams, topk_weights, 8, "MoeParams::topk_weights: offset differs from megamoe_rt/kernels/interface");
@@ -61,7 +65,7 @@ MEGAMOE_RT_ASSERT_OFFSET(MoeParams, first_local_expert, 52, "MoeParams::first_lo
 MEGAMOE_RT_ASSERT_OFFSET(MoeParams, pool_rows, 56, "MoeParams::pool_rows: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(MoeParams, pool_align, 60, "MoeParams::pool_align: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(MoeParams, token_capacity, 64, "MoeParams::token_capacity: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(MoeParams, pad_, 68, "MoeParams::pad_: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(MoeParams, row_base, 68, "MoeParams::row_base: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(MoeParams, expert_counts, 72, "MoeParams::expert_counts: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(MoeParams, expert_offsets, 80, "MoeParams::expert_offsets: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(MoeParams, expert_cursors, 88, "MoeParams::expert_cursors: offset differs from megamoe_rt/kernels/interface");
@@ -74,6 +78,9 @@ MEGAMOE_RT_ASSERT_OFFSET(MoeParams, pool_weight, 136, "MoeParams::pool_weight: o
 MEGAMOE_RT_ASSERT_OFFSET(MoeParams, pool_dst, 144, "MoeParams::pool_dst: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(MoeParams, combine, 152, "MoeParams::combine: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(MoeParams, y, 160, "MoeParams::y: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(MoeParams, pool_cycles, 168, "MoeParams::pool_cycles: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(MoeParams, pool_row_limit, 176, "MoeParams::pool_row_limit: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(MoeParams, pad_, 180, "MoeParams::pad_: offset differs from megamoe_rt/kernels/interface");
 
 }  // namespace megamoe_rt::moe
 // clang-format on

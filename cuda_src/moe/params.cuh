@@ -56,4 +56,24 @@ __device__ __forceinline__ i32 local_expert(const MoeParams& p, u32 pair) {
     return (local >= 0 && local < static_cast<i64>(p.num_local_experts)) ? static_cast<i32>(local) : -1;
 }
 
+// Cycles of a pool of `laid_out` rows through data regions of pool_rows rows; an empty pool
+// still takes one (megamoe_rt/schedule/plan.py, num_cycles).
+__device__ __forceinline__ u32 pool_cycles(const MoeParams& p, u32 laid_out) {
+    return laid_out == 0 ? 1u : (laid_out + p.pool_rows - 1) / p.pool_rows;
+}
+
+// The local expert whose pool range holds `row` (the last one starting at or before it;
+// expert_offsets is non-decreasing).
+__device__ __forceinline__ u32 expert_of_row(const MoeParams& p, u32 row) {
+    u32 lo = 0, hi = p.num_local_experts;
+    while (hi - lo > 1) {
+        const u32 mid = (lo + hi) / 2;
+        if (static_cast<u32>(p.expert_offsets[mid]) <= row)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 }  // namespace megamoe_rt::moe

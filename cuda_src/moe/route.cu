@@ -34,8 +34,10 @@ __global__ void __launch_bounds__(kScanThreads) moe_pool_offsets(const __grid_co
     }
     if (e == p.num_local_experts - 1) {
         p.expert_offsets[p.num_local_experts] = scan[e];
-        if (static_cast<u32>(scan[e]) > p.pool_rows)
-            errors::report_error(p.errors, errors::ErrorKind::kPoolOverflow, static_cast<u32>(scan[e]), p.pool_rows);
+        if (static_cast<u32>(scan[e]) > p.pool_row_limit)
+            errors::report_error(p.errors, errors::ErrorKind::kPoolOverflow, static_cast<u32>(scan[e]),
+                                 p.pool_row_limit);
+        if (p.pool_cycles != nullptr) *p.pool_cycles = pool_cycles(p, static_cast<u32>(scan[e]));
     }
 }
 

@@ -117,6 +117,12 @@ namespace megamoe_rt::ptx {
 
 // Block-to-block signalling inside one GPU (the fused kernel's counters and grid barrier).
 
+// Peers fold a value into one word; the word is read only after a later release/acquire
+// handshake with every peer, so the reduction itself needs no ordering.
+__device__ __forceinline__ void red_relaxed_sys_max_u32(u32* ptr, u32 v) {
+    asm volatile("red.relaxed.sys.global.max.u32 [%0], %1;" ::"l"(ptr), "r"(v) : "memory");
+}
+
 __device__ __forceinline__ u32 ld_relaxed_gpu_u32(const u32* ptr) {
     u32 v;
     asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(ptr) : "memory");

@@ -20,7 +20,7 @@ _IDX_CXX = {"int32": "megamoe_rt::i32", "int64": "megamoe_rt::i64"}
 
 
 def bank_layout(num_ranks: int, num_local_experts: int) -> EpBankLayout:
-    """Word offsets of one bank: recv_counts | recv_offsets | count_ready | combine_ready."""
+    """Word offsets of one bank: recv_counts | recv_offsets | count_ready | combine_ready | pool_cycles."""
     n = num_ranks * num_local_experts
     bank = EpBankLayout(
         words=decl.bank_words(num_ranks, num_local_experts),
@@ -28,8 +28,9 @@ def bank_layout(num_ranks: int, num_local_experts: int) -> EpBankLayout:
         recv_offsets=n,
         count_ready=2 * n,
         combine_ready=2 * n + num_ranks,
+        pool_cycles=2 * n + 2 * num_ranks,
     )
-    assert bank.combine_ready + num_ranks == bank.words, "the regions fill the bank the buffer layout reserves"
+    assert bank.pool_cycles + 1 == bank.words, "the regions fill the bank the buffer layout reserves"
     return bank
 
 
@@ -61,10 +62,8 @@ def kernel_specs() -> list[KernelSpec]:
     return list(out.values())
 
 
-def launch_before_gemms(
-    kernels: dict[str, Any], params: EpParams, *, pairs: int, pool_rows: int, sm_count: int, stream: int
-) -> None:
-    """Everything up to the pool being filled: parity, send list, publish, receive, pull."""
+def launch_routing(kernels: dict[str, Any], params: EpParams, *, pairs: int, sm_count: int, stream: int) -> None:
+    """Everything up to the pool being laid out: parity, send list, publish, receive."""
     one = [params]
     grid_pairs = max(1, min(ceil_div(pairs, THREADS), sm_count * 4))
     kernels["begin"].launch((1,), (THREADS,), one, stream=stream)
@@ -73,8 +72,12 @@ def launch_before_gemms(
     kernels["claim"].launch((grid_pairs,), (THREADS,), one, stream=stream)
     kernels["publish"].launch((1,), (THREADS,), one, stream=stream)
     kernels["recv_layout"].launch((1,), (SCAN_THREADS,), one, stream=stream)
-    grid_rows = max(1, min(ceil_div(pool_rows, THREADS // 32), sm_count * 16))
-    kernels["dispatch"].launch((grid_rows,), (THREADS,), one, stream=stream)
+
+
+def launch_pull(kernels: dict[str, Any], params: EpParams, *, sm_count: int, stream: int) -> None:
+    """Pull the pool rows of the window at ``params.moe.row_base`` (the whole pool without a ring)."""
+    grid_rows = max(1, min(ceil_div(params.moe.pool_rows, THREADS // 32), sm_count * 16))
+    kernels["dispatch"].launch((grid_rows,), (THREADS,), [params], stream=stream)
 
 
 def launch_finish(kernels: dict[str, Any], params: EpParams, stream: int) -> None:

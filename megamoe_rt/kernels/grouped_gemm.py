@@ -94,6 +94,16 @@ def _set_groups(
     return tuple(_owner(d) for d in used)
 
 
+def _per_row_array(arr: Any, name: str, dtype: str, rows: int, device: int | None, sh: int) -> DeviceArray:
+    """A per-row array of the group layout: ``[rows]``, or longer when A is a window of a larger
+    row space (a ring's pool: :meth:`GroupedGemmPlan.run_window` reads the rows past ``rows``)."""
+    d = as_device_array(arr, name, stream=sh)
+    check_array(d, name, dtypes=(dtype,), ndim=1, device=device, align=d.itemsize)
+    if d.shape[0] < rows:
+        raise ValueError(f"{name}: expected at least {rows} rows (one per row of a), got shape {list(d.shape)}")
+    return d
+
+
 def _owner(d: DeviceArray) -> Any:
     """What keeps the memory behind a borrowed view alive (the producer, else the view)."""
     return d.owner if d.owner is not None else d
@@ -139,6 +149,16 @@ class GroupedGemmPlan:
             self.layout_check.run(sh)
         self.gemm.run(sh)
         return self.result
+
+    def run_window(self, stream: int, row_base: int) -> None:
+        """Enqueue the GEMM over a ring: A and D hold the rows ``[row_base, row_base + rows of
+        A)`` of the group layout (group offsets, counts and per-row metadata stay in layout
+        rows). For the unfused layer's cycles; plans with a layout check or a scale re-layout
+        do not take windows."""
+        assert self.layout_check is None and self.refresh_scales is None and self.layout == "contiguous"
+        if self.gemm.args:
+            self.gemm.args[0].row_base = row_base
+        self.gemm.run(stream)
 
     def check(self, *, wait: bool = False) -> None:
         """Raise what the layout check has reported (a ValueError naming the bad group entry).
@@ -199,7 +219,7 @@ def plan_grouped_gemm_fp8(
     a_sf: float32 ``[M, K/128]`` / ``[G, M_max, K/128]`` (or ``K/64`` columns for 1x64 scales).
     b: e4m3 ``[G, N, K]``; b_sf: float32 ``[G, N/128, K/128]``.
     Exactly one of ``group_offsets`` (int32 ``[G+1]``) and ``masked_counts`` (int32 ``[G]``).
-    ``row_dst``: uint64 ``[M]`` byte addresses; row r of D is written there (0 skips it)
+    ``row_dst``: uint64 ``[M]`` (or longer) byte addresses; row r of D is written there (0 skips it)
     instead of into ``out``. ``check_layout`` runs a one-thread device check of the
     offsets/counts before each GEMM: a violated contract makes that GEMM do nothing and is
     raised by the plan's next :meth:`~GroupedGemmPlan.run` or :meth:`~GroupedGemmPlan.check`.
@@ -238,8 +258,7 @@ def plan_grouped_gemm_fp8(
         if row_dst is not None:
             if out is not None:
                 raise ValueError("pass either out or row_dst, not both")
-            rd = as_device_array(row_dst, "row_dst", stream=sh)
-            check_array(rd, "row_dst", dtypes=("uint64",), shape=(rows,), device=dev, align=8)
+            rd = _per_row_array(row_dst, "row_dst", "uint64", rows, dev, sh)
             p.row_dst = rd.ptr
             refs += (_owner(rd),)
             result = None
@@ -394,7 +413,7 @@ def plan_grouped_gemm_swiglu_fp8(
     """L1 GEMM with the SwiGLU x weight -> e4m3 epilogue.
 
     ``w1p``/``w1p_sf`` come from :func:`prepare_swiglu_weights`. ``row_weight`` float32 ``[rows]``
-    is each row's top-k weight. Returns ``(q, sf)``: ``q`` uint8 e4m3 ``[rows, I]`` and ``sf``
+    (or longer) is each row's top-k weight. Returns ``(q, sf)``: ``q`` uint8 e4m3 ``[rows, I]`` and ``sf``
     float32 ``[I/act_sf_gran, rows_pad]`` (K-block major: the layout the L2 GEMM's TMA reads;
     ``rows_pad`` is rows rounded up to 4).
     """
@@ -411,8 +430,7 @@ def plan_grouped_gemm_swiglu_fp8(
     groups, two_i, kk, dev = bo.groups, bo.rows, bo.k, bo.device
     inter = two_i // 2
     rows, lead = ao.total_rows, ao.shape[:-1]
-    rw = as_device_array(row_weight, "row_weight", stream=sh)
-    check_array(rw, "row_weight", dtypes=("float32",), shape=(rows,), device=dev, align=4)
+    rw = _per_row_array(row_weight, "row_weight", "float32", rows, dev, sh)
 
     info = driver.require_hopper(dev)
     cupy = require_cupy()

@@ -38,12 +38,16 @@ def dispatch_spec(idx: str) -> KernelSpec:
     return _spec("dispatch", "moe/dispatch.cu", "moe_dispatch", idx, DISPATCH_THREADS)
 
 
+def fill_window_spec() -> KernelSpec:
+    return _spec("fill_window", "moe/dispatch.cu", "moe_fill_window", None, DISPATCH_THREADS)
+
+
 def combine_spec(idx: str) -> KernelSpec:
     return _spec("combine", "moe/combine.cu", "moe_combine", idx, COMBINE_THREADS)
 
 
 def kernel_specs() -> list[KernelSpec]:
-    out = [offsets_spec()]
+    out = [offsets_spec(), fill_window_spec()]
     for idx in ("int32", "int64"):
         out += [count_spec(idx), dispatch_spec(idx), combine_spec(idx)]
     return out
@@ -62,6 +66,13 @@ def launch_route_dispatch(kernels: dict[str, Any], params: MoeParams, grid: dict
     kernels["count"].launch((grid["count"],), (COUNT_THREADS,), [params], stream=stream)
     kernels["offsets"].launch((1,), (SCAN_THREADS,), [params], stream=stream)
     kernels["dispatch"].launch((grid["dispatch"],), (DISPATCH_THREADS,), [params], stream=stream)
+
+
+def launch_fill_window(kernel: Any, params: MoeParams, sm_count: int, stream: int) -> None:
+    """Copy the pool rows of the window at ``params.row_base`` into the ring (one rank)."""
+    warps = DISPATCH_THREADS // 32
+    grid = max(1, min(ceil_div(params.pool_rows, warps), sm_count * 16))
+    kernel.launch((grid,), (DISPATCH_THREADS,), [params], stream=stream)
 
 
 def launch_combine(kernels: dict[str, Any], params: MoeParams, grid: dict[str, int], stream: int) -> None:

@@ -91,6 +91,24 @@ def buffer_layout(spec: LayerSpec, needs: LayoutNeeds) -> BufferLayout:
     )
 
 
+POOL_REGIONS = ("l1_pool", "l1_pool_sf", "l2_pool", "l2_pool_sf")
+
+
+def pool_memory_line(spec: LayerSpec, layout: BufferLayout, mode: str) -> str:
+    """One line of the memory report: the pools' blocks and MiB against the full worst-case
+    pool's, and the whole buffer against the one a full pool would need."""
+    full = buffer_layout(spec, LayoutNeeds(pool="full", block_m=layout.block_m))
+    pool_b = sum(layout.region(n).nbytes for n in POOL_REGIONS)
+    full_b = sum(full.region(n).nbytes for n in POOL_REGIONS)
+    pools = f"{mode} pools: %s of {layout.pool_blocks} blocks x {layout.block_m} rows = {pool_b / 2**20:.2f} MiB"
+    if layout.pool_blocks >= full.pool_blocks:
+        return pools % "full pool"
+    return pools % "ring" + (
+        f" vs full pool of {full.pool_blocks} blocks = {full_b / 2**20:.2f} MiB; "
+        f"buffer {layout.total_bytes / 2**20:.2f} MiB vs {full.total_bytes / 2**20:.2f} MiB"
+    )
+
+
 class Weights(NamedTuple):
     """The layer's weights on the device, re-laid for the kernels: ``w1p`` / ``w1p_sf`` with gate
     and up rows interleaved for the SwiGLU epilogue, ``w2`` / ``w2_sf`` as given."""
@@ -119,7 +137,6 @@ class Mode(ABC):
     """One execution mode of the layer (see the module docstring for its life cycle)."""
 
     name: ClassVar[str]
-    ring_pools: ClassVar[bool] = False  # takes ``ring_blocks``
 
     @classmethod
     def refusal(cls, spec: LayerSpec) -> str | None:
@@ -134,7 +151,7 @@ class Mode(ABC):
 
     @classmethod
     def minimum_ring_blocks(cls, spec: LayerSpec) -> int:
-        """The smallest ring this mode runs ``spec`` on (modes with ``ring_pools`` only)."""
+        """The smallest ring (``ring_blocks``) this mode runs ``spec`` on."""
         return 1
 
     def __init__(self, spec: LayerSpec, layout: BufferLayout):
@@ -161,6 +178,8 @@ class Mode(ABC):
             num_local_experts=s.num_local_experts,
             first_local_expert=s.first_local_expert,
             pool_rows=lay.pool_rows,
+            pool_row_limit=lay.full_pool_rows,
+            pool_cycles=b.ptr("pool_cycles"),
             pool_align=lay.block_m,
             token_capacity=lay.num_max_tokens_per_rank,
             expert_counts=b.ptr(self.counts_region),

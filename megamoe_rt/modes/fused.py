@@ -21,7 +21,7 @@ from megamoe_rt.kernels.gemm import FLAG_CLAMP, FLAG_POW2_SCALE, GemmParams
 from megamoe_rt.kernels.loader import get_kernel
 from megamoe_rt.kernels.moe import MoeParams
 from megamoe_rt.kernels.operands import Fp8Operand, ScaleFactors
-from megamoe_rt.modes.base import Call, LayerSpec, LayoutNeeds, Mode, Weights, buffer_layout
+from megamoe_rt.modes.base import Call, LayerSpec, LayoutNeeds, Mode, Weights, pool_memory_line
 from megamoe_rt.modes.peers import stage_inputs
 from megamoe_rt.runtime import driver
 from megamoe_rt.runtime.buffer import LayerBuffer, SymmetricLayerBuffer
@@ -292,7 +292,6 @@ class FusedMode(Mode):
     """One persistent cooperative launch per call, pools sized as rings around the schedule."""
 
     name = "fused"
-    ring_pools = True
     MAX_RANKS = 32  # the signal relay waits on peers with one lane of a warp per rank
 
     @classmethod
@@ -362,24 +361,12 @@ class FusedMode(Mode):
         self.plan.launch(call.idx, self.launch_params(call), stream, programmatic=call.bound <= PDL_MAX_TOKENS)
 
     def memory_notes(self) -> str:
-        lay, spec = self.layout, self.spec
-        full = buffer_layout_full(spec, lay)
-        pools = ("l1_pool", "l1_pool_sf", "l2_pool", "l2_pool_sf")
-        ring_b = sum(lay.region(n).nbytes for n in pools)
-        full_b = sum(full.region(n).nbytes for n in pools)
         s = self.schedules.buffer
         return (
-            f"fused pools: ring of {lay.pool_blocks} blocks x {lay.block_m} rows = "
-            f"{ring_b / 2**20:.2f} MiB vs full pool of {full.pool_blocks} blocks = {full_b / 2**20:.2f} MiB; "
-            f"buffer {lay.total_bytes / 2**20:.2f} MiB vs {full.total_bytes / 2**20:.2f} MiB"
-            f"\nschedule at capacity: lag {s.lag_units} units, group {s.group_units}"
+            pool_memory_line(self.spec, self.layout, "fused")
+            + f"\nschedule at capacity: lag {s.lag_units} units, group {s.group_units}"
         )
 
     def close(self) -> None:
         self.plan = None
         super().close()
-
-
-def buffer_layout_full(spec: LayerSpec, layout: BufferLayout) -> BufferLayout:
-    """The same buffer with a full worst-case pool instead of the ring (for the memory report)."""
-    return buffer_layout(spec, LayoutNeeds(pool="full", block_m=layout.block_m))

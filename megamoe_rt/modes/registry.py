@@ -52,10 +52,4 @@ def select_mode(
         raise ValueError(f"split_sms={split_sms!r}: only mode='split' takes SM counts")
     if chunk_ratio is not None and ring_blocks is not None:
         raise ValueError(f"ring_blocks={ring_blocks!r}, chunk_ratio={chunk_ratio!r}: pass one of them")
-    if chunk_ratio is not None and not cls.ring_pools:
-        ring = " or ".join(f"mode={name!r}" for name, c in MODES.items() if c.ring_pools)
-        raise ValueError(f"chunk_ratio={chunk_ratio!r}: only {ring} has ring pools")
-    if ring_blocks is not None and not cls.ring_pools:
-        ring = " or ".join(f"mode={name!r}" for name, c in MODES.items() if c.ring_pools)
-        raise ValueError(f"ring_blocks={ring_blocks!r}: only {ring} has ring pools")
     return cls

@@ -24,8 +24,8 @@ from megamoe_rt.graph.builder import GraphBuilder, KernelNode
 from megamoe_rt.graph.green import GreenPartitions, partition_granularity
 from megamoe_rt.kernels import fused as fk
 from megamoe_rt.kernels.loader import get_kernel
-from megamoe_rt.modes.base import Call, LayerSpec, LayoutNeeds, Mode, Weights
-from megamoe_rt.modes.fused import BLOCK_M, GROUP_UNITS, CallSchedule, FusedMode, FusedPlan, buffer_layout_full
+from megamoe_rt.modes.base import Call, LayerSpec, LayoutNeeds, Mode, Weights, pool_memory_line
+from megamoe_rt.modes.fused import BLOCK_M, GROUP_UNITS, CallSchedule, FusedMode, FusedPlan
 from megamoe_rt.modes.peers import stage_inputs
 from megamoe_rt.runtime import driver
 from megamoe_rt.schedule.layout import BufferLayout
@@ -81,7 +81,6 @@ class SplitMode(FusedMode):
     """K1 and K2 concurrently in disjoint SM partitions, K3 after both, as one CUDA graph."""
 
     name = "split"
-    ring_pools = True
 
     @classmethod
     def refusal(cls, spec: LayerSpec) -> str | None:
@@ -222,16 +221,8 @@ class SplitMode(FusedMode):
     # --- reports ---------------------------------------------------------------------------
 
     def memory_notes(self) -> str:
-        lay = self.layout
-        full = buffer_layout_full(self.spec, lay)
-        pools = ("l1_pool", "l1_pool_sf", "l2_pool", "l2_pool_sf")
-        pool_b = sum(lay.region(n).nbytes for n in pools)
-        kind = "full pool" if lay.pool_blocks >= self.schedule.full_pool_blocks else "ring"
         sms = "chosen at load" if self.sms is None else f"{self.sms.as_tuple()} ({self.sms_source})"
-        return (
-            f"split pools: {kind} of {lay.pool_blocks} blocks x {lay.block_m} rows = {pool_b / 2**20:.2f} MiB "
-            f"(full pool {full.pool_blocks} blocks)\nsplit SMs (K1, K2, K3): {sms}"
-        )
+        return pool_memory_line(self.spec, self.layout, "split") + f"\nsplit SMs (K1, K2, K3): {sms}"
 
     def close(self) -> None:
         for g in self._graphs.values():

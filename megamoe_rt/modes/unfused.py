@@ -1,4 +1,5 @@
-"""The unfused mode of :class:`~megamoe_rt.layer.MegaMoE`: separate kernels, full-size pools.
+"""The unfused mode of :class:`~megamoe_rt.layer.MegaMoE`: separate kernels, full-size pools
+or a ring run in cycles.
 
 On one rank a call runs route counting -> block-aligned pool offsets -> dispatch into the
 expert pool -> L1 grouped GEMM (SwiGLU / top-k weight / FP8 requant epilogue) -> L2 grouped
@@ -7,6 +8,15 @@ dispatch steps are the cross-rank kernels of cuda_src/ep/ep_unfused.cu (the prot
 modelled in megamoe_rt/schedule/ep_protocol.py): inputs are copied into the symmetric ``x`` /
 ``x_sf`` regions, where the ranks owning this rank's experts pull them from, and L2 scatters
 into the combine slots of the rank each row came from.
+
+With a ring (``ring_blocks`` / ``chunk_ratio``) the pool's data regions hold ``ring_blocks`` of
+its blocks at a time and the call runs in cycles: cycle ``c`` fills the window of pool rows
+``[c * ring_rows, (c + 1) * ring_rows)`` (one rank: the dispatch copies the first window while
+it claims rows, ``moe_fill_window`` each later one; across ranks the pull runs per window), then
+both GEMMs run over that window. Routing, per-row metadata and the combine buffer stay full
+size. The host enqueues the cycles the worst-case pool at the call's ``num_tokens_bound`` needs
+(the same on every rank); the device records the cycles the pool actually took in the
+workspace word ``pool_cycles`` (across ranks the most of any rank).
 """
 
 from __future__ import annotations
@@ -17,14 +27,19 @@ from megamoe_rt.kernels import ep as ek
 from megamoe_rt.kernels import moe as mk
 from megamoe_rt.kernels.grouped_gemm import plan_grouped_gemm_fp8, plan_grouped_gemm_swiglu_fp8
 from megamoe_rt.kernels.loader import get_kernel
-from megamoe_rt.modes.base import Call, LayerSpec, LayoutNeeds, Mode, Weights
+from megamoe_rt.modes.base import Call, LayerSpec, LayoutNeeds, Mode, Weights, buffer_layout, pool_memory_line
 from megamoe_rt.modes.peers import stage_inputs
 from megamoe_rt.runtime import driver
 from megamoe_rt.runtime.buffer import LayerBuffer
 from megamoe_rt.runtime.deadlines import TimeoutRecord
+from megamoe_rt.schedule.arith import ceil_div
 from megamoe_rt.schedule.layout import BufferLayout
+from megamoe_rt.schedule.plan import cycles_to_launch
 
 POOL_ALIGN = 128  # expert ranges in the pool start on GEMM-tile boundaries
+# A ring is at least 1/MAX_CYCLES of the worst-case pool: every cycle costs a few launches, and
+# a cycle's GEMMs each pay a partial last wave.
+MAX_CYCLES = 64
 
 
 class UnfusedMode(Mode):
@@ -34,7 +49,14 @@ class UnfusedMode(Mode):
 
     @classmethod
     def layout_needs(cls, spec: LayerSpec, ring_blocks: int | None = None) -> LayoutNeeds:
-        return LayoutNeeds(pool="full", block_m=POOL_ALIGN)
+        if ring_blocks is None:
+            return LayoutNeeds(pool="full", block_m=POOL_ALIGN)
+        return LayoutNeeds(pool="ring", block_m=POOL_ALIGN, ring_blocks=ring_blocks)
+
+    @classmethod
+    def minimum_ring_blocks(cls, spec: LayerSpec) -> int:
+        full = buffer_layout(spec, LayoutNeeds(pool="full", block_m=POOL_ALIGN)).pool_blocks
+        return max(1, ceil_div(full, MAX_CYCLES))
 
     @classmethod
     def refusal(cls, spec: LayerSpec) -> str | None:
@@ -44,6 +66,12 @@ class UnfusedMode(Mode):
 
     def __init__(self, spec: LayerSpec, layout: BufferLayout):
         super().__init__(spec, layout)
+        minimum = min(self.minimum_ring_blocks(spec), layout.full_pool_blocks)
+        if layout.pool_blocks < minimum:
+            raise ValueError(
+                f"ring_blocks={layout.pool_blocks}: mode='unfused' runs a ring of at least {minimum} blocks of "
+                f"{POOL_ALIGN} rows here (1/{MAX_CYCLES} of the worst-case pool of {layout.full_pool_blocks})"
+            )
         self.expert_parallel = spec.expert_parallel
         if self.expert_parallel and layout.num_experts > ek.MAX_EXPERTS:
             raise ValueError(f"num_experts={layout.num_experts}: at most {ek.MAX_EXPERTS} across ranks")
@@ -55,6 +83,7 @@ class UnfusedMode(Mode):
         self._moe_kernels: dict[str, dict[str, Any]] = {}
         self._ep_kernels: dict[str, dict[str, Any]] = {}
         self._ep_fixed: dict[str, Any] = {}
+        self._fill_window: Any = None
 
     def bind(self, buffer: LayerBuffer, *, expert_recv_stats: int = 0, error_report: int = 0) -> None:
         super().bind(buffer, expert_recv_stats=expert_recv_stats, error_report=error_report)
@@ -122,23 +151,53 @@ class UnfusedMode(Mode):
             self._moe_kernels[idx] = {k: get_kernel(spec, self.spec.device) for k, spec in specs.items()}
         return self._moe_kernels[idx]
 
+    def _fill_window_kernel(self) -> Any:
+        if self._fill_window is None:
+            self._fill_window = get_kernel(mk.fill_window_spec(), self.spec.device)
+        return self._fill_window
+
     def ep_kernels(self, idx: str) -> dict[str, Any]:
         if idx not in self._ep_kernels:
             self._ep_kernels[idx] = {k: get_kernel(s, self.spec.device) for k, s in ek.specs(idx).items()}
         return self._ep_kernels[idx]
 
+    @property
+    def ring(self) -> bool:
+        """True when the pool's data regions are a ring smaller than the worst-case pool."""
+        return self.layout.pool_blocks < self.layout.full_pool_blocks
+
+    def cycles_to_launch(self, bound: int) -> int:
+        """Cycles a call bounded by ``bound`` tokens per rank enqueues (1 without a ring)."""
+        if not self.ring:
+            return 1
+        s = self.spec
+        return cycles_to_launch(
+            bound, s.num_ranks, s.num_topk, s.num_local_experts, self.layout.pool_blocks, POOL_ALIGN
+        )
+
+    def _gemms_over_window(self, row_base: int, stream: int) -> None:
+        assert self.gemms is not None, "run before load"
+        for gemm in self.gemms:
+            if self.ring:
+                gemm.run_window(stream, row_base)
+            else:
+                gemm.run(stream)
+
     def run(self, call: Call, stream: int) -> None:
         moe = self.moe_params(call)
-        assert self.gemms is not None, "run before load"
-        l1, l2 = self.gemms
         s, t = self.spec, call.num_tokens
+        ring_rows = self.layout.pool_rows
+        cycles = self.cycles_to_launch(call.bound)
         if not self.expert_parallel:
             kernels = self.moe_kernels(call.idx)
             grid = mk.grids(t, s.num_topk, s.sm_count)
             driver.memset_d32_async(self._recv_counts, 0, s.num_local_experts, stream)
-            mk.launch_route_dispatch(kernels, moe, grid, stream)
-            l1.run(stream)
-            l2.run(stream)
+            mk.launch_route_dispatch(kernels, moe, grid, stream)  # fills the first window
+            for c in range(cycles):
+                if c:
+                    moe.row_base = c * ring_rows
+                    mk.launch_fill_window(self._fill_window_kernel(), moe, s.sm_count, stream)
+                self._gemms_over_window(c * ring_rows, stream)
             mk.launch_combine(kernels, moe, grid, stream)
             return
         params = ek.EpParams(moe=moe, wait=TimeoutRecord.get().context(s.timeout_s, rank=s.rank), **self._ep_fixed)
@@ -146,14 +205,21 @@ class UnfusedMode(Mode):
         stage_inputs(self.bound_buffer(), call.x, call.x_sf, t, stream)
         driver.memset_d32_async(self._send_counts, 0, s.num_experts, stream)
         driver.memset_d32_async(self._send_cursors, 0, s.num_experts, stream)
-        ek.launch_before_gemms(
-            kernels, params, pairs=t * s.num_topk, pool_rows=self.layout.pool_rows, sm_count=s.sm_count, stream=stream
-        )
-        l1.run(stream)
-        l2.run(stream)
+        ek.launch_routing(kernels, params, pairs=t * s.num_topk, sm_count=s.sm_count, stream=stream)
+        for c in range(cycles):
+            params.moe.row_base = c * ring_rows
+            ek.launch_pull(kernels, params, sm_count=s.sm_count, stream=stream)
+            self._gemms_over_window(c * ring_rows, stream)
+        params.moe.row_base = 0
         ek.launch_finish(kernels, params, stream)
         if t:  # across ranks a rank without tokens still serves its experts, but combines nothing
             mk.launch_combine(self.moe_kernels(call.idx), moe, mk.grids(t, s.num_topk, s.sm_count), stream)
+
+    def memory_notes(self) -> str:
+        line = pool_memory_line(self.spec, self.layout, "unfused")
+        if not self.ring:
+            return line
+        return line + f"; a call runs at most {self.cycles_to_launch(self.layout.num_max_tokens_per_rank)} cycles"
 
     def close(self) -> None:
         self.gemms = None

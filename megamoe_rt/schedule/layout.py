@@ -105,6 +105,18 @@ class BufferLayout:
     workspace: tuple[Region, ...]
     total_bytes: int
 
+    @property
+    def full_pool_blocks(self) -> int:
+        """Blocks of the worst-case pool (what ``pool='full'`` reserves, and the rows the per-row
+        metadata is sized for)."""
+        return pool_blocks_upper_bound(
+            self.num_max_tokens_per_rank, self.num_ranks, self.num_topk, self.num_local_experts, self.block_m
+        )
+
+    @property
+    def full_pool_rows(self) -> int:
+        return self.full_pool_blocks * self.block_m
+
     def region(self, name: str) -> Region:
         for r in self.regions:
             if r.name == name:
@@ -251,6 +263,7 @@ def symm_buffer_layout(
         "first pool row of each local expert (block-aligned prefix sum, last = total rows)",
     )
     ws.add("expert_cursors", "int32", (el,), "rows placed so far per local expert while dispatching")
+    ws.add("pool_cycles", "uint32", (1,), "unfused: pool cycles of the last call (across ranks the most of any rank)")
     ws.add("grid_sync", "uint32", (_GRID_SYNC_WORDS,), "grid-wide barrier counters")
     ws.add(
         "fused_banks",
@@ -276,7 +289,7 @@ def symm_buffer_layout(
             "uint32",
             (_PARITY_BANKS, ep_bank_words(r, el)),
             "written by peers, per launch parity: received counts and send-list offsets, "
-            "count_ready and combine_ready words",
+            "count_ready and combine_ready words, the most pool cycles of any rank",
         )
         ws.add("peer_bases", "uint64", (r,), "base address of every rank's buffer, as this rank maps it")
     ws_bytes = align_up(ws.cursor, REGION_ALIGN)

@@ -272,6 +272,17 @@ def num_cycles(total_pool_blocks: int, ring_blocks: int) -> int:
     return max(1, ceil_div(total, ring))
 
 
+def cycles_to_launch(
+    num_tokens_bound: int, num_ranks: int, num_topk: int, num_local_experts: int, ring_blocks: int, block_m: int
+) -> int:
+    """Cycles the host enqueues for a call bounded by ``num_tokens_bound`` tokens per rank: enough
+    for the worst-case pool at that bound, so every rank enqueues the same number (the bound is
+    the same on every rank) and no routing can need more. A rank whose pool ends sooner runs
+    its last cycles empty."""
+    worst = pool_blocks_upper_bound(num_tokens_bound, num_ranks, num_topk, num_local_experts, block_m)
+    return num_cycles(worst, ring_blocks)
+
+
 def num_cycles_across_ranks(per_rank_cycles: Sequence[int]) -> int:
     """The cycle count every rank agrees on (the all-reduce max).
 

@@ -101,8 +101,7 @@ def test_mode_arguments_are_checked_with_the_layer_messages():
         select_mode("fused", _spec(h=384))
     with pytest.raises(ValueError, match="group: 33 ranks; mode='fused' runs on at most 32"):
         select_mode("fused", _spec(h=384, e=66, num_ranks=33))  # the rank count is reported first
-    with pytest.raises(ValueError, match="ring_blocks=50: only mode='fused' or mode='split' has ring pools"):
-        select_mode("unfused", _spec(), ring_blocks=50)
+    assert select_mode("unfused", _spec(), ring_blocks=50) is UnfusedMode  # every mode takes a ring
     with pytest.raises(ValueError, match="hidden=384: mode='split' needs a multiple of 256"):
         select_mode("split", _spec(h=384))
     with pytest.raises(ValueError, match=r"split_sms=\(64, 64, 132\): only mode='split' takes SM counts"):
@@ -112,8 +111,7 @@ def test_mode_arguments_are_checked_with_the_layer_messages():
         select_mode("unfused", _spec(e=257, num_ranks=257))
     with pytest.raises(ValueError, match="no mode runs this layer: group: 257 ranks; mode='fused' runs on at most 32"):
         select_mode(None, _spec(e=257, num_ranks=257))
-    with pytest.raises(ValueError, match="ring_blocks=50: only mode='fused' or mode='split' has ring pools"):
-        select_mode(None, _spec(h=384), ring_blocks=50)  # the default fell back to unfused
+    assert select_mode(None, _spec(h=384), ring_blocks=50) is UnfusedMode  # the default fell back to unfused
     assert select_mode("fused", _spec(), ring_blocks=500) is FusedMode
 
 
@@ -124,8 +122,8 @@ def test_the_layer_checks_the_mode_before_looking_for_a_gpu():
         MegaMoE(512, 256, 8, 2, 64, mode="split-ish")
     with pytest.raises(ValueError, match="hidden=384: mode='fused' needs a multiple of 256"):
         MegaMoE(384, 256, 8, 2, 64, mode="fused")
-    with pytest.raises(ValueError, match="only mode='fused' or mode='split' has ring pools"):
-        MegaMoE(512, 256, 8, 2, 64, mode="unfused", ring_blocks=10)
+    with pytest.raises(ValueError, match="pass one of them"):
+        MegaMoE(512, 256, 8, 2, 64, mode="unfused", ring_blocks=10, chunk_ratio=0.5)
 
 
 def test_a_device_other_than_the_rank_groups_is_refused_before_looking_for_a_gpu():
@@ -149,6 +147,34 @@ def test_each_mode_says_which_buffer_it_needs():
     ring = buffer_layout(spec, FusedMode.layout_needs(spec))
     assert (unfused.pool, unfused.block_m, ring.pool, ring.block_m) == ("full", 128, "ring", 64)
     assert ring.pool_blocks == buffer_schedule(ring).ring_blocks < buffer_schedule(ring).full_pool_blocks
+    assert UnfusedMode.layout_needs(spec, 30) == LayoutNeeds(pool="ring", block_m=128, ring_blocks=30)
+
+
+def test_an_unfused_ring_runs_the_cycles_its_bound_can_need_and_no_fewer_than_one():
+    spec = _spec(h=512, i=256, e=16, k=6, cap=8192)
+    full = buffer_layout(spec, UnfusedMode.layout_needs(spec)).pool_blocks  # 8192 * 6 rows + padding
+    assert full == (8192 * 6 + 16 * 127) // 128
+    quarter = _mode(UnfusedMode, spec, ring_blocks=full // 4)
+    assert quarter.ring and quarter.layout.pool_rows == (full // 4) * 128
+    assert quarter.cycles_to_launch(8192) == -(-full // (full // 4))  # ceil: 4 or 5
+    assert quarter.cycles_to_launch(64) == 1  # a small call's worst case fits one window
+    assert quarter.cycles_to_launch(2048) == -(-((2048 * 6 + 16 * 127) // 128) // (full // 4))
+    whole = _mode(UnfusedMode, spec, ring_blocks=10 * full)  # clamped to the pool: no ring
+    assert not whole.ring and whole.layout.pool_blocks == full and whole.cycles_to_launch(8192) == 1
+    notes = quarter.memory_notes()
+    assert notes.startswith(f"unfused pools: ring of {full // 4} blocks x 128 rows") and "at most" in notes
+
+
+def test_an_unfused_ring_below_its_minimum_is_refused_when_the_mode_is_created():
+    spec = _spec(h=512, i=256, e=16, k=6, cap=8192)
+    minimum = UnfusedMode.minimum_ring_blocks(spec)
+    full = buffer_layout(spec, UnfusedMode.layout_needs(spec)).pool_blocks
+    assert minimum == -(-full // 64) > 1
+    with pytest.raises(
+        ValueError, match=f"ring_blocks={minimum - 1}: mode='unfused' runs a ring of at least {minimum}"
+    ):
+        _mode(UnfusedMode, spec, ring_blocks=minimum - 1)
+    assert _mode(UnfusedMode, spec, ring_blocks=minimum).ring
 
 
 def test_a_ring_below_the_live_window_is_refused_when_the_mode_is_created():
@@ -237,7 +263,7 @@ def test_testing_hooks_refuse_other_modes():
 
 
 def test_memory_notes():
-    assert _mode(UnfusedMode, _spec()).memory_notes() == ""
+    assert _mode(UnfusedMode, _spec()).memory_notes() == "unfused pools: full pool of 111 blocks x 128 rows = 10.73 MiB"
     mode = _mode(FusedMode, _spec())
     notes = mode.memory_notes()
     s = mode.schedules.buffer

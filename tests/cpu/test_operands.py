@@ -86,7 +86,9 @@ def test_swiglu_planner_checks_its_operands_the_same_way():
     # The fused epilogue reads 1x128 A scales only.
     with pytest.raises(ValueError, match=r"a_sf: expected shape \[256, 2\] \(1x128 scales\), got \[256, 4\]"):
         plan_grouped_gemm_swiglu_fp8(a, _arr((256, 4), "float32"), w1p, w1p_sf, rw, group_offsets=offs)
-    with pytest.raises(ValueError, match=r"row_weight: expected shape \[256\]"):
+    with pytest.raises(
+        ValueError, match=r"row_weight: expected at least 256 rows \(one per row of a\), got shape \[255\]"
+    ):
         plan_grouped_gemm_swiglu_fp8(a, a_sf, w1p, w1p_sf, _arr((255,), "float32"), group_offsets=offs)
 
 

@@ -12,6 +12,7 @@ from megamoe_rt.modes.base import LayerSpec, buffer_layout
 from megamoe_rt.modes.fused import FusedMode
 from megamoe_rt.modes.registry import select_mode
 from megamoe_rt.modes.split import SplitMode
+from megamoe_rt.modes.unfused import UnfusedMode
 from megamoe_rt.schedule.ring_size import (
     AUTO_MEMORY_SHARE,
     PoolCost,
@@ -71,7 +72,9 @@ def test_each_ring_mode_states_its_smallest_ring_and_a_layout_takes_it():
     fused_min, split_min = FusedMode.minimum_ring_blocks(spec), SplitMode.minimum_ring_blocks(spec)
     assert split_min == 32  # the blocks of one group of units at lag 0
     assert fused_min > split_min  # the fused ring also holds the lag window
-    for cls, ring in ((FusedMode, fused_min), (SplitMode, split_min)):
+    unfused_min = UnfusedMode.minimum_ring_blocks(spec)
+    assert unfused_min == -(-buffer_layout(spec, UnfusedMode.layout_needs(spec)).pool_blocks // 64)
+    for cls, ring in ((FusedMode, fused_min), (SplitMode, split_min), (UnfusedMode, unfused_min)):
         lay = buffer_layout(spec, cls.layout_needs(spec, ring))
         cls(spec, lay)  # the mode accepts the smallest ring it states
         assert lay.pool_blocks == ring
@@ -82,11 +85,12 @@ def test_each_ring_mode_states_its_smallest_ring_and_a_layout_takes_it():
 def test_chunk_ratio_is_checked_with_the_mode_before_looking_for_a_gpu():
     from megamoe_rt.layer import MegaMoE
 
-    with pytest.raises(ValueError, match="chunk_ratio=0.5: only mode='fused' or mode='split' has ring pools"):
-        select_mode("unfused", _spec(), chunk_ratio=0.5)
+    assert select_mode("unfused", _spec(), chunk_ratio=0.5) is UnfusedMode
     with pytest.raises(ValueError, match="pass one of them"):
         select_mode("split", _spec(), ring_blocks=40, chunk_ratio=0.5)
     with pytest.raises(ValueError, match="chunk_ratio"):
         MegaMoE(512, 256, 16, 6, 1024, mode="split", chunk_ratio=2.0)
+    with pytest.raises(ValueError, match="chunk_ratio"):
+        MegaMoE(512, 256, 16, 6, 1024, mode="unfused", chunk_ratio=0.0)
     with pytest.raises(TypeError, match="chunk_ratio"):
         MegaMoE(512, 256, 16, 6, 1024, mode="split", chunk_ratio="most")

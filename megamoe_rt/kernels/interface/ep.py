@@ -33,7 +33,7 @@ EP_BANK_LAYOUT = Struct(
         Field("recv_offsets", U32, "[num_ranks][num_local_experts] where they start in s's send list"),
         Field("count_ready", U32, "[num_ranks] source s has published its counts and send list"),
         Field("combine_ready", U32, "[num_ranks] rank s has scattered every partial it owes this rank"),
-        Field("pad_", U32),
+        Field("pool_cycles", U32, "one word: the most pool cycles any rank runs this launch (each rank's max)"),
     ],
     doc="Words peers write into this rank's buffer, in one of two banks picked by the launch parity\n"
     "(the launch zeroes the other bank for the next one; megamoe_rt/schedule/ep_protocol.py\n"
@@ -43,10 +43,10 @@ EP_BANK_LAYOUT = Struct(
 
 @formula(
     doc="u32 words of one bank (EpBankLayout::words): two [num_ranks][num_local_experts]\n"
-    "tables and two [num_ranks] flag rows."
+    "tables, two [num_ranks] flag rows and the pool-cycle word."
 )
 def bank_words(num_ranks: Value, num_local_experts: Value) -> Value:
-    return 2 * num_ranks * num_local_experts + 2 * num_ranks
+    return 2 * num_ranks * num_local_experts + 2 * num_ranks + 1
 
 
 EP_PARAMS = Struct(

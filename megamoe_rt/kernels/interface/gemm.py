@@ -60,7 +60,12 @@ FLAGS = Flags(
 GEMM_PARAMS = Struct(
     "GemmParams",
     [
-        Field("num_rows", U32, "rows of A (contiguous) or num_groups * masked_rows (masked)"),
+        Field(
+            "num_rows",
+            U32,
+            "rows of A and D (contiguous: a window of row_base + num_rows rows of the group layout)\n"
+            "or num_groups * masked_rows (masked)",
+        ),
         Field("n", U32, "output columns per group"),
         Field("k", U32, "reduction length, a multiple of 128"),
         Field("num_groups", U32),
@@ -74,10 +79,15 @@ GEMM_PARAMS = Struct(
         Field("d_row_stride_bytes", U64),
         Field("d_sf", Ptr(F32), "SwigluFp8Epilogue: scales, [n / 2 / gran, d_sf_row_stride] (K-block major)"),
         Field("d_sf_row_stride", U64, "in floats (>= num_rows)"),
-        Field("row_weight", Ptr(F32, const=True), "SwigluFp8Epilogue: per-row top-k weight [num_rows]"),
+        Field("row_weight", Ptr(F32, const=True), "SwigluFp8Epilogue: per-row top-k weight [row_base + num_rows]"),
         Field("row_dst", Ptr(U64, const=True), "ScatterBf16Epilogue: per-row destination byte address"),
         Field("swiglu_limit", F32),
-        Field("pad_", U32),
+        Field(
+            "row_base",
+            U32,
+            "contiguous: the group layout's row that is row 0 of A and D (a ring's window of the\n"
+            "pool: group offsets and per-row metadata are in pool rows, A and D in window rows); 0 otherwise",
+        ),
         Field(
             "layout_state",
             Ptr(U32, const=True),

@@ -41,10 +41,19 @@ MOE_PARAMS = Struct(
         Field("num_experts", U32, "global"),
         Field("num_local_experts", U32),
         Field("first_local_expert", U32, "global id of local expert 0"),
-        Field("pool_rows", U32, "capacity of the expert pool"),
+        Field(
+            "pool_rows",
+            U32,
+            "rows of the pool's data regions (pool, pool_sf): the ring's slots when the pool is a ring",
+        ),
         Field("pool_align", U32, "each expert's rows start on a multiple of this"),
         Field("token_capacity", U32, "T of the combine buffer [K, T, hidden]"),
-        Field("pad_", U32),
+        Field(
+            "row_base",
+            U32,
+            "unfused ring: first pool row of this cycle's window (pool row r lives in data row\n"
+            "r - row_base); 0 otherwise",
+        ),
         Field("expert_counts", Ptr(I32), "[num_local_experts]"),
         Field("expert_offsets", Ptr(I32), "[num_local_experts + 1]"),
         Field("expert_cursors", Ptr(I32), "[num_local_experts]"),
@@ -52,11 +61,18 @@ MOE_PARAMS = Struct(
         Field("errors", Ptr(ERROR_REPORT), "mapped host memory the call reports refused inputs into"),
         Field("pool", Ptr(U8), "[pool_rows, hidden] e4m3"),
         Field("pool_sf", Ptr(F32), "[hidden / 128, pool_rows]"),
-        Field("pool_src", Ptr(I32), "[pool_rows]: token * num_topk + slot"),
-        Field("pool_weight", Ptr(F32), "[pool_rows]"),
-        Field("pool_dst", Ptr(U64), "[pool_rows]: byte address of the row's combine slot"),
+        Field("pool_src", Ptr(I32), "[pool_row_limit]: token * num_topk + slot"),
+        Field("pool_weight", Ptr(F32), "[pool_row_limit]"),
+        Field("pool_dst", Ptr(U64), "[pool_row_limit]: byte address of the row's combine slot"),
         Field("combine", Ptr(U8), "[num_topk, token_capacity, hidden] bf16"),
         Field("y", Ptr(U16), "[num_tokens, hidden] bf16 bits"),
+        Field(
+            "pool_cycles", Ptr(U32), "unfused: the call's pool cycles, ceil(rows laid out / pool_rows) (max over ranks)"
+        ),
+        Field(
+            "pool_row_limit", U32, "rows the routing may lay out: the worst-case pool, the size of the per-row metadata"
+        ),
+        Field("pad_", U32),
     ],
     doc="The routing, dispatch and combine kernels' view of one MoE layer call. Every pointer and\n"
     "stride is resolved on the host from the buffer layout (megamoe_rt/schedule/layout.py).",

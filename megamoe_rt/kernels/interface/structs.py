@@ -109,7 +109,7 @@ class GemmParams(ctypes.Structure):
     ``megamoe_rt::gemm::GemmParams``, declared in megamoe_rt/kernels/interface/gemm.py.
     """
 
-    num_rows: int  # rows of A (contiguous) or num_groups * masked_rows (masked)
+    num_rows: int  # rows of A and D (contiguous: a window of row_base + num_rows rows of the group layout) or num_groups * masked_rows (masked)
     n: int  # output columns per group
     k: int  # reduction length, a multiple of 128
     num_groups: int
@@ -123,10 +123,10 @@ class GemmParams(ctypes.Structure):
     d_row_stride_bytes: int
     d_sf: int  # SwigluFp8Epilogue: scales, [n / 2 / gran, d_sf_row_stride] (K-block major)
     d_sf_row_stride: int  # in floats (>= num_rows)
-    row_weight: int  # SwigluFp8Epilogue: per-row top-k weight [num_rows]
+    row_weight: int  # SwigluFp8Epilogue: per-row top-k weight [row_base + num_rows]
     row_dst: int  # ScatterBf16Epilogue: per-row destination byte address
     swiglu_limit: float
-    pad_: int
+    row_base: int  # contiguous: the group layout's row that is row 0 of A and D (a ring's window of the pool: group offsets and per-row metadata are in pool rows, A and D in window rows); 0 otherwise
     layout_state: int  # written by the group-layout check just before: nonzero = invalid, the GEMM does nothing (nullptr: unchecked)
 
     _fields_ = [
@@ -147,7 +147,7 @@ class GemmParams(ctypes.Structure):
         ("row_weight", ctypes.c_uint64),
         ("row_dst", ctypes.c_uint64),
         ("swiglu_limit", ctypes.c_float),
-        ("pad_", ctypes.c_uint32),
+        ("row_base", ctypes.c_uint32),
         ("layout_state", ctypes.c_uint64),
     ]
 
@@ -169,10 +169,10 @@ class MoeParams(ctypes.Structure):
     num_experts: int  # global
     num_local_experts: int
     first_local_expert: int  # global id of local expert 0
-    pool_rows: int  # capacity of the expert pool
+    pool_rows: int  # rows of the pool's data regions (pool, pool_sf): the ring's slots when the pool is a ring
     pool_align: int  # each expert's rows start on a multiple of this
     token_capacity: int  # T of the combine buffer [K, T, hidden]
-    pad_: int
+    row_base: int  # unfused ring: first pool row of this cycle's window (pool row r lives in data row r - row_base); 0 otherwise
     expert_counts: int  # [num_local_experts]
     expert_offsets: int  # [num_local_experts + 1]
     expert_cursors: int  # [num_local_experts]
@@ -180,11 +180,14 @@ class MoeParams(ctypes.Structure):
     errors: int  # mapped host memory the call reports refused inputs into
     pool: int  # [pool_rows, hidden] e4m3
     pool_sf: int  # [hidden / 128, pool_rows]
-    pool_src: int  # [pool_rows]: token * num_topk + slot
-    pool_weight: int  # [pool_rows]
-    pool_dst: int  # [pool_rows]: byte address of the row's combine slot
+    pool_src: int  # [pool_row_limit]: token * num_topk + slot
+    pool_weight: int  # [pool_row_limit]
+    pool_dst: int  # [pool_row_limit]: byte address of the row's combine slot
     combine: int  # [num_topk, token_capacity, hidden] bf16
     y: int  # [num_tokens, hidden] bf16 bits
+    pool_cycles: int  # unfused: the call's pool cycles, ceil(rows laid out / pool_rows) (max over ranks)
+    pool_row_limit: int  # rows the routing may lay out: the worst-case pool, the size of the per-row metadata
+    pad_: int
 
     _fields_ = [
         ("topk_idx", ctypes.c_uint64),
@@ -200,7 +203,7 @@ class MoeParams(ctypes.Structure):
         ("pool_rows", ctypes.c_uint32),
         ("pool_align", ctypes.c_uint32),
         ("token_capacity", ctypes.c_uint32),
-        ("pad_", ctypes.c_uint32),
+        ("row_base", ctypes.c_uint32),
         ("expert_counts", ctypes.c_uint64),
         ("expert_offsets", ctypes.c_uint64),
         ("expert_cursors", ctypes.c_uint64),
@@ -213,6 +216,9 @@ class MoeParams(ctypes.Structure):
         ("pool_dst", ctypes.c_uint64),
         ("combine", ctypes.c_uint64),
         ("y", ctypes.c_uint64),
+        ("pool_cycles", ctypes.c_uint64),
+        ("pool_row_limit", ctypes.c_uint32),
+        ("pad_", ctypes.c_uint32),
     ]
 
 
@@ -229,7 +235,7 @@ class EpBankLayout(ctypes.Structure):
     recv_offsets: int  # [num_ranks][num_local_experts] where they start in s's send list
     count_ready: int  # [num_ranks] source s has published its counts and send list
     combine_ready: int  # [num_ranks] rank s has scattered every partial it owes this rank
-    pad_: int
+    pool_cycles: int  # one word: the most pool cycles any rank runs this launch (each rank's max)
 
     _fields_ = [
         ("words", ctypes.c_uint32),
@@ -237,7 +243,7 @@ class EpBankLayout(ctypes.Structure):
         ("recv_offsets", ctypes.c_uint32),
         ("count_ready", ctypes.c_uint32),
         ("combine_ready", ctypes.c_uint32),
-        ("pad_", ctypes.c_uint32),
+        ("pool_cycles", ctypes.c_uint32),
     ]
 
 

@@ -251,6 +251,8 @@ def _csv(kind, valid=None):
                 raise argparse.ArgumentTypeError(f"unknown {bad[0]!r}; expected from {', '.join(valid)}")
         if kind is int and min(out) <= 0:
             raise argparse.ArgumentTypeError("expected positive integers")
+        if kind is float and not all(0.0 < v <= 1.0 for v in out):
+            raise argparse.ArgumentTypeError("expected shares in (0, 1]")
         return out
 
     return parse
@@ -284,13 +286,26 @@ def cmd_bench(args) -> int:
     from megamoe_rt.cli.benchmarks import bench_gemm, bench_moe
 
     print(f"device {info.ordinal}: {info.name}, {info.sm_count} SMs")
-    if args.what == "overhead":
+    modes = args.mode or (["unfused", "fused", "split"] if args.what == "prefill" else ["unfused"])
+    if args.what == "prefill":
+        from megamoe_rt.cli.bench_prefill import bench_prefill
+
+        bench_prefill(
+            args.presets,
+            args.tokens or [16384, 32768, 65536],
+            modes=modes,
+            ratios=args.ratios,
+            rounds=args.rounds,
+            json_path=args.json,
+            png_path=args.png,
+        )
+    elif args.what == "overhead":
         from megamoe_rt.cli.bench_overhead import bench_overhead
 
         bench_overhead(
             args.presets,
             args.tokens or [64, 2048],
-            modes=args.mode,
+            modes=modes,
             rounds=args.rounds,
             json_path=args.json,
         )
@@ -306,7 +321,7 @@ def cmd_bench(args) -> int:
         bench_moe(
             args.presets,
             args.tokens or [64, 256, 2048, 8192],
-            mode=args.mode,
+            mode=modes,
             rounds=args.rounds,
             capacity=args.capacity,
             json_path=args.json,
@@ -502,15 +517,24 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("bench", help="benchmarks on a Hopper GPU (CUDA-event device time, arms bracketed in rounds)")
     s.add_argument(
         "what",
-        choices=("gemm", "moe", "overhead"),
-        help="what to measure (overhead: eager layer calls against graph replays, default tokens 64,2048)",
+        choices=("gemm", "moe", "overhead", "prefill"),
+        help="what to measure (overhead: eager layer calls against graph replays, default tokens 64,2048; "
+        "prefill: long calls against the ring size, default tokens 16384,32768,65536)",
     )
     s.add_argument(
         "--mode",
         type=_modes,
-        default=["unfused"],
-        help="moe: execution mode(s), comma-separated and bracketed in rounds (unfused, fused, split)",
+        default=None,
+        help="moe, overhead, prefill: execution mode(s), comma-separated (unfused, fused, split); moe brackets "
+        "them in rounds (default unfused; prefill: all three)",
     )
+    s.add_argument(
+        "--ratios",
+        type=_csv(float),
+        default=[0.5, 0.25, 0.125],
+        help="prefill: rings as shares of the worst-case pool (chunk_ratio), besides the full pool",
+    )
+    s.add_argument("--png", default=None, help="prefill: write a bar chart of time against the full pool")
     s.add_argument(
         "--capacity",
         type=int,

@@ -34,3 +34,18 @@ def test_split_partitions_example_runs_and_every_split_is_bitwise_fused():
     assert out.returncode == 0, out.stderr
     rows = [line for line in out.stdout.splitlines() if line.strip().startswith(("64 ", "88 "))]
     assert len(rows) == 2 and all(r.rstrip().endswith("True") for r in rows), out.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["unfused", "fused"])
+def test_prefill_example_runs_and_the_ring_is_bitwise_the_full_pool(mode):
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLES / "prefill.py"), "--tokens", "8192", "--mode", mode],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "bitwise equal: True" in out.stdout, out.stdout
+    smaller = next(line for line in out.stdout.splitlines() if line.startswith("buffer x"))
+    assert float(smaller.split()[1][1:]) > 1.0, out.stdout

@@ -98,15 +98,15 @@ def bench_prefill(
                         f"buffer {row['buffer_mib']:8.1f} MiB (1/{1 / row['buffer_vs_full']:.2f})",
                         flush=True,
                     )
+                if json_path:  # after every cell: a long run cut short keeps what it measured
+                    with open(json_path, "w") as f:
+                        json.dump(rows, f, indent=2)
                 for layer, _, _ in layers.values():
                     layer.close()
                 del layers, arms
                 cp.get_default_memory_pool().free_all_blocks()
             del inp, args
             cp.get_default_memory_pool().free_all_blocks()
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(rows, f, indent=2)
     if png_path:
         from megamoe_rt.cli.png_chart import bar_chart_png
 

@@ -65,3 +65,42 @@ def test_every_rank_runs_the_agreed_cycle_count_and_empty_rounds_are_harmless(to
 def test_fewer_cycles_than_a_rank_needs_are_refused():
     with pytest.raises(ValueError, match="cycles=1: this rank needs 3"):
         PrefillModel([[5]], 2, 1, 2, cycles=1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    data=st.data(),
+    ranks=st.integers(1, 4),
+    local_experts=st.integers(1, 6),
+    topk=st.integers(1, 4),
+    bound=st.integers(1, 300),
+    block_m=st.sampled_from([64, 128]),
+    share=st.floats(0.01, 1.0),
+)
+def test_the_cycles_a_host_enqueues_for_a_bound_cover_every_routing_within_it(
+    data, ranks, local_experts, topk, bound, block_m, share
+):
+    """The unfused ring: every rank enqueues cycles_to_launch(bound) cycles, from the shape
+    alone; whatever the routing of at most `bound` tokens per rank, this rank's pool, walked
+    in windows of the ring, fits in them."""
+    from megamoe_rt.schedule.plan import cycles_to_launch, pool_blocks_upper_bound
+    from megamoe_rt.schedule.task_stream import pull_cycles
+
+    topk = min(topk, ranks * local_experts)
+    full = pool_blocks_upper_bound(bound, ranks, topk, local_experts, block_m)
+    ring = max(1, round(share * full))
+    launched = cycles_to_launch(bound, ranks, topk, local_experts, ring, block_m)
+    # Rows each local expert of this rank receives: every source rank's tokens, each reaching at
+    # most one row per expert (distinct experts per token).
+    rows = [0] * local_experts
+    for _ in range(ranks):
+        tokens = data.draw(st.integers(0, bound))
+        for _ in range(tokens):
+            picks = data.draw(st.sets(st.integers(0, ranks * local_experts - 1), min_size=0, max_size=topk))
+            for g in picks:
+                if g < local_experts:  # this rank's experts are the first local_experts ids
+                    rows[g] += 1
+    blocks = [-(-r // block_m) for r in rows]
+    cycles = pull_cycles(blocks, ring, launched)  # raises if the pool needs more cycles
+    assert len(cycles) == launched
+    assert sorted(b for c in cycles for b in c) == sorted((e, b) for e, n in enumerate(blocks) for b in range(n))

@@ -142,7 +142,9 @@ def test_bound_and_ring_arguments_are_checked():
     assert MegaMoE(512, 256, 8, 2, 64).mode == "fused"
     assert MegaMoE(384, 256, 8, 2, 64).mode == "unfused"
     report = layer.memory_report()
-    assert "fused pools: ring of" in report and "lag" in report
+    assert (
+        f"fused pools: full pool of {layer.layout.pool_blocks} blocks" in report and "lag" in report
+    )  # 128 tokens: the ring covers the pool
 
 
 _WITHHELD = trap_script(256, 512, 256, 8, 2, 0.5, "", WITHHOLD_HOOK)

@@ -32,6 +32,9 @@ topk_weights = cp.full((t, topk), 1.0 / topk, dtype=cp.float32)
 w1, w1_sf = quantize_weight_fp8(rs.standard_normal((experts, 2 * p.intermediate, p.hidden), dtype=cp.float32) / 64)
 w2, w2_sf = quantize_weight_fp8(rs.standard_normal((experts, p.hidden, p.intermediate), dtype=cp.float32) / 64)
 args = (x, x_sf, topk_idx, topk_weights)
+# The calls run on their own stream: the inputs above (made on CuPy's current stream) must be
+# complete first, and load_weights runs on the calls' stream so they see the weights.
+cp.cuda.get_current_stream().synchronize()
 stream = cp.cuda.Stream(non_blocking=True)
 
 
@@ -58,7 +61,7 @@ def run(layer, reps=5):
 results = {}
 for label, kwargs in (("full pool", {"chunk_ratio": 1.0}), (f"ring {a.ratio:g}", {"chunk_ratio": a.ratio})):
     layer = MegaMoE(p.hidden, p.intermediate, experts, topk, t, mode=a.mode, **kwargs)
-    layer.load_weights(w1, w1_sf, w2, w2_sf)
+    layer.load_weights(w1, w1_sf, w2, w2_sf, stream=stream)
     y, ms = run(layer)
     results[label] = (y, ms, layer.layout.total_bytes / 2**20)
     print(f"--- {a.mode}, {label}: {t} tokens of {a.preset} ({experts} local experts, top-{topk})")

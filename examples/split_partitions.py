@@ -36,6 +36,9 @@ w1_sf = rs.uniform(1e-4, 1e-3, size=(experts, 2 * p.intermediate // 128, p.hidde
 w2 = rs.randint(0, 126, size=(experts, p.hidden, p.intermediate)).astype(cp.uint8)
 w2_sf = rs.uniform(1e-4, 1e-3, size=(experts, p.hidden // 128, p.intermediate // 128)).astype(cp.float32)
 args = (x, x_sf, topk_idx, topk_weights)
+# The calls run on their own stream: the inputs above (made on CuPy's current stream) must be
+# complete first, and load_weights runs on the calls' stream so they see the weights.
+cp.cuda.get_current_stream().synchronize()
 stream = cp.cuda.Stream(non_blocking=True)
 
 
@@ -61,7 +64,7 @@ def device_us(layer, reps=20):
 
 
 fused = MegaMoE(p.hidden, p.intermediate, experts, topk, t, mode="fused")
-fused.load_weights(w1, w1_sf, w2, w2_sf)
+fused.load_weights(w1, w1_sf, w2, w2_sf, stream=stream)
 y_fused = fused(*args)
 fused_us = device_us(fused)
 print(
@@ -75,7 +78,7 @@ start_col, done_col = TRACE_EVENTS.index("start"), TRACE_EVENTS.index("math_done
 for l1 in (int(v) for v in a.splits.split(",")):
     sms = (l1, fused.device_info.sm_count - l1, fused.device_info.sm_count)
     layer = MegaMoE(p.hidden, p.intermediate, experts, topk, t, mode="split", split_sms=sms)
-    layer.load_weights(w1, w1_sf, w2, w2_sf)
+    layer.load_weights(w1, w1_sf, w2, w2_sf, stream=stream)
     same = bool(cp.array_equal(layer(*args), y_fused))
     call_us = device_us(layer)
     with trace_buffer(layer) as stamps, stream:

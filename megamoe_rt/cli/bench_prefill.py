@@ -62,7 +62,7 @@ def bench_prefill(
                 arms: dict[str, Callable[[], None]] = {}
                 for ring in _rings(mode, ratios):
                     layer = MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, t, mode=mode, **_layer_kwargs(ring))
-                    layer.load_weights(inp["w1"], inp["w1_sf"], inp["w2"], inp["w2_sf"])
+                    layer.load_weights(inp["w1"], inp["w1_sf"], inp["w2"], inp["w2_sf"], stream=stream)
                     y = cp.empty((t, p.hidden), dtype=cp.uint16)
                     graph = capture_layer_call(layer, args, y, stream, num_tokens_bound=t)
                     layers[str(ring)] = (layer, graph, y)

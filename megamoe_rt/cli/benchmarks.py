@@ -264,7 +264,7 @@ def bench_moe(
             arms: dict[str, Callable[[], None]] = {}
             for m in modes:
                 layer = MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, cap, mode=m)
-                layer.load_weights(inp["w1"], inp["w1_sf"], inp["w2"], inp["w2_sf"])
+                layer.load_weights(inp["w1"], inp["w1_sf"], inp["w2"], inp["w2_sf"], stream=stream)
                 y = cp.empty((t, p.hidden), dtype=cp.uint16)
                 graphs[m] = capture_layer_call(layer, args, y, stream, num_tokens_bound=t)
                 layers[m] = layer

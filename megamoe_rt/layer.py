@@ -305,7 +305,9 @@ class MegaMoE:
         ``[E, 2I/128, H/128]``, ``w2`` ``[E, H, I]``, ``w2_sf`` ``[E, H/128, I/128]``.
 
         The layer keeps its own copies, re-laid for the kernels; every step runs on ``stream``
-        (default: CuPy's current stream), so calls later on that stream see the new weights.
+        (default: CuPy's current stream), so calls later on that stream see the new weights;
+        a call on another stream must be ordered after it (an event, or a synchronize), or it
+        may read weights still being copied.
         The first load builds the mode's plans (across ranks it also compiles and loads the
         kernels now, not at the first call, where a rank still compiling would eat into its
         peers' deadlines). A later load copies into the same device arrays: plans, and graphs
@@ -384,8 +386,9 @@ class MegaMoE:
         ``num_tokens_bound``: at least ``T`` and at most the capacity (default: the capacity).
         The fused mode picks its order from it: a bound whose worst-case pool fits the ring
         runs single-wave, and a smaller bound gives a shorter lag. Across ranks it must be the
-        same on every rank (checked on every call). The unfused mode checks it and otherwise
-        ignores it.
+        same on every rank (checked on every call). The unfused mode with a ring enqueues the
+        cycles the worst-case pool at the bound needs (fewer for a smaller bound); without a
+        ring it only checks it.
         """
         if self.group is not None:
             return self._call_across_ranks(x, x_sf, topk_idx, topk_weights, out, stream, num_tokens_bound)

@@ -13,16 +13,12 @@ import numpy as np
 import pytest
 
 from megamoe_rt import reference as ref
+from tests.helpers.layer_calls import BF16_NAN, bf16, device_args, run_poisoned
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
 
-BF16_NAN = 0x7FC1
 BLOCK = 128  # the unfused pool's block rows
-
-
-def _bf16(bits):
-    return (np.asarray(bits, np.uint32) << 16).view(np.float32)
 
 
 def _layer(h, i, e, k, cap, w, **kw):
@@ -31,21 +27,6 @@ def _layer(h, i, e, k, cap, w, **kw):
     layer = MegaMoE(h, i, e, k, cap, **kw)
     layer.load_weights(w["w1"], w["w1_sf"], w["w2"], w["w2_sf"])
     return layer
-
-
-def _dev(inp):
-    return [
-        cp.asarray(inp["x"].view(np.uint8)),
-        cp.asarray(inp["x_sf"]),
-        cp.asarray(inp["topk_idx"]),
-        cp.asarray(inp["topk_weights"]),
-    ]
-
-
-def _run(layer, args, **kw):
-    out = cp.full((args[0].shape[0], layer.hidden), BF16_NAN, dtype=cp.uint16)
-    layer(*args, out=out, **kw)
-    return cp.asnumpy(out)
 
 
 def _pool_cycles(layer):
@@ -87,13 +68,13 @@ def test_an_unfused_ring_gives_the_bits_of_the_full_pool(h, i, e, k, cap, t, rat
     ring = _layer(h, i, e, k, cap, w, mode="unfused", chunk_ratio=ratio)
     assert ring.runner.ring and ring.layout.pool_blocks < full.layout.pool_blocks
     inp = ref.random_moe_inputs(rng, t, h, i, e, k, empty_slot_prob=0.05)
-    args = _dev(inp)
-    want = _run(full, args)
-    np.testing.assert_array_equal(_run(ring, args), want)
+    args = device_args(inp)
+    want = run_poisoned(full, args)
+    np.testing.assert_array_equal(run_poisoned(ring, args), want)
     assert _pool_cycles(ring) == _expected_cycles(inp["topk_idx"], e, ring.layout.pool_rows) > 1
     assert _pool_cycles(full) == 1
     if t <= 1024:
-        assert ref.calc_diff(_bf16(want), _reference(inp, w)) < 1e-3
+        assert ref.calc_diff(bf16(want), _reference(inp, w)) < 1e-3
 
 
 def test_an_unfused_ring_with_skewed_routing_a_bound_int64_ids_and_an_empty_call():
@@ -106,18 +87,18 @@ def test_an_unfused_ring_with_skewed_routing_a_bound_int64_ids_and_an_empty_call
     inp = ref.random_moe_inputs(rng, 3000, h, i, e, k)
     inp["topk_idx"][:2500] = np.array([3, 4, 5, 6])  # most rows on four experts, spanning cycles
     inp["topk_idx"] = inp["topk_idx"].astype(np.int64)
-    args = _dev(inp)
-    want = _run(full, args)
-    np.testing.assert_array_equal(_run(ring, args), want)
-    np.testing.assert_array_equal(_run(fused, args), want)
+    args = device_args(inp)
+    want = run_poisoned(full, args)
+    np.testing.assert_array_equal(run_poisoned(ring, args), want)
+    np.testing.assert_array_equal(run_poisoned(fused, args), want)
     assert _pool_cycles(ring) == _expected_cycles(inp["topk_idx"], e, ring.layout.pool_rows) > 1
     # A bound below the capacity enqueues fewer cycles; its calls still get every row.
     small = [a[:700] for a in args]
     assert ring.runner.cycles_to_launch(700) < ring.runner.cycles_to_launch(cap)
-    np.testing.assert_array_equal(_run(ring, small, num_tokens_bound=700), _run(full, small))
+    np.testing.assert_array_equal(run_poisoned(ring, small, num_tokens_bound=700), run_poisoned(full, small))
     assert _pool_cycles(ring) == _expected_cycles(inp["topk_idx"][:700], e, ring.layout.pool_rows)
     empty = [a[:0] for a in args]
-    assert _run(ring, empty).shape == (0, h)
+    assert run_poisoned(ring, empty).shape == (0, h)
 
 
 def test_an_unfused_ring_replays_in_a_graph_with_new_inputs():
@@ -127,7 +108,7 @@ def test_an_unfused_ring_replays_in_a_graph_with_new_inputs():
     full = _layer(h, i, e, k, cap, w, mode="unfused")
     ring = _layer(h, i, e, k, cap, w, mode="unfused", chunk_ratio=0.2)
     inp = ref.random_moe_inputs(rng, cap, h, i, e, k)
-    args = _dev(inp)
+    args = device_args(inp)
     out = cp.full((cap, h), BF16_NAN, dtype=cp.uint16)
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
@@ -138,12 +119,12 @@ def test_an_unfused_ring_replays_in_a_graph_with_new_inputs():
         graph = stream.end_capture()
     for _ in range(2):
         fresh = ref.random_moe_inputs(rng, cap, h, i, e, k)
-        for dst, src in zip(args, _dev(fresh), strict=True):
+        for dst, src in zip(args, device_args(fresh), strict=True):
             dst[...] = src
         out.fill(BF16_NAN)
         graph.launch(stream=stream)
         stream.synchronize()
-        np.testing.assert_array_equal(cp.asnumpy(out), _run(full, args))
+        np.testing.assert_array_equal(cp.asnumpy(out), run_poisoned(full, args))
 
 
 # A flash-like EP8 slice: hidden 4096, intermediate 2048, 32 local experts of top-6.
@@ -179,7 +160,7 @@ def test_long_prefill_every_mode_and_ring_agrees_and_matches_the_reference_on_a_
     outs = {}
     for name, kw in layers.items():
         layer = _layer(h, i, e, k, t, w, **kw)
-        outs[name] = _run(layer, args)
+        outs[name] = run_poisoned(layer, args)
         if name == "unfused ring 1/4":
             assert _pool_cycles(layer) == _expected_cycles(cp.asnumpy(args[2]), e, layer.layout.pool_rows) >= 4
         layer.close()
@@ -194,5 +175,5 @@ def test_long_prefill_every_mode_and_ring_agrees_and_matches_the_reference_on_a_
         "topk_weights": cp.asnumpy(args[3][sample]),
     }
     exp = _reference(sub, w)
-    assert np.isfinite(_bf16(want)).all()
-    assert ref.calc_diff(_bf16(want[sample]), exp) < 1e-3
+    assert np.isfinite(bf16(want)).all()
+    assert ref.calc_diff(bf16(want[sample]), exp) < 1e-3

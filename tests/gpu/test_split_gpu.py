@@ -10,16 +10,11 @@ import numpy as np
 import pytest
 
 from megamoe_rt import reference as ref
+from tests.helpers.layer_calls import BF16_NAN, bf16, device_args, run_poisoned
 from tests.helpers.traps import WITHHOLD_HOOK, check_withheld, trap_script
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
-
-BF16_NAN = 0x7FC1
-
-
-def _bf16(bits):
-    return (np.asarray(bits, np.uint32) << 16).view(np.float32)
 
 
 def _layers(h, i, e, k, cap, w, modes=("split", "fused", "unfused"), **kw):
@@ -31,21 +26,6 @@ def _layers(h, i, e, k, cap, w, modes=("split", "fused", "unfused"), **kw):
         layer.load_weights(w["w1"], w["w1_sf"], w["w2"], w["w2_sf"])
         out[m] = layer
     return out
-
-
-def _dev(inp):
-    return [
-        cp.asarray(inp["x"].view(np.uint8)),
-        cp.asarray(inp["x_sf"]),
-        cp.asarray(inp["topk_idx"]),
-        cp.asarray(inp["topk_weights"]),
-    ]
-
-
-def _run(layer, args, **kw):
-    out = cp.full((args[0].shape[0], layer.hidden), BF16_NAN, dtype=cp.uint16)
-    layer(*args, out=out, **kw)
-    return cp.asnumpy(out)
 
 
 def _reference(inp, w):
@@ -74,12 +54,12 @@ def test_split_matches_reference_and_is_bitwise_fused_and_unfused(h, i, e, k, ca
     w = ref.random_moe_inputs(rng, 1, h, i, e, k)
     layers = _layers(h, i, e, k, cap, w)
     inp = ref.random_moe_inputs(rng, t, h, i, e, k, empty_slot_prob=0.05)
-    args = _dev(inp)
-    ys = {m: _run(layer, args) for m, layer in layers.items()}
+    args = device_args(inp)
+    ys = {m: run_poisoned(layer, args) for m, layer in layers.items()}
     np.testing.assert_array_equal(ys["split"], ys["fused"])
     np.testing.assert_array_equal(ys["split"], ys["unfused"])
     if t:
-        assert ref.calc_diff(_bf16(ys["split"]), _reference(inp, w)) < 1e-3
+        assert ref.calc_diff(bf16(ys["split"]), _reference(inp, w)) < 1e-3
 
 
 @pytest.mark.parametrize("sms", [(64, 64, 132), (96, 36, 132), (32, 100, 64), (120, 8, 16)], ids=str)
@@ -91,8 +71,8 @@ def test_every_split_the_device_allows_gives_the_same_bits(sms):
     assert layers["split"].runner.sms.as_tuple() == sms
     inp = ref.random_moe_inputs(rng, t, h, i, e, k)
     inp["topk_idx"][: t // 3] = np.arange(k)  # a third of the tokens on the same experts
-    args = _dev(inp)
-    np.testing.assert_array_equal(_run(layers["split"], args), _run(layers["fused"], args))
+    args = device_args(inp)
+    np.testing.assert_array_equal(run_poisoned(layers["split"], args), run_poisoned(layers["fused"], args))
 
 
 def _traced_split_call(h, i, e, k, t, sms):
@@ -104,10 +84,10 @@ def _traced_split_call(h, i, e, k, t, sms):
     rng = np.random.default_rng()
     w = ref.random_moe_inputs(rng, 1, h, i, e, k)
     split = _layers(h, i, e, k, t, w, modes=("split",), split_sms=sms)["split"]
-    args = _dev(ref.random_moe_inputs(rng, t, h, i, e, k))
-    want = _run(split, args)  # compile and warm
+    args = device_args(ref.random_moe_inputs(rng, t, h, i, e, k))
+    want = run_poisoned(split, args)  # compile and warm
     with trace_buffer(split) as stamps:
-        np.testing.assert_array_equal(_run(split, args), want)
+        np.testing.assert_array_equal(run_poisoned(split, args), want)
     return cp.asnumpy(stamps).astype(np.int64), {name: n for n, name in enumerate(fk.TRACE_EVENTS)}
 
 
@@ -143,16 +123,16 @@ def test_twenty_replays_with_new_inputs_in_the_same_arrays():
     layers = _layers(h, i, e, k, cap, w, modes=("split", "fused"))
     split = layers["split"]
     first = ref.random_moe_inputs(rng, cap, h, i, e, k)
-    args = _dev(first)
+    args = device_args(first)
     out = cp.empty((cap, h), dtype=cp.uint16)
     graphs_before = None
     for n in range(20):
         inp = ref.random_moe_inputs(rng, cap, h, i, e, k, empty_slot_prob=0.1 * (n % 3))
-        for dst, src in zip(args, _dev(inp)):
+        for dst, src in zip(args, device_args(inp)):
             dst[...] = src
         out.fill(BF16_NAN)
         split(*args, out=out)
-        want = _run(layers["fused"], args)
+        want = run_poisoned(layers["fused"], args)
         np.testing.assert_array_equal(cp.asnumpy(out), want, err_msg=f"replay {n}")
         graph = split.runner._graphs["int32"]
         if graphs_before is None:
@@ -165,7 +145,7 @@ def test_calls_captured_into_a_caller_graph_replay_with_new_inputs():
     rng = np.random.default_rng()
     w = ref.random_moe_inputs(rng, 1, h, i, e, k)
     layers = _layers(h, i, e, k, cap, w, modes=("split", "fused"))
-    args = _dev(ref.random_moe_inputs(rng, cap, h, i, e, k))
+    args = device_args(ref.random_moe_inputs(rng, cap, h, i, e, k))
     out = cp.empty((cap, h), dtype=cp.uint16)
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
@@ -176,13 +156,13 @@ def test_calls_captured_into_a_caller_graph_replay_with_new_inputs():
         graph = stream.end_capture()
     for _ in range(3):
         inp = ref.random_moe_inputs(rng, cap, h, i, e, k)
-        for dst, src in zip(args, _dev(inp)):
+        for dst, src in zip(args, device_args(inp)):
             dst[...] = src
         out.fill(BF16_NAN)
         cp.cuda.Device().synchronize()
         graph.launch(stream)
         stream.synchronize()
-        np.testing.assert_array_equal(cp.asnumpy(out), _run(layers["fused"], args))
+        np.testing.assert_array_equal(cp.asnumpy(out), run_poisoned(layers["fused"], args))
 
 
 def test_pool_overflow_and_ring_and_int64_ids():
@@ -194,9 +174,9 @@ def test_pool_overflow_and_ring_and_int64_ids():
     assert ring.layout.pool_blocks == 40
     inp = ref.random_moe_inputs(rng, cap, h, i, e, k)
     inp["topk_idx"][: cap // 2] = np.arange(k)  # long units: the 40-block ring wraps many times
-    args = _dev(inp)
+    args = device_args(inp)
     args[2] = args[2].astype(cp.int64)
-    np.testing.assert_array_equal(_run(ring, args), _run(fused, args))
+    np.testing.assert_array_equal(run_poisoned(ring, args), run_poisoned(fused, args))
 
 
 def test_bad_split_sms_are_refused_with_the_valid_choices():
@@ -232,7 +212,7 @@ def test_chunk_ratio_sizes_the_ring_and_the_bits_do_not_change():
     assert auto.layout.pool_blocks == full  # a small layer: the whole pool fits the budget
     inp = ref.random_moe_inputs(rng, cap, h, i, e, k)
     inp["topk_idx"][: cap // 2] = np.arange(k)
-    args = _dev(inp)
-    want = _run(fused, args)
-    np.testing.assert_array_equal(_run(quarter, args), want)
-    np.testing.assert_array_equal(_run(auto, args), want)
+    args = device_args(inp)
+    want = run_poisoned(fused, args)
+    np.testing.assert_array_equal(run_poisoned(quarter, args), want)
+    np.testing.assert_array_equal(run_poisoned(auto, args), want)

@@ -1,0 +1,33 @@
+"""Calling a layer in the GPU tests: host inputs to the device, a call into a poisoned output."""
+
+from __future__ import annotations
+
+import numpy as np
+
+BF16_NAN = 0x7FC1  # the poison every output starts from: a row the layer skips stays NaN
+
+
+def bf16(bits):
+    """bf16 bits (uint16) as float32 values."""
+    return (np.asarray(bits, np.uint32) << 16).view(np.float32)
+
+
+def device_args(inp):
+    """The four call arguments of ``reference.random_moe_inputs`` output, on the device."""
+    import cupy as cp
+
+    return [
+        cp.asarray(inp["x"].view(np.uint8)),
+        cp.asarray(inp["x_sf"]),
+        cp.asarray(inp["topk_idx"]),
+        cp.asarray(inp["topk_weights"]),
+    ]
+
+
+def run_poisoned(layer, args, **kw):
+    """One call into an output filled with NaN first; the output on the host."""
+    import cupy as cp
+
+    out = cp.full((args[0].shape[0], layer.hidden), BF16_NAN, dtype=cp.uint16)
+    layer(*args, out=out, **kw)
+    return cp.asnumpy(out)

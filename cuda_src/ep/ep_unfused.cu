@@ -13,13 +13,14 @@
 //   (L1 and L2 grouped GEMMs; the L2 epilogue scatters into the sources' combine buffers)
 //   ep_finish       tell every rank its partials are in, wait until every rank did the same,
 //                   record the most pool cycles of any rank, bump the launch epoch
+//   (combine over this rank's tokens)
 //
 // With a ring (pool_rows below the rows laid out) ep_dispatch and the two GEMMs run once per
 // cycle, on the window of pool rows [row_base, row_base + pool_rows). A pull reads only what its
 // source published before count_ready (x, x_sf, the send list), so cycles need no handshake
-// with peers: each rank's host enqueues the same number of cycles (from the shared layout), and
-// a cycle past a rank's pool is a few empty launches.
-//   (combine over this rank's tokens)
+// with peers: each rank's host enqueues the same number of cycles (from the layout and the
+// call's num_tokens_bound, the same on every rank), and a cycle past a rank's pool is a few
+// empty launches.
 //
 // The protocol and why the parity banks make it safe across back-to-back launches:
 // megamoe_rt/schedule/ep_protocol.py (a CPU model) and docs/ARCHITECTURE.md, "Cross-rank

@@ -81,13 +81,15 @@ def test_the_kernels_bank_layout_matches_the_buffer_region(ranks, experts):
     el = experts // ranks
     bank = bank_layout(ranks, el)
     assert lay.workspace_region("ep_banks").shape == (2, bank.words)
-    # recv_counts | recv_offsets | count_ready | combine_ready, back to back, nothing past the end.
-    assert (bank.recv_counts, bank.recv_offsets, bank.count_ready, bank.combine_ready) == (
+    # recv_counts | recv_offsets | count_ready | combine_ready | pool_cycles, back to back, nothing
+    # past the end.
+    assert (bank.recv_counts, bank.recv_offsets, bank.count_ready, bank.combine_ready, bank.pool_cycles) == (
         0,
         ranks * el,
         2 * ranks * el,
         2 * ranks * el + ranks,
+        2 * ranks * el + 2 * ranks,
     )
-    assert bank.combine_ready + ranks == bank.words
+    assert bank.pool_cycles + 1 == bank.words
     assert lay.workspace_region("ep_src_rows").shape == (el, ranks + 1)
     assert lay.region("send_list").shape == (lay.num_max_tokens_per_rank * 4,)

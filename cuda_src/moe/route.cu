@@ -22,22 +22,27 @@ static_assert(kScanThreads >= kMaxLocalExperts, "the scan gives every local expe
 __global__ void __launch_bounds__(kScanThreads) moe_pool_offsets(const __grid_constant__ MoeParams p) {
     __shared__ i32 scan[kScanThreads];
     const u32 e = threadIdx.x;
-    const i32 count = e < p.num_local_experts ? p.expert_counts[e] : 0;
+    i32 count = e < p.num_local_experts ? p.expert_counts[e] : 0;
     const i32 align = static_cast<i32>(p.pool_align);
     const i32 padded = (count + align - 1) / align * align;
     scan[e] = padded;
     block_inclusive_scan<kScanThreads>(scan);  // the experts fit one block (checked on the host)
+    // The host's checks keep the pool within the worst case; should it still be exceeded, it is
+    // reported and every expert left empty, so that no dispatch, window fill or GEMM tile
+    // touches rows past the per-row metadata (the cross-rank layout does the same).
+    const u32 laid_out = static_cast<u32>(scan[kScanThreads - 1]);
+    const bool overflow = laid_out > p.pool_row_limit;
+    if (overflow) count = 0;
     if (e < p.num_local_experts) {
-        p.expert_offsets[e] = scan[e] - padded;
+        p.expert_offsets[e] = overflow ? 0 : scan[e] - padded;
+        p.expert_counts[e] = count;
         p.expert_cursors[e] = 0;
         if (p.expert_recv_stats != nullptr) p.expert_recv_stats[e] += count;
     }
     if (e == p.num_local_experts - 1) {
-        p.expert_offsets[p.num_local_experts] = scan[e];
-        if (static_cast<u32>(scan[e]) > p.pool_row_limit)
-            errors::report_error(p.errors, errors::ErrorKind::kPoolOverflow, static_cast<u32>(scan[e]),
-                                 p.pool_row_limit);
-        if (p.pool_cycles != nullptr) *p.pool_cycles = pool_cycles(p, static_cast<u32>(scan[e]));
+        p.expert_offsets[p.num_local_experts] = overflow ? 0 : scan[e];
+        if (overflow) errors::report_error(p.errors, errors::ErrorKind::kPoolOverflow, laid_out, p.pool_row_limit);
+        if (p.pool_cycles != nullptr) *p.pool_cycles = pool_cycles(p, overflow ? 0u : laid_out);
     }
 }
 

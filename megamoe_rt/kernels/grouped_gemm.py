@@ -147,6 +147,8 @@ class GroupedGemmPlan:
             self.refresh_scales(sh)
         if self.layout_check is not None:
             self.layout_check.run(sh)
+        if self.gemm.args:
+            self.gemm.args[0].row_base = 0  # the whole of A (run_window may have moved it)
         self.gemm.run(sh)
         return self.result
 
@@ -156,6 +158,7 @@ class GroupedGemmPlan:
         rows). For the unfused layer's cycles; plans with a layout check or a scale re-layout
         do not take windows."""
         assert self.layout_check is None and self.refresh_scales is None and self.layout == "contiguous"
+        assert row_base >= 0 and row_base % GROUP_ALIGN == 0, f"row_base={row_base}: a multiple of {GROUP_ALIGN}"
         if self.gemm.args:
             self.gemm.args[0].row_base = row_base
         self.gemm.run(stream)

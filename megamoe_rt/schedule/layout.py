@@ -263,7 +263,12 @@ def symm_buffer_layout(
         "first pool row of each local expert (block-aligned prefix sum, last = total rows)",
     )
     ws.add("expert_cursors", "int32", (el,), "rows placed so far per local expert while dispatching")
-    ws.add("pool_cycles", "uint32", (1,), "unfused: pool cycles of the last call (across ranks the most of any rank)")
+    ws.add(
+        "pool_cycles",
+        "uint32",
+        (1,),
+        "unfused: pool cycles of the last call that launched (across ranks the most of any rank)",
+    )
     ws.add("grid_sync", "uint32", (_GRID_SYNC_WORDS,), "grid-wide barrier counters")
     ws.add(
         "fused_banks",

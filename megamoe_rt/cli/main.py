@@ -368,6 +368,14 @@ def cmd_tune_split(args) -> int:
     return run(args)
 
 
+def cmd_trace(args) -> int:
+    from megamoe_rt.cli.trace import run
+
+    if _hopper_or_none("trace") is None:
+        return 1
+    return run(args)
+
+
 def cmd_sweep(args) -> int:
     from megamoe_rt.graph import SpecError, load_spec
     from megamoe_rt.graph.sweep import format_table, parse_vary, plot, run_sweep, sweep_points
@@ -488,6 +496,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_tune_split_arguments(s)
     s.set_defaults(func=cmd_tune_split)
+
+    from megamoe_rt.cli.trace import add_arguments as add_trace_arguments
+
+    s = sub.add_parser(
+        "trace",
+        help="one call's per-block stage trace as a Chrome/Perfetto trace file (GPU; across ranks: "
+        "megamoe-rt launch -n N -m megamoe_rt.cli.trace ...)",
+    )
+    add_trace_arguments(s)
+    s.set_defaults(func=cmd_trace)
 
     s = sub.add_parser("launch", help="run a script as N ranks, one process per GPU")
     s.add_argument("-n", "--nprocs", type=_positive_int, required=True, help="number of ranks")

@@ -8,7 +8,10 @@ weights, so each rank checks its own outputs against the reference of the global
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -210,3 +213,15 @@ def test_a_rank_that_never_calls_fails_its_peers_on_the_host_naming_it(mode, mon
         spawn(_silent_rank, WORLD, args=(mode,), timeout=300)
     text = str(info.value)
     assert "TimeoutError" in text and f"rank {WORLD - 1} did not take part" in text, text
+
+
+def test_trace_across_ranks_writes_a_process_per_rank(tmp_path):
+    path = tmp_path / "trace.json"
+    cmd = [sys.executable, "-m", "megamoe_rt", "launch", "-n", str(WORLD), "-m", "megamoe_rt.cli.trace"]
+    cmd += ["--tokens", "256", "-o", str(path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr
+    trace = json.loads(path.read_text())
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert {s["pid"] for s in spans} == set(range(WORLD))
+    assert all(s["dur"] >= 0 for s in spans)

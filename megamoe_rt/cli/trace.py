@@ -1,0 +1,221 @@
+"""``megamoe-rt trace``: one call's device-side stage trace as a Chrome / Perfetto trace file.
+
+The fused kernel (and the split pipeline's K1, K2 and K3) can stamp, per block, the
+``%globaltimer`` of each stage boundary (``kernels.fused.TRACE_EVENTS``) and the SM the block
+ran on. This module turns those stamps into trace events: a process per rank, a track per
+(SM, role) -- the block's routing, its dispatch warps, its TMA producer, its math warpgroups,
+and, in the split mode, K3's reduce blocks -- with one span per stage. Open the file in
+https://ui.perfetto.dev or chrome://tracing.
+
+One GPU: ``megamoe-rt trace --preset flash --tokens 2048 [--mode split] [-o trace.json]``.
+Across ranks: ``megamoe-rt launch -n 2 -m megamoe_rt.cli.trace --preset flash --tokens 2048``:
+every rank traces its own call and rank 0 writes one file with a process per rank. Times are
+microseconds from the earliest stamp of any rank; ``%globaltimer`` is the GPU's global
+nanosecond timer, so ranks on one node line up to within the timers' agreement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+# (span name, role track, first event, last event): a span is drawn when both stamps exist.
+SPANS: tuple[tuple[str, str, str, str], ...] = (
+    ("count routes", "routing", "start", "counted"),
+    ("lay out and claim rows", "routing", "counted", "claimed"),
+    ("dispatch rows", "dispatch warps", "claimed", "dispatch_done"),
+    ("load tiles (TMA)", "producer", "claimed", "producer_done"),
+    ("GEMM tiles", "math", "claimed", "math_done"),
+    ("wait for every block's tiles", "math", "math_done", "all_tiles_done"),
+    ("combine", "math", "all_tiles_done", "combine_done"),
+)
+# K3 (the split pipeline's reduce) stamps its start and end only.
+REDUCE_SPANS: tuple[tuple[str, str, str, str], ...] = (("reduce (combine)", "reduce", "start", "combine_done"),)
+ROLES = ("routing", "dispatch warps", "producer", "math", "reduce")
+
+
+@dataclass(frozen=True)
+class TracedKernel:
+    """Rows ``[first_row, first_row + rows)`` of a trace buffer, stamped by kernel ``name``."""
+
+    name: str
+    first_row: int
+    rows: int
+    reduce: bool = False  # stamps only start and end (split K3)
+
+
+def kernels_of(mode: str, trace_rows: int, sms: tuple[int, int, int] | None = None) -> list[TracedKernel]:
+    """Which rows of a layer's trace buffer each kernel stamps (see testing.trace_buffer)."""
+    if mode == "fused":
+        return [TracedKernel("fused", 0, trace_rows)]
+    if mode == "split":
+        if sms is None:
+            raise ValueError("mode='split': the SM split (l1, l2, reduce) is needed to tell K1, K2 and K3 apart")
+        l1, l2, _ = sms
+        return [
+            TracedKernel("K1 dispatch+L1", 0, l1),
+            TracedKernel("K2 L2+scatter", l1, l2),
+            TracedKernel("K3 reduce", l1 + l2, trace_rows - l1 - l2, reduce=True),
+        ]
+    raise ValueError(f"mode={mode!r}: a trace is recorded by mode 'fused' or 'split'")
+
+
+def trace_events(
+    stamps: Any, events: Sequence[str], kernels: Sequence[TracedKernel], *, rank: int, origin_ns: int
+) -> list[dict]:
+    """Chrome trace events (complete events, "X") of one rank's stamps ``[rows, len(events)]``
+    (``events``: the column names, the SM column named ``"sm"``)."""
+    col = {e: j for j, e in enumerate(events)}
+    out: list[dict] = []
+    named: set[int] = set()
+    for kernel in kernels:
+        spans = REDUCE_SPANS if kernel.reduce else SPANS
+        per_sm_reduce: dict[int, int] = {}
+        for row in range(kernel.first_row, kernel.first_row + kernel.rows):
+            stamp = [int(v) for v in stamps[row]]
+            if stamp[col["start"]] == 0:
+                continue  # a block that did not run (K3 launches as many as it needs)
+            sm = stamp[col["sm"]]
+            lane = 0
+            if kernel.reduce:  # several K3 blocks share an SM: a track each
+                lane = per_sm_reduce.get(sm, 0)
+                per_sm_reduce[sm] = lane + 1
+            for name, role, first, last in spans:
+                t0, t1 = stamp[col[first]], stamp[col[last]]
+                if t0 == 0 or t1 == 0 or t1 < t0:
+                    continue
+                tid = (sm * len(ROLES) + ROLES.index(role)) * 64 + lane
+                if tid not in named:
+                    named.add(tid)
+                    label = f"SM {sm:3d} {role}" + (f" {lane}" if lane else "")
+                    out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": label}})
+                    out.append(
+                        {"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": tid, "args": {"sort_index": tid}}
+                    )
+                out.append(
+                    {
+                        "ph": "X",
+                        "name": name,
+                        "cat": kernel.name,
+                        "pid": rank,
+                        "tid": tid,
+                        "ts": (t0 - origin_ns) / 1e3,
+                        "dur": (t1 - t0) / 1e3,
+                        "args": {"kernel": kernel.name, "block": row - kernel.first_row, "sm": sm},
+                    }
+                )
+    out.append({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}})
+    return out
+
+
+def earliest_stamp(stamps: Any, events: Sequence[str]) -> int:
+    """The earliest nonzero time stamp (ns), 0 if none."""
+    times = [int(v) for row in stamps for j, v in enumerate(row) if events[j] != "sm" and int(v)]
+    return min(times) if times else 0
+
+
+def chrome_trace(ranks: Sequence[tuple[int, Any, Sequence[TracedKernel]]], events: Sequence[str], meta: dict) -> dict:
+    """A whole trace file: ``ranks`` holds (rank, stamps, kernels) per rank."""
+    starts = [earliest_stamp(s, events) for _, s, _ in ranks]
+    origin = min((t for t in starts if t), default=0)
+    out: list[dict] = []
+    for rank, stamps, kernels in ranks:
+        out += trace_events(stamps, events, kernels, rank=rank, origin_ns=origin)
+    return {"traceEvents": out, "displayTimeUnit": "ns", "otherData": meta}
+
+
+def traced_call(preset: str, tokens: int, mode: str, *, group: Any = None) -> tuple[Any, list[TracedKernel], dict]:
+    """Build the preset's EP8 per-rank slice (``group``: across its ranks), make one warm call,
+    then one traced call; its stamps (host NumPy), kernels and a description."""
+    import cupy as cp
+
+    from megamoe_rt.cli.layer_inputs import rank_inputs
+    from megamoe_rt.layer import MegaMoE
+    from megamoe_rt.presets import DEFAULT_EP_RANKS, get_preset
+    from megamoe_rt.testing import trace_buffer
+
+    p = get_preset(preset)
+    local = p.num_experts // DEFAULT_EP_RANKS
+    world = 1 if group is None else group.world_size
+    rank = 0 if group is None else group.rank
+    args, weights = rank_inputs(cp, rank, tokens, p.hidden, p.intermediate, local * world, local, p.num_topk, tokens)
+    stream = cp.cuda.Stream(non_blocking=True)
+    cp.cuda.get_current_stream().synchronize()  # the inputs, made on CuPy's stream
+    layer = MegaMoE(p.hidden, p.intermediate, local * world, p.num_topk, tokens, mode=mode, group=group)
+    try:
+        layer.load_weights(*weights, stream=stream)
+        y = cp.empty((tokens, p.hidden), dtype=cp.uint16)
+        with stream:
+            layer(*args, out=y, stream=stream)  # warm: kernels loaded, graphs built
+            stream.synchronize()
+        with trace_buffer(layer) as stamps, stream:
+            layer(*args, out=y, stream=stream)
+            stream.synchronize()
+            host = cp.asnumpy(stamps)
+        split = getattr(layer.runner, "sms", None)  # SplitMode: the SM counts of K1, K2, K3
+        sms = split.as_tuple() if mode == "split" and split is not None else None
+        kernels = kernels_of(mode, host.shape[0], sms)
+        meta = {"preset": preset, "tokens_per_rank": tokens, "mode": mode, "ranks": world, "split_sms": sms}
+    finally:
+        layer.close()
+    return host, kernels, meta
+
+
+def write_trace(path: str, trace: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(trace, f)
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--preset", default="flash")
+    ap.add_argument("--tokens", type=int, default=2048, help="tokens per rank (the preset's EP8 per-rank slice)")
+    ap.add_argument("--mode", default="fused", choices=("fused", "split"))
+    ap.add_argument("-o", "--output", default="trace.json", help="the trace file to write (default trace.json)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Across ranks (under ``megamoe-rt launch``): every rank traces, rank 0 writes the file."""
+    from megamoe_rt.ep.launch import context_from_env, launched
+    from megamoe_rt.kernels.fused import TRACE_EVENTS
+
+    ap = argparse.ArgumentParser(prog="megamoe_rt.cli.trace", description=__doc__.splitlines()[0])
+    add_arguments(ap)
+    a = ap.parse_args(argv)
+    if not launched():
+        return run(a)
+    from megamoe_rt.ep.symm import NvshmemRuntime
+
+    ctx = context_from_env()
+    import cupy as cp
+
+    cp.cuda.Device(ctx.device).use()
+    stamps, kernels, meta = traced_call(a.preset, a.tokens, a.mode, group=ctx)
+    mine = json.dumps({"stamps": stamps.tolist(), "kernels": [asdict(k) for k in kernels]}).encode()
+    everyone = [
+        json.loads(ctx.broadcast(mine if ctx.rank == r else None, key="trace", root=r)) for r in range(ctx.world_size)
+    ]
+    if ctx.rank == 0:
+        ranks = [(r, e["stamps"], [TracedKernel(**k) for k in e["kernels"]]) for r, e in enumerate(everyone)]
+        write_trace(a.output, chrome_trace(ranks, TRACE_EVENTS, meta))
+        print(f"wrote {a.output}: {a.mode}, {a.preset}, {a.tokens} tokens per rank, {ctx.world_size} ranks")
+    NvshmemRuntime.initialize(ctx).finalize()
+    return 0
+
+
+def run(a: argparse.Namespace) -> int:
+    """One GPU: trace one call and write the file."""
+    from megamoe_rt.kernels.fused import TRACE_EVENTS
+
+    stamps, kernels, meta = traced_call(a.preset, a.tokens, a.mode)
+    trace = chrome_trace([(0, stamps, kernels)], TRACE_EVENTS, meta)
+    write_trace(a.output, trace)
+    spans = sum(1 for e in trace["traceEvents"] if e["ph"] == "X")
+    print(f"wrote {a.output}: {a.mode}, {a.preset}, {a.tokens} tokens, {spans} spans (open in ui.perfetto.dev)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -25,7 +25,14 @@ from pathlib import Path
 
 from megamoe_rt._version import __version__
 from megamoe_rt.jit.cache import CubinCache
-from megamoe_rt.jit.paths import cuda_src_dir, header_set_version, include_dirs, missing_header_message
+from megamoe_rt.jit.link import link_cubin, nvjitlink_version
+from megamoe_rt.jit.paths import (
+    cuda_src_dir,
+    device_library_path,
+    header_set_version,
+    include_dirs,
+    missing_header_message,
+)
 from megamoe_rt.jit.resources import KernelResources, parse_ptxas_report, ptxas_entry_names
 from megamoe_rt.runtime.errors import NvrtcError
 
@@ -49,6 +56,10 @@ class KernelSpec:
     expect_sass: tuple[str, ...] = ()  # opcodes the SASS must contain (checked by tests)
     uses_printf: bool = False  # a diagnostic printf: a small stack frame for its arguments is expected
     includes: tuple[str, ...] = ()  # headers (relative to cuda_src/) compiled in ahead of the entry file
+    # Device libraries linked into the kernel (megamoe_rt.jit.paths.device_libraries, e.g.
+    # "nvshmem"): compiled with -rdc=true, then linked by nvJitLink (megamoe_rt.jit.link). The
+    # library's headers come with it.
+    device_libraries: tuple[str, ...] = ()
     # The kernel's parameters in order, as the ctypes types a launch passes (a parameter
     # struct, tensor maps, scalars). Loading checks them against the driver's parameter
     # sizes once (megamoe_rt.kernels.loader); empty: not checked.
@@ -135,13 +146,15 @@ def build_options(spec: KernelSpec, *, lineinfo: bool) -> tuple[list[str], dict[
     dirs = include_dirs()
     opts = [f"--gpu-architecture={ARCH}", f"--std={CXX_STD}", "--ptxas-options=-v", f"-I{cuda_src_dir()}"]
     external = {}
-    for need in spec.needs:
+    for need in (*spec.needs, *(lib for lib in spec.device_libraries if lib not in spec.needs)):
         if need not in dirs:
             raise ValueError(f"kernel {spec.name}: unknown header set {need!r}")
         if dirs[need] is None:
             raise RuntimeError(f"kernel {spec.name}: " + missing_header_message(need))
         opts.append(f"-I{dirs[need]}")
         external[need] = header_set_version(need)
+    if spec.device_libraries:
+        opts.append("--relocatable-device-code=true")
     if lineinfo:
         opts.append("-lineinfo")
     opts.extend(f"--pre-include={inc}" for inc in spec.includes)
@@ -175,8 +188,23 @@ def cache_key(spec: KernelSpec, options: list[str], external: dict[str, str]) ->
         "options": portable_opts,
         "nvrtc": list(nvrtc_version()),
     }
+    if spec.device_libraries:  # the library's version is its header set's (external above)
+        material["device_libraries"] = sorted(spec.device_libraries)
+        material["nvjitlink"] = list(nvjitlink_version())
     digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
     return digest[:40], material
+
+
+def _library_paths(spec: KernelSpec) -> list[Path]:
+    out = []
+    for lib in spec.device_libraries:
+        path = device_library_path(lib)
+        if path is None:
+            raise RuntimeError(
+                f"kernel {spec.name}: " + missing_header_message(lib).replace("headers", "device library")
+            )
+        out.append(path)
+    return out
 
 
 def _lineinfo_default() -> bool:
@@ -206,6 +234,8 @@ def compile_kernel(
     t0 = time.perf_counter()
     cubin, lowered, log = _nvrtc_compile(spec, options)
     cubin, res = _cubin_with_resources(spec, options, cubin, lowered, log)
+    if spec.device_libraries:
+        cubin = link_cubin(cubin, _library_paths(spec), arch=ARCH, name=spec.name)
     seconds = time.perf_counter() - t0
     if use_cache:
         cache.store(

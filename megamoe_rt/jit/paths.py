@@ -1,8 +1,9 @@
 """Where device code and headers come from.
 
 Headers are found in installed wheels only (nvidia-cuda-runtime, nvidia-cuda-cccl,
-nvidia-cutlass), never in /usr/local/cuda, so a build is reproducible from the
-environment's package versions alone.
+nvidia-cutlass, nvidia-nvshmem), never in /usr/local/cuda, so a build is reproducible from the
+environment's package versions alone. So are the device libraries a kernel links
+(NVSHMEM's device archive).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def _site_dirs() -> list[Path]:
 # Candidate layouts, CUDA 13 wheels first (nvidia/cu13/...), then CUDA 12's per-component dirs.
 _CUDA_HEADER_DIRS = ("nvidia/cu13/include", "nvidia/cuda_runtime/include")
 _CCCL_HEADER_DIRS = ("nvidia/cu13/include/cccl", "nvidia/cuda_cccl/include")
+_NVSHMEM_DIR = "nvidia/nvshmem"
 
 
 def _first_with(rel_dirs: tuple[str, ...], marker: str) -> Path | None:
@@ -51,7 +53,7 @@ def _first_with(rel_dirs: tuple[str, ...], marker: str) -> Path | None:
 
 @functools.cache
 def include_dirs() -> dict[str, Path | None]:
-    """Header sets a kernel may ask for: 'cuda', 'cccl', 'cutlass' -> directory or None."""
+    """Header sets a kernel may ask for: 'cuda', 'cccl', 'cutlass', 'nvshmem' -> directory or None."""
     cutlass = None
     spec = importlib.util.find_spec("cutlass_library")
     if spec is not None and spec.submodule_search_locations:
@@ -62,13 +64,30 @@ def include_dirs() -> dict[str, Path | None]:
         "cuda": _first_with(_CUDA_HEADER_DIRS, "cuda_fp8.h"),
         "cccl": _first_with(_CCCL_HEADER_DIRS, "cuda/std/cstdint"),
         "cutlass": cutlass,
+        "nvshmem": _first_with((_NVSHMEM_DIR + "/include",), "nvshmem.h"),
     }
+
+
+@functools.cache
+def device_libraries() -> dict[str, Path | None]:
+    """Device libraries a kernel may link (KernelSpec.device_libraries) -> archive or None.
+
+    'nvshmem': NVSHMEM's device-side API as host objects holding relocatable cubins per
+    architecture (libnvshmem_device.a), from the same wheel as the host library that
+    initialises it, so host and device sides are always one NVSHMEM version."""
+    return {"nvshmem": _first_with((_NVSHMEM_DIR + "/lib",), "libnvshmem_device.a")}
+
+
+def device_library_path(name: str) -> Path | None:
+    d = device_libraries()[name]
+    return None if d is None else d / f"lib{name}_device.a"
 
 
 _WHEEL_FOR = {
     "cuda": ("nvidia-cuda-runtime", "nvidia-cuda-runtime-cu12"),
     "cccl": ("nvidia-cuda-cccl", "nvidia-cuda-cccl-cu12"),
     "cutlass": ("nvidia-cutlass",),
+    "nvshmem": ("nvidia-nvshmem-cu13", "nvidia-nvshmem-cu12"),
 }
 
 

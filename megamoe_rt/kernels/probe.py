@@ -56,5 +56,24 @@ TASK_STREAM_SPEC = KernelSpec(
 )
 
 
+# NVSHMEM's device API linked in by nvJitLink (megamoe_rt/jit/link.py): dst, signal, out, peer.
+# Not among kernel_specs(): it needs NVSHMEM's device library and nvJitLink, which the
+# compile-only toolchains (the oldest NVRTC each CUDA extra allows) do not carry.
+NVSHMEM_LINK_SPEC = KernelSpec(
+    name="nvshmem_link_probe",
+    source="probe/nvshmem_link_probe.cu",
+    entry="megamoe_rt::probe::nvshmem_link_probe",
+    needs=("cuda", "cccl"),
+    device_libraries=("nvshmem",),
+    block_threads=32,
+    params=(ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int32),
+)
+
+
 def kernel_specs() -> list[KernelSpec]:
     return [SPEC, COPY_SPEC, WAIT_SPEC, TASK_STREAM_SPEC]
+
+
+def device_link_specs() -> list[KernelSpec]:
+    """Kernels that link a device library (compiled and linked by tests/cpu/test_device_link.py)."""
+    return [NVSHMEM_LINK_SPEC]

@@ -9,7 +9,6 @@ weights, so each rank checks its own outputs against the reference of the global
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -18,20 +17,12 @@ import numpy as np
 import pytest
 
 from megamoe_rt.ep.launch import RankFailed, spawn
+from tests.multigpu.conftest import WORLD
 
 pytestmark = pytest.mark.multigpu
 
-# Ranks to run on (bench/ep8.sh sets 4 or 8); each rank owns 8 experts.
-WORLD = int(os.environ.get("MEGAMOE_RT_TEST_RANKS", "2"))
+# Each rank owns 8 experts (tests/multigpu/conftest.py: how many ranks).
 H, I, E, K = 512, 256, 8 * WORLD, 4
-
-
-@pytest.fixture(autouse=True)
-def _enough_gpus():
-    from tests.conftest import hopper_gpu_count
-
-    if hopper_gpu_count() < WORLD:
-        pytest.skip(f"MEGAMOE_RT_TEST_RANKS={WORLD} needs {WORLD} Hopper GPUs")
 
 
 BF16_NAN = 0x7FC1

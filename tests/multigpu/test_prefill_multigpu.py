@@ -8,26 +8,16 @@ the cycles of the call, the most of any rank, in the workspace word ``pool_cycle
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
 from megamoe_rt.ep.launch import spawn
+from tests.multigpu.conftest import WORLD
 
 pytestmark = pytest.mark.multigpu
 
-WORLD = int(os.environ.get("MEGAMOE_RT_TEST_RANKS", "2"))
 BF16_NAN = 0x7FC1
 BLOCK = 128  # unfused pool block rows
-
-
-@pytest.fixture(autouse=True)
-def _enough_gpus():
-    from tests.conftest import hopper_gpu_count
-
-    if hopper_gpu_count() < WORLD:
-        pytest.skip(f"MEGAMOE_RT_TEST_RANKS={WORLD} needs {WORLD} Hopper GPUs")
 
 
 # name -> MegaMoE keyword arguments; the first is the full-pool run the others must match.

@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 from megamoe_rt.ep.launch import RankFailed, spawn
-from tests.multigpu.conftest import WORLD
+from tests.conftest import TEST_RANKS as WORLD
 
 pytestmark = pytest.mark.multigpu
 
-# Each rank owns 8 experts (tests/multigpu/conftest.py: how many ranks).
+# Each rank owns 8 experts (how many ranks: TEST_RANKS in tests/conftest.py).
 H, I, E, K = 512, 256, 8 * WORLD, 4
 
 

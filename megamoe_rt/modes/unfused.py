@@ -72,6 +72,9 @@ class UnfusedMode(Mode):
                 f"ring_blocks={layout.pool_blocks}: mode='unfused' runs a ring of at least {minimum} blocks of "
                 f"{POOL_ALIGN} rows here (1/{MAX_CYCLES} of the worst-case pool of {layout.full_pool_blocks})"
             )
+        # True when the pool's data regions are a ring smaller than the worst-case pool (fixed
+        # with the layout; read on every call).
+        self.ring = layout.pool_blocks < layout.full_pool_blocks
         self.expert_parallel = spec.expert_parallel
         if self.expert_parallel and layout.num_experts > ek.MAX_EXPERTS:
             raise ValueError(f"num_experts={layout.num_experts}: at most {ek.MAX_EXPERTS} across ranks")
@@ -160,11 +163,6 @@ class UnfusedMode(Mode):
         if idx not in self._ep_kernels:
             self._ep_kernels[idx] = {k: get_kernel(s, self.spec.device) for k, s in ek.specs(idx).items()}
         return self._ep_kernels[idx]
-
-    @property
-    def ring(self) -> bool:
-        """True when the pool's data regions are a ring smaller than the worst-case pool."""
-        return self.layout.pool_blocks < self.layout.full_pool_blocks
 
     def cycles_to_launch(self, bound: int) -> int:
         """Cycles a call bounded by ``bound`` tokens per rank enqueues (1 without a ring)."""

@@ -7,6 +7,9 @@ Device time per rank (the method of megamoe_rt/cli/timing.py, graph replay), rep
 TFLOP/s per GPU; NVLink GB/s per rank from the bytes that cross ranks (the pulled x rows,
 scales and send-list entries, and the bf16 partials returned) against the ~395 GB/s copy
 ceiling measured on these GPUs.
+
+``main_ep`` also runs ``overhead`` and ``prefill`` across ranks (cli/bench_overhead.py,
+cli/bench_prefill.py), with the same options read by ``ep_arguments``.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import json
 from collections.abc import Callable
 
 from megamoe_rt.cli.layer_inputs import preset_slices, rank_inputs
-from megamoe_rt.cli.timing import DeviceTimer, bracketed, capture_layer_call
+from megamoe_rt.cli.timing import DeviceTimer, bracketed, capture_layer_call, every_rank
 
 NVLINK_BYTES_PER_S = 395e9
 
@@ -49,11 +52,7 @@ def bench_moe_ep(
         with stream:
             results = bracketed(DeviceTimer(), arms, rounds=rounds)
         mine = {m: results[m].median_us for m in modes}
-        # Everyone's numbers to everyone (one exchange per rank, same order on all ranks).
-        everyone = [
-            json.loads(ctx.broadcast(json.dumps(mine).encode() if ctx.rank == r else None, key="bench-ep", root=r))
-            for r in range(world)
-        ]
+        everyone = every_rank(ctx, mine, key="bench-ep")
         cross = remote * (p.hidden + p.hidden // 128 * 4 + 8 + 2 * p.hidden)
         for m in modes:
             slowest = max(e[m] for e in everyone)
@@ -90,25 +89,59 @@ def bench_moe_ep(
     return rows
 
 
+def ep_arguments(argv: list[str], what: str = "moe") -> argparse.Namespace:
+    """The options of a benchmark across ranks; prefill's defaults are those of
+    ``megamoe-rt bench prefill`` but for the tokens (the pool grows with the rank count)."""
+    from megamoe_rt.cli.bench_prefill import EP_TOKENS, MODES, RATIOS
+
+    prefill = what == "prefill"
+    ap = argparse.ArgumentParser(prog=f"megamoe_rt.cli.bench {what} (across ranks)")
+    ap.add_argument("--presets", "--preset", dest="presets", default=["flash"], type=lambda s: s.split(","))
+    ap.add_argument(
+        "--tokens",
+        default=EP_TOKENS if prefill else [64, 256, 2048, 8192],
+        type=lambda s: [int(v) for v in s.split(",")],
+        help="tokens per rank",
+    )
+    ap.add_argument("--mode", default=MODES if prefill else ["unfused"], type=lambda s: s.split(","))
+    ap.add_argument(
+        "--ratios",
+        default=RATIOS,
+        type=lambda s: [float(v) for v in s.split(",")],
+        help="prefill: rings as shares of the worst-case pool (chunk_ratio), besides the full pool",
+    )
+    ap.add_argument("--png", default=None, help="prefill: a bar chart of time against the full pool (rank 0)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", default=None)
+    return ap.parse_args(argv)
+
+
 def main_ep(argv: list[str], what: str = "moe") -> int:
+    import cupy as cp
+
     from megamoe_rt.ep.launch import context_from_env
     from megamoe_rt.ep.symm import NvshmemRuntime
 
-    ap = argparse.ArgumentParser(prog=f"megamoe_rt.cli.bench {what} (across ranks)")
-    ap.add_argument("--preset", dest="presets", default="flash", type=lambda s: s.split(","))
-    ap.add_argument("--tokens", default="64,256,2048,8192", type=lambda s: [int(v) for v in s.split(",")])
-    ap.add_argument("--mode", default="unfused", type=lambda s: s.split(","))
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--json", default=None)
-    a = ap.parse_args(argv)
+    a = ep_arguments(argv, what)
     ctx = context_from_env()
+    cp.cuda.Device(ctx.device).use()
     if what == "overhead":
-        import cupy as cp
-
         from megamoe_rt.cli.bench_overhead import bench_overhead
 
-        cp.cuda.Device(ctx.device).use()
         bench_overhead(a.presets, a.tokens, modes=a.mode, rounds=a.rounds, group=ctx, json_path=a.json)
+    elif what == "prefill":
+        from megamoe_rt.cli.bench_prefill import bench_prefill
+
+        bench_prefill(
+            a.presets,
+            a.tokens,
+            modes=a.mode,
+            ratios=a.ratios,
+            rounds=a.rounds,
+            group=ctx,
+            json_path=a.json,
+            png_path=a.png,
+        )
     else:
         bench_moe_ep(ctx, a.presets, a.tokens, modes=a.mode, rounds=a.rounds, json_path=a.json)
     NvshmemRuntime.initialize(ctx).finalize()

@@ -4,6 +4,11 @@ For every (preset, tokens) cell and mode, one layer per ring size (the full wors
 then shares of it through ``chunk_ratio``; the fused mode also at its default ring), each call
 captured in a CUDA graph and the replays of one mode bracketed in rounds (cli/timing.py), so a
 ring's time is read against the same mode's full pool measured alongside it.
+
+Across launched ranks (``megamoe-rt launch -n 2 -m megamoe_rt.cli.bench prefill ...``) each
+rank calls with ``tokens`` tokens against the preset's EP8 per-rank slice of experts, routing
+uniform over all ranks' experts; the worst-case pool grows with the rank count, which is what
+a ring saves. Every rank measures; a ring's time is the slowest rank's.
 """
 
 from __future__ import annotations
@@ -11,14 +16,20 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from megamoe_rt.cli.timing import DeviceTimer, bracketed, capture_layer_call
+from megamoe_rt.cli.layer_inputs import preset_slices, rank_inputs
+from megamoe_rt.cli.timing import ArmResult, DeviceTimer, bracketed, capture_layer_call, every_rank
+from megamoe_rt.ep.group import RankGroup
 from megamoe_rt.modes.base import POOL_REGIONS
-from megamoe_rt.presets import DEFAULT_EP_RANKS, get_preset
 
 FULL = 1.0
 DEFAULT_RING = "default"  # the fused schedule's own ring (its lag window)
+MODES = ["unfused", "fused", "split"]
+RATIOS = [0.5, 0.25, 0.125]
+TOKENS = [16384, 32768, 65536]  # per call on one GPU
+EP_TOKENS = [16384, 32768]  # per rank across ranks: the full pool of R ranks is R times one GPU's
 
 
 def _rings(mode: str, ratios: list[float]) -> list[float | str]:
@@ -30,6 +41,74 @@ def _layer_kwargs(ring: float | str) -> dict[str, Any]:
     return {} if ring == DEFAULT_RING else {"chunk_ratio": ring}
 
 
+@dataclass(frozen=True)
+class RingSize:
+    """What a ring's layer holds: pool slots, pool bytes (POOL_REGIONS) and the whole buffer's bytes."""
+
+    blocks: int
+    pool_bytes: int
+    buffer_bytes: int
+
+    @classmethod
+    def of(cls, layer: Any) -> RingSize:
+        layout = layer.layout
+        return cls(layout.pool_blocks, sum(layout.region(n).nbytes for n in POOL_REGIONS), layout.total_bytes)
+
+
+def _times(res: ArmResult) -> dict[str, Any]:
+    """One arm's times as JSON, the form the ranks exchange."""
+    return {"median_us": res.median_us, "band_us": list(res.band_us), "rounds_us": res.rounds_us}
+
+
+def prefill_rows(
+    preset: str, tokens: int, mode: str, sizes: dict[str, RingSize], everyone: list[dict[str, dict]]
+) -> list[dict]:
+    """The rows of one (preset, tokens, mode) cell, a ring per row, from every rank's times
+    (``_times`` per ring key; one rank on one GPU). A call across ranks ends with its slowest
+    rank, so a ring's time (and band) is the slowest rank's, its ratio against the slowest
+    rank's at the full pool. The layouts are the same on every rank."""
+    full = sizes[str(FULL)]
+
+    def slowest(key: str) -> dict:
+        return max((e[key] for e in everyone), key=lambda r: r["median_us"])
+
+    full_us = slowest(str(FULL))["median_us"]
+    rows = []
+    for key, size in sizes.items():
+        res = slowest(key)
+        rows.append(
+            {
+                "preset": preset,
+                "tokens": tokens,
+                "ranks": len(everyone),
+                "mode": mode,
+                "ring": key,
+                "ring_blocks": size.blocks,
+                "full_pool_blocks": full.blocks,
+                "median_us": res["median_us"],
+                "median_us_per_rank": [e[key]["median_us"] for e in everyone],
+                "band_us": res["band_us"],
+                "rounds_us": res["rounds_us"],
+                "time_vs_full": res["median_us"] / full_us,
+                "pool_mib": size.pool_bytes / 2**20,
+                "buffer_mib": size.buffer_bytes / 2**20,
+                "pool_vs_full": size.pool_bytes / full.pool_bytes,
+                "buffer_vs_full": size.buffer_bytes / full.buffer_bytes,
+            }
+        )
+    return rows
+
+
+def format_row(row: dict) -> str:
+    ranks = f" EP{row['ranks']}" if row["ranks"] > 1 else ""
+    return (
+        f"{row['preset']:>5} T={row['tokens']:<6}{ranks} {row['mode']:>8} ring {row['ring']:>7} "
+        f"({row['ring_blocks']:>6}/{row['full_pool_blocks']} blocks): {row['median_us']:10.1f} us "
+        f"x{row['time_vs_full']:.3f}  pool {row['pool_mib']:8.1f} MiB (1/{1 / row['pool_vs_full']:.1f})  "
+        f"buffer {row['buffer_mib']:8.1f} MiB (1/{1 / row['buffer_vs_full']:.2f})"
+    )
+
+
 def bench_prefill(
     presets: list[str],
     tokens: list[int],
@@ -37,77 +116,59 @@ def bench_prefill(
     modes: list[str],
     ratios: list[float],
     rounds: int = 2,
+    group: RankGroup | None = None,
     json_path: str | None = None,
     png_path: str | None = None,
 ) -> list[dict]:
     """Rows of (preset, tokens, mode, ring): device time, its ratio to the mode's full pool,
-    pool and buffer MiB and their ratio to the full pool's."""
+    pool and buffer MiB and their ratio to the full pool's (``prefill_rows``). With ``group``
+    (launched ranks) every rank builds, calls and closes the same layers in the same order
+    (each a collective) and rank 0 prints and writes the files."""
     import cupy as cp
 
-    from megamoe_rt.cli.demo import random_layer_inputs
     from megamoe_rt.layer import MegaMoE
 
+    world = 1 if group is None else group.world_size
+    rank = 0 if group is None else group.rank
     # Long calls: fewer calls per observation than the short-call benchmarks need.
     timer = DeviceTimer(calls=6, observations=2)
     rows: list[dict] = []
-    for name in presets:
-        p = get_preset(name)
-        experts = p.num_experts // DEFAULT_EP_RANKS
-        for t in tokens:
-            inp = random_layer_inputs(cp, t, p.hidden, p.intermediate, experts, p.num_topk, seed=t)
-            args = (inp["x"], inp["x_sf"], inp["topk_idx"], inp["topk_weights"])
-            stream = cp.cuda.Stream(non_blocking=True)
-            for mode in modes:
-                layers: dict[str, Any] = {}
-                arms: dict[str, Callable[[], None]] = {}
-                for ring in _rings(mode, ratios):
-                    layer = MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, t, mode=mode, **_layer_kwargs(ring))
-                    layer.load_weights(inp["w1"], inp["w1_sf"], inp["w2"], inp["w2_sf"], stream=stream)
-                    y = cp.empty((t, p.hidden), dtype=cp.uint16)
-                    graph = capture_layer_call(layer, args, y, stream, num_tokens_bound=t)
-                    layers[str(ring)] = (layer, graph, y)
-                    arms[str(ring)] = functools.partial(graph.launch, stream=stream)
-                with stream:
-                    results = bracketed(timer, arms, rounds=rounds)
-                full_layer = layers[str(FULL)][0]
-                full_pool = sum(full_layer.layout.region(n).nbytes for n in POOL_REGIONS)
-                for key, (layer, _, _) in layers.items():
-                    res = results[key]
-                    pool = sum(layer.layout.region(n).nbytes for n in POOL_REGIONS)
-                    row = {
-                        "preset": name,
-                        "tokens": t,
-                        "mode": mode,
-                        "ring": key,
-                        "ring_blocks": layer.layout.pool_blocks,
-                        "full_pool_blocks": full_layer.layout.pool_blocks,
-                        "median_us": res.median_us,
-                        "band_us": list(res.band_us),
-                        "rounds_us": res.rounds_us,
-                        "time_vs_full": res.median_us / results[str(FULL)].median_us,
-                        "pool_mib": pool / 2**20,
-                        "buffer_mib": layer.layout.total_bytes / 2**20,
-                        "pool_vs_full": pool / full_pool,
-                        "buffer_vs_full": layer.layout.total_bytes / full_layer.layout.total_bytes,
-                    }
-                    rows.append(row)
-                    print(
-                        f"{name:>5} T={t:<6} {mode:>8} ring {key:>7} ({row['ring_blocks']:>6}/"
-                        f"{row['full_pool_blocks']} blocks): {res.median_us:10.1f} us x{row['time_vs_full']:.3f}  "
-                        f"pool {row['pool_mib']:8.1f} MiB (1/{1 / row['pool_vs_full']:.1f})  "
-                        f"buffer {row['buffer_mib']:8.1f} MiB (1/{1 / row['buffer_vs_full']:.2f})",
-                        flush=True,
-                    )
+    for name, p, local, experts, t in preset_slices(presets, tokens, world):
+        args, weights = rank_inputs(cp, rank, t, p.hidden, p.intermediate, experts, local, p.num_topk, t)
+        stream = cp.cuda.Stream(non_blocking=True)
+        for mode in modes:
+            layers: dict[str, Any] = {}
+            arms: dict[str, Callable[[], None]] = {}
+            for ring in _rings(mode, ratios):
+                layer = MegaMoE(
+                    p.hidden, p.intermediate, experts, p.num_topk, t, mode=mode, group=group, **_layer_kwargs(ring)
+                )
+                layer.load_weights(*weights, stream=stream)
+                y = cp.empty((t, p.hidden), dtype=cp.uint16)
+                graph = capture_layer_call(layer, args, y, stream, num_tokens_bound=t)
+                layers[str(ring)] = (layer, graph, y)
+                arms[str(ring)] = functools.partial(graph.launch, stream=stream)
+            with stream:
+                results = bracketed(timer, arms, rounds=rounds)
+            mine = {key: _times(res) for key, res in results.items()}
+            sizes = {key: RingSize.of(layer) for key, (layer, _, _) in layers.items()}
+            cell = prefill_rows(name, t, mode, sizes, every_rank(group, mine, key="bench-prefill"))
+            rows.extend(cell)
+            if rank == 0:
+                for row in cell:
+                    print(format_row(row), flush=True)
                 if json_path:  # after every cell: a long run cut short keeps what it measured
                     with open(json_path, "w") as f:
                         json.dump(rows, f, indent=2)
-                for layer, _, _ in layers.values():
-                    layer.close()
-                del layers, arms
-                cp.get_default_memory_pool().free_all_blocks()
-            del inp, args
+            if group is not None:
+                group.barrier()  # no rank frees its buffers while a peer's last call may still read them
+            for layer, _, _ in layers.values():
+                layer.close()
+            del layers, arms
             cp.get_default_memory_pool().free_all_blocks()
-    if png_path:
+        del args, weights
+        cp.get_default_memory_pool().free_all_blocks()
+    if png_path and rank == 0:
         from megamoe_rt.cli.png_chart import bar_chart_png
 
         # One bar per row: time against the same mode's full pool; the line marks +5%.

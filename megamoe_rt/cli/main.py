@@ -286,15 +286,15 @@ def cmd_bench(args) -> int:
     from megamoe_rt.cli.benchmarks import bench_gemm, bench_moe
 
     print(f"device {info.ordinal}: {info.name}, {info.sm_count} SMs")
-    modes = args.mode or (["unfused", "fused", "split"] if args.what == "prefill" else ["unfused"])
+    modes = args.mode or ["unfused"]
     if args.what == "prefill":
-        from megamoe_rt.cli.bench_prefill import bench_prefill
+        from megamoe_rt.cli.bench_prefill import MODES, RATIOS, TOKENS, bench_prefill
 
         bench_prefill(
             args.presets,
-            args.tokens or [16384, 32768, 65536],
-            modes=modes,
-            ratios=args.ratios,
+            args.tokens or TOKENS,
+            modes=args.mode or MODES,
+            ratios=args.ratios or RATIOS,
             rounds=args.rounds,
             json_path=args.json,
             png_path=args.png,
@@ -537,7 +537,8 @@ def build_parser() -> argparse.ArgumentParser:
         "what",
         choices=("gemm", "moe", "overhead", "prefill"),
         help="what to measure (overhead: eager layer calls against graph replays, default tokens 64,2048; "
-        "prefill: long calls against the ring size, default tokens 16384,32768,65536)",
+        "prefill: long calls against the ring size, default tokens 16384,32768,65536; across ranks: "
+        "megamoe-rt launch -n N -m megamoe_rt.cli.bench prefill ...)",
     )
     s.add_argument(
         "--mode",
@@ -549,8 +550,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--ratios",
         type=_csv(float),
-        default=[0.5, 0.25, 0.125],
-        help="prefill: rings as shares of the worst-case pool (chunk_ratio), besides the full pool",
+        default=None,
+        help="prefill: rings as shares of the worst-case pool (chunk_ratio), besides the full pool "
+        "(default 0.5,0.25,0.125)",
     )
     s.add_argument("--png", default=None, help="prefill: write a bar chart of time against the full pool")
     s.add_argument(

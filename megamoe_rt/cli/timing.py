@@ -1,13 +1,18 @@
 """Benchmark timing: CUDA-event device time, L2 flushed and a short sleep before
 each call, 20 calls per observation, several observations, arms bracketed in rounds
-(A B, B A, A B); the result is the median of round medians with the min-max band."""
+(A B, B A, A B); the result is the median of round medians with the min-max band. Across
+launched ranks every rank measures and the ranks exchange their numbers (:func:`every_rank`)."""
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
+
+from megamoe_rt.ep.group import RankGroup
 
 FP8_CEILING_TFLOPS = 1400.0
 HBM_BYTES_PER_S = 4.3e12  # measured device-to-device copy on the lent H200
@@ -91,3 +96,15 @@ def capture_layer_call(layer, args, out, stream, **kwargs):
         stream.begin_capture()
         layer(*args, out=out, stream=stream, **kwargs)
         return stream.end_capture()
+
+
+def every_rank(group: RankGroup | None, mine: Any, key: str) -> list[Any]:
+    """Every rank's ``mine`` (JSON-able) in rank order, ``[mine]`` without a group: one broadcast
+    per rank, the same calls in the same order on every rank (through the launcher's hub, so
+    a long result is not held to the size of an all-gather slot)."""
+    if group is None:
+        return [mine]
+    return [
+        json.loads(group.broadcast(json.dumps(mine).encode() if group.rank == r else None, key=key, root=r))
+        for r in range(group.world_size)
+    ]

@@ -62,6 +62,7 @@ class NvshmemRuntime:
             self._init_from_unique_id(nvshmem, dev, np)
         self._nvshmem = nvshmem
         self._buffers: list[SymmetricBuffer] = []
+        self._last_barrier: driver.Event | None = None
 
     def _init_from_unique_id(self, nvshmem: Any, dev: Any, np: Any) -> None:
         """NVSHMEM's unique-id bootstrap, retried with a fresh id while it fails on every rank.
@@ -107,13 +108,29 @@ class NvshmemRuntime:
 
     def barrier(self, stream: Any = None) -> None:
         """All ranks reach this point on ``stream`` (any stream :func:`driver.stream_handle`
-        accepts; None: CuPy's current stream, else the legacy default stream)."""
-        self._nvshmem.barrier(self._nvshmem.Teams.TEAM_WORLD, stream=driver.core_stream(stream))
+        accepts; None: CuPy's current stream, else the legacy default stream).
+
+        NVSHMEM runs a team's collectives one at a time, in the same order on every rank; two
+        barriers on unordered streams would run at once and deadlock. So outside a graph
+        capture each barrier waits on the device for the previous one, whatever its stream.
+        In a capture the caller orders them (a captured wait on uncaptured work is refused)."""
+        sh = driver.stream_handle(stream)
+        capturing = driver.stream_is_capturing(sh)
+        if self._last_barrier is not None and not capturing:
+            self._last_barrier.wait_on(sh)
+        self._nvshmem.barrier(self._nvshmem.Teams.TEAM_WORLD, stream=driver.core_stream(sh))
+        if not capturing:
+            if self._last_barrier is None:
+                self._last_barrier = driver.Event(device=self.device)
+            self._last_barrier.record(sh)
 
     def finalize(self) -> None:
         """Free every symmetric buffer still open, then finalize NVSHMEM (collective)."""
         for buf in list(self._buffers):
             buf.close()
+        if self._last_barrier is not None:
+            self._last_barrier.close()
+            self._last_barrier = None
         self._nvshmem.finalize()
         if NvshmemRuntime._active is self:
             NvshmemRuntime._active = None

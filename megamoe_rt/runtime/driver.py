@@ -511,6 +511,10 @@ class Event:
     def synchronize(self) -> None:
         core_call("cuEventSynchronize", self._event.sync)
 
+    def wait_on(self, stream: Any = None) -> None:
+        """Make ``stream`` wait (on the device) for the work recorded before this event."""
+        call(_cu().cuStreamWaitEvent, stream_handle(stream), self._event.handle, 0)
+
     @property
     def done(self) -> bool:
         """True once the work recorded before the event has finished."""

@@ -17,12 +17,13 @@ enum class WaitSite : u32 {
     kL1RowsArrived = 4,           // fused: a pool block's rows have arrived (L1 may start)
     kL1OutputPublished = 5,       // fused: a block's L1 output is published (L2 may start)
     kRingSlotFree = 6,            // fused: a ring slot's L2 reads are done (L1 may overwrite)
-    kStreamChunkReady = 7,        // streaming: a chunk's route and layout generations match
+    kStreamChunkReady = 7,        // streaming: a chunk's route and layout generations are published (peer: the ring slot)
     kGridBarrier = 8,             // fused: every block of the grid reached the same phase
     kPoolSlotFree = 9,            // fused: a pool slot's L1 reads are done (dispatch may refill it)
     kRingOverflow = 10,           // fused: a single-wave call needs more pool blocks than the ring holds
     kSplitRoutingPublished = 11,  // split: K1 has laid out and claimed the pool (K2 may build its tables)
-    kCount = 12,
+    kStreamSlotFree = 12,         // streaming: every consumer is done with the slot's last chunk (peer: the ring slot)
+    kCount = 13,
 };
 
 // The message of each WaitSite (the host reads the same texts).
@@ -40,6 +41,7 @@ __device__ __forceinline__ const char* wait_site_name(WaitSite value) {
         case WaitSite::kPoolSlotFree: return "pool slot free";
         case WaitSite::kRingOverflow: return "single-wave pool fits the ring";
         case WaitSite::kSplitRoutingPublished: return "split routing published";
+        case WaitSite::kStreamSlotFree: return "stream slot free";
         default: return "unknown wait";
     }
 }

@@ -10,7 +10,7 @@ from megamoe_rt.jit import KernelSpec
 
 
 def all_kernel_specs() -> list[KernelSpec]:
-    from megamoe_rt.kernels import ep, fused, gemm_heuristics, moe, probe, quantize
+    from megamoe_rt.kernels import ep, fused, gemm_heuristics, moe, probe, quantize, stream
 
     specs: list[KernelSpec] = []
     specs += quantize.kernel_specs()
@@ -19,6 +19,7 @@ def all_kernel_specs() -> list[KernelSpec]:
     specs += fused.kernel_specs()
     specs += ep.kernel_specs()
     specs += probe.kernel_specs()
+    specs += stream.kernel_specs()
     names = [s.name for s in specs]
     dup = {n for n in names if names.count(n) > 1}
     if dup:

@@ -43,9 +43,19 @@ _COMMENT_COLUMN_CAP = 56
 
 def headers() -> list[Header]:
     """Every generated header, in include order."""
-    from megamoe_rt.kernels.interface import ep, errors, fused, gemm, moe, probe, quantize, sync
+    from megamoe_rt.kernels.interface import ep, errors, fused, gemm, moe, probe, quantize, stream, sync
 
-    return [sync.HEADER, errors.HEADER, gemm.HEADER, moe.HEADER, ep.HEADER, fused.HEADER, quantize.HEADER, probe.HEADER]
+    return [
+        sync.HEADER,
+        errors.HEADER,
+        gemm.HEADER,
+        moe.HEADER,
+        ep.HEADER,
+        fused.HEADER,
+        quantize.HEADER,
+        probe.HEADER,
+        stream.HEADER,
+    ]
 
 
 def generate() -> dict[str, str]:

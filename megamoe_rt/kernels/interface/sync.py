@@ -53,7 +53,7 @@ WAIT_SITE = Enum(
         EnumValue(
             "kStreamChunkReady",
             "stream_chunk_ready",
-            "streaming: a chunk's route and layout generations match",
+            "streaming: a chunk's route and layout generations are published (peer: the ring slot)",
             "stream chunk ready",
         ),
         EnumValue(
@@ -76,6 +76,12 @@ WAIT_SITE = Enum(
             "split_routing_published",
             "split: K1 has laid out and claimed the pool (K2 may build its tables)",
             "split routing published",
+        ),
+        EnumValue(
+            "kStreamSlotFree",
+            "stream_slot_free",
+            "streaming: every consumer is done with the slot's last chunk (peer: the ring slot)",
+            "stream slot free",
         ),
     ],
     doc="Where a wait happens. Its message names it in the device's report and in the host's\n"

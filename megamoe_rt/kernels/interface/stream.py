@@ -1,0 +1,56 @@
+"""The chunk-ready input ring (cuda_src/stream/): its descriptor, shared by the producer header
+users include in their own kernels, the host-side chunk writer and the layer's consumer."""
+
+from megamoe_rt.kernels.interface.decl import F32, I32, U8, U32, U64, Constant, Field, Header, Ptr, Struct
+from megamoe_rt.kernels.interface.sync import WAIT_CONTEXT
+
+EPOCH_SHIFT = Constant(
+    "kEpochShift", 32, doc="a generation is (epoch << kEpochShift) | (chunk + 1): epoch in the high half"
+)
+
+STREAM_RING = Struct(
+    "StreamRing",
+    [
+        Field("x", Ptr(U8), "[num_slots, tokens_per_slot, hidden] e4m3"),
+        Field("x_sf", Ptr(F32), "[num_slots, tokens_per_slot, hidden / 128]"),
+        Field("topk_idx", Ptr(I32), "[num_slots, tokens_per_slot, num_topk] global expert ids, -1 = empty"),
+        Field("topk_weights", Ptr(F32), "[num_slots, tokens_per_slot, num_topk]"),
+        Field("route_ready_gen", Ptr(U64), "[num_slots] generation whose topk_idx / topk_weights are in the slot"),
+        Field("layout_ready_gen", Ptr(U64), "[num_slots] generation whose x / x_sf are in the slot"),
+        Field("consumed_gen", Ptr(U64), "[num_slots] generation every consumer is done with"),
+        Field("producer_epoch", Ptr(U32), "calls the producer side has begun (stream_begin_call)"),
+        Field("consumer_epoch", Ptr(U32), "calls the layer has begun"),
+        Field("num_slots", U32),
+        Field("tokens_per_slot", U32),
+        Field("hidden", U32),
+        Field("num_topk", U32),
+    ],
+    doc="One rank's ring of num_slots slots of tokens_per_slot tokens. Chunk c of a call lives in\n"
+    "slot c % num_slots and holds the call's tokens [c * tokens_per_slot, ...). Addresses are\n"
+    "this rank's (megamoe_rt.streaming.StreamRingView resolves them from the layer's buffer).",
+)
+
+RING_CHUNK_PARAMS = Struct(
+    "RingChunkParams",
+    [
+        Field("ring", STREAM_RING),
+        Field("x", Ptr(U8, const=True), "the call's [num_tokens, hidden] e4m3"),
+        Field("x_sf", Ptr(F32, const=True), "[num_tokens, hidden / 128]"),
+        Field("topk_idx", Ptr(I32, const=True), "[num_tokens, num_topk] int32"),
+        Field("topk_weights", Ptr(F32, const=True), "[num_tokens, num_topk]"),
+        Field("wait", WAIT_CONTEXT, "the deadline of the wait for a free slot"),
+        Field("chunk", U32),
+        Field("num_tokens", U32, "tokens of the whole call (the last chunk may be partial)"),
+    ],
+    doc="The ring's kernels (cuda_src/stream/chunk_ring.cu): the host-side chunk writer's (one chunk\n"
+    "of a call's inputs copied into its slot and published) and the layer's (wait for a chunk,\n"
+    "release its slot); the consumer's leave the input pointers null.",
+)
+
+HEADER = Header(
+    "stream",
+    "megamoe_rt::stream",
+    [EPOCH_SHIFT, STREAM_RING, RING_CHUNK_PARAMS],
+    doc="The chunk-ready input ring's descriptor and its kernels' parameters.",
+    module=__name__,
+)

@@ -36,6 +36,7 @@ from megamoe_rt.runtime.deadlines import wait_timeout_ns
 from megamoe_rt.runtime.error_report import ErrorReport
 from megamoe_rt.runtime.errors import DeviceInputError, Finding
 from megamoe_rt.schedule.ring_size import PoolCost, check_chunk_ratio, ring_blocks_for_memory, ring_blocks_for_ratio
+from megamoe_rt.schedule.streaming import StreamConfig
 
 # The names of the execution modes (megamoe_rt.modes.registry.MODES maps them to their classes).
 MODES = mode_names()
@@ -143,6 +144,10 @@ class MegaMoE:
         ``num_experts`` split evenly (rank r owns experts ``[r*E/R, (r+1)*E/R)``), the buffer on
         the NVSHMEM symmetric heap. Every rank constructs the layer and makes every call.
         The fused mode runs across at most 32 ranks; past that the default is unfused.
+    streaming: a :class:`~megamoe_rt.schedule.streaming.StreamConfig`: the buffer gets a
+        chunk-ready input ring producers write a call's tokens into chunk by chunk, and
+        :meth:`consume` runs the layer on them as they are published (unfused mode;
+        ``megamoe_rt.streaming`` has the producer side).
 
     ``mode`` is the mode's name; ``runner`` the mode object (megamoe_rt/modes/) that launches
     the calls, which the test and profiling hooks of :mod:`megamoe_rt.testing` act on.
@@ -193,6 +198,7 @@ class MegaMoE:
         split_sms: Any = None,
         timeout_s: float | None = None,
         group: RankGroup | None = None,
+        streaming: StreamConfig | None = None,
     ):
         self.hidden = _positive("hidden", hidden)
         self.intermediate = _positive("intermediate", intermediate)
@@ -213,6 +219,17 @@ class MegaMoE:
         if world > 1 and self.num_experts % world:
             raise ValueError(f"num_experts={num_experts}: expected a multiple of the {world} ranks")
         rank = 0 if group is None else int(group.rank)
+        if streaming is not None:
+            if not isinstance(streaming, StreamConfig):
+                raise TypeError(f"streaming: expected a StreamConfig or None, got {type(streaming).__name__}")
+            if streaming.tokens_per_slot > self.num_max_tokens_per_rank:
+                raise ValueError(
+                    f"streaming: tokens_per_slot={streaming.tokens_per_slot} exceeds num_max_tokens_per_rank="
+                    f"{self.num_max_tokens_per_rank} (a chunk runs as a call of at most that many tokens)"
+                )
+            if mode not in (None, "unfused"):
+                raise ValueError(f"streaming: runs in mode='unfused' (a chunk per call of its kernels), not {mode!r}")
+            mode = "unfused"
         spec = LayerSpec(
             self.hidden,
             self.intermediate,
@@ -227,6 +244,7 @@ class MegaMoE:
             debug=bool(debug),
             timeout_s=timeout_s,
             split_sms=split_sms,
+            streaming=streaming,
         )
         if chunk_ratio is not None:
             chunk_ratio = check_chunk_ratio(chunk_ratio)
@@ -242,7 +260,10 @@ class MegaMoE:
         self.debug = spec.debug
         # What every rank's layer must share, beyond the buffer layout: these decide which
         # collective exchanges a call makes and what it raises.
-        self._settings = f"mode={mode_cls.name} debug={self.debug} validate_ids={self.validate_ids}"
+        self._settings = (
+            f"mode={mode_cls.name} debug={self.debug} validate_ids={self.validate_ids} streaming={streaming}"
+        )
+        self.streaming = streaming
         self.group = group if world > 1 else None
         self.num_ranks = world
         self.rank = rank
@@ -406,6 +427,12 @@ class MegaMoE:
         return y
 
     def _call_across_ranks(self, x, x_sf, topk_idx, topk_weights, out, stream, num_tokens_bound):
+        def prepare(sh: int) -> tuple[Call, Any]:
+            return self._prepare(x, x_sf, topk_idx, topk_weights, out, sh, num_tokens_bound)
+
+        return self._collective(prepare, stream, self.runner.run)
+
+    def _collective(self, prepare, stream, run):
         """A call is collective: every rank launches, or every rank raises the same error
         (megamoe_rt/ep/agreement.py), including for reports of earlier calls' inputs."""
         assert self.group is not None, "only across ranks"
@@ -414,7 +441,7 @@ class MegaMoE:
             self._check_usable()
             sh = driver.stream_handle(stream)
             capturing = driver.stream_is_capturing(sh)
-            call, y = self._prepare(x, x_sf, topk_idx, topk_weights, out, sh, num_tokens_bound)
+            call, y = prepare(sh)
             status = agreement.CallStatus(bound=call.bound)
         except Exception as exc:  # every rank must learn of it before any launches
             local, status = exc, agreement.CallStatus.of_error(exc)
@@ -427,10 +454,67 @@ class MegaMoE:
         # break the capture; the report stays for a later call).
         if any(s.reports_pending for s in statuses) and not any(s.capturing for s in statuses):
             self._raise_reported_across_ranks()
-        self.runner.run(call, sh)  # a rank without tokens still serves its experts
+        run(call, sh)  # a rank without tokens still serves its experts
         if self.debug and not any(s.capturing for s in statuses):
             self._raise_reported_across_ranks()
         return y
+
+    # --- streamed calls ------------------------------------------------------------------
+
+    @property
+    def input_ring(self) -> Any:
+        """The chunk-ready input ring (``streaming=``): ``descriptor`` is the ``StreamRing`` a
+        producer kernel takes (``megamoe_rt.streaming``); None without streaming."""
+        return self.runner.input_ring
+
+    def consume(self, num_tokens: int, *, out: Any = None, stream: Any = None, num_tokens_bound: int | None = None):
+        """Run the layer on a call's ``num_tokens`` tokens taken from the input ring
+        (``streaming=StreamConfig(num_slots, tokens_per_slot)``) as producers publish them, chunk
+        by chunk: chunk c is tokens ``[c * tokens_per_slot, ...)``, read from slot
+        ``c % num_slots`` once both its halves carry this call's generation, and released
+        after the layer's last read. Returns ``y`` (bf16 bits, ``[num_tokens, H]``); no host
+        synchronisation. ``num_tokens_bound`` (across ranks the same on every rank, default
+        the capacity) sets how many chunks every rank runs.
+
+        Producers must be able to run while the layer waits for them: another stream than
+        ``stream``, or enqueued before this call on it (megamoe_rt.streaming, "Progress"). A
+        chunk that is never published traps after the deadline, naming the slot and the
+        generation waited for."""
+        if self.streaming is None:
+            raise RuntimeError("MegaMoE.consume: the layer was built without streaming=StreamConfig(...)")
+
+        def prepare(sh: int) -> tuple[Call, Any]:
+            return self._prepare_streamed(num_tokens, out, sh, num_tokens_bound)
+
+        if self.group is not None:
+            return self._collective(prepare, stream, self.runner.run_streamed)
+        self._check_usable()
+        sh = driver.stream_handle(stream)
+        capturing = driver.stream_is_capturing(sh)
+        if not capturing:
+            self._raise_reported(wait=False)
+        call, y = prepare(sh)
+        self.runner.run_streamed(call, sh)
+        if self.debug and not capturing:
+            driver.synchronize_stream(sh)
+            self._raise_reported(wait=False)
+        return y
+
+    def _prepare_streamed(self, num_tokens, out, sh: int, num_tokens_bound) -> tuple[Call, Any]:
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int):
+            raise TypeError(f"num_tokens: expected an int, got {type(num_tokens).__name__} {num_tokens!r}")
+        if not 0 <= num_tokens <= self.num_max_tokens_per_rank:
+            raise ValueError(
+                f"num_tokens={num_tokens}: expected 0..num_max_tokens_per_rank={self.num_max_tokens_per_rank}"
+            )
+        bound = self._check_bound(num_tokens_bound, num_tokens)
+        h = self.hidden
+        cupy = require_cupy()
+        with cupy.cuda.Device(self.device), cupy_stream(cupy, sh):
+            y = cupy.empty((num_tokens, h), dtype=cupy.uint16) if out is None else out
+        ya = as_device_array(y, "out", stream=sh)
+        check_array(ya, "out", dtypes=("bf16",), shape=(num_tokens, h), device=self.device)
+        return Call(0, 0, 0, 0, ya.ptr, num_tokens, "int32", bound), y
 
     def _reports_pending(self, capturing: bool) -> bool:
         """Whether the device has reported something this layer raises (no wait)."""

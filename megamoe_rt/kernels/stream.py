@@ -4,6 +4,8 @@ kernel outside megamoe_rt needs to include the ring's producer header
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 from megamoe_rt.jit import KernelSpec, cuda_src_dir
 from megamoe_rt.jit.compiler import ARCH, CXX_STD
 from megamoe_rt.kernels.interface.structs import RingChunkParams as RingChunkParams
@@ -46,3 +48,103 @@ def producer_options() -> list[str]:
     ``cupy.RawKernel(code, name, options=tuple(producer_options()))``): the include path of
     megamoe_rt's device tree, the language level and the architecture it was written for."""
     return [f"-I{cuda_src_dir()}", f"--std={CXX_STD}", f"--gpu-architecture={ARCH}"]
+
+
+class SlotAddresses(NamedTuple):
+    """Device addresses of one slot's payload (token t of the chunk is row t of each)."""
+
+    x: int
+    x_sf: int
+    topk_idx: int
+    topk_weights: int
+
+
+class InputRing:
+    """A layer's chunk-ready input ring in its buffer: the descriptor producers get, the slot
+    addresses the layer reads, and the ring's kernels, producer side (for a host-side writer)
+    and consumer side (the layer's waits and releases)."""
+
+    def __init__(self, buffer: Any, layout: Any, *, device: int, timeout_s: float | None, rank: int):
+        if not layout.stream_slots:
+            raise ValueError("the buffer has no input ring (a layer built without streaming=StreamConfig(...))")
+        self.layout, self.device, self.timeout_s, self.rank = layout, device, timeout_s, rank
+        self.num_slots, self.tokens_per_slot = layout.stream_slots, layout.stream_tokens
+        epochs = buffer.ptr("stream_epochs")
+        self.descriptor = StreamRing(
+            x=buffer.ptr("stream_x"),
+            x_sf=buffer.ptr("stream_x_sf"),
+            topk_idx=buffer.ptr("stream_topk_idx"),
+            topk_weights=buffer.ptr("stream_topk_weights"),
+            route_ready_gen=buffer.ptr("stream_route_ready_gen"),
+            layout_ready_gen=buffer.ptr("stream_layout_ready_gen"),
+            consumed_gen=buffer.ptr("stream_consumed_gen"),
+            producer_epoch=epochs,
+            consumer_epoch=epochs + 4,
+            num_slots=self.num_slots,
+            tokens_per_slot=self.tokens_per_slot,
+            hidden=layout.hidden,
+            num_topk=layout.num_topk,
+        )
+        self._kernels: dict[str, Any] = {}
+
+    # --- where a slot is ---
+
+    def slot_addresses(self, slot: int) -> SlotAddresses:
+        d, c, h, k = self.descriptor, self.tokens_per_slot, self.layout.hidden, self.layout.num_topk
+        first = slot * c
+        return SlotAddresses(
+            d.x + first * h, d.x_sf + first * (h // 128) * 4, d.topk_idx + first * k * 4, d.topk_weights + first * k * 4
+        )
+
+    def slot_offsets(self, slot: int) -> tuple[int, int]:
+        """Byte offsets in the buffer of the slot's x and x_sf (the same on every rank: peers pull
+        a chunk's rows from there)."""
+        first = slot * self.tokens_per_slot
+        h = self.layout.hidden
+        return (
+            self.layout.region("stream_x").offset + first * h,
+            self.layout.region("stream_x_sf").offset + first * (h // 128) * 4,
+        )
+
+    # --- kernels ---
+
+    def load_kernels(self) -> None:
+        """Compile and load every ring kernel now (across ranks: before any deadline runs)."""
+        from megamoe_rt.kernels.loader import get_kernel
+
+        for spec in kernel_specs():
+            if spec.name not in self._kernels:
+                self._kernels[spec.name] = get_kernel(spec, self.device)
+
+    def params(self, chunk: int = 0, **inputs: Any) -> RingChunkParams:
+        from megamoe_rt.runtime.deadlines import TimeoutRecord
+
+        wait = TimeoutRecord.get().context(self.timeout_s, rank=self.rank)
+        return RingChunkParams(ring=self.descriptor, wait=wait, chunk=chunk, **inputs)
+
+    def _launch(self, name: str, params: RingChunkParams, stream: int, grid: int = 1) -> None:
+        self.load_kernels()
+        threads = COPY_THREADS if name == "stream_copy_chunk" else 32
+        self._kernels[name].launch((grid,), (threads,), [params], stream=stream)
+
+    def begin_consume(self, stream: int) -> None:
+        self._launch("stream_begin_consume", self.params(), stream)
+
+    def wait_chunk(self, chunk: int, stream: int) -> None:
+        self._launch("stream_wait_chunk", self.params(chunk), stream)
+
+    def release_chunk(self, chunk: int, stream: int) -> None:
+        self._launch("stream_release_chunk", self.params(chunk), stream)
+
+    def begin_call(self, stream: int) -> None:
+        """Producer side: a new call's chunks follow (their generations carry its epoch)."""
+        self._launch("stream_begin_call", self.params(), stream)
+
+    def write_chunk(self, chunk: int, inputs: dict[str, int], num_tokens: int, sm_count: int, stream: int) -> None:
+        """Producer side: wait for the chunk's slot, copy the call's tokens of the chunk into it
+        (``inputs``: device addresses of x, x_sf, topk_idx (int32), topk_weights), publish it."""
+        params = self.params(chunk, num_tokens=num_tokens, **inputs)
+        self._launch("stream_wait_slot_free", params, stream)
+        grid = max(1, min(-(-self.tokens_per_slot // (COPY_THREADS // 32)), sm_count * 4))
+        self._launch("stream_copy_chunk", params, stream, grid)
+        self._launch("stream_publish_chunk", params, stream)

@@ -24,9 +24,11 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple, cast
 
 from megamoe_rt.kernels import moe as mk
+from megamoe_rt.kernels.stream import InputRing
 from megamoe_rt.modes.peers import write_peer_table
 from megamoe_rt.runtime.buffer import LayerBuffer, SymmetricLayerBuffer
 from megamoe_rt.schedule.layout import BufferLayout, symm_buffer_layout
+from megamoe_rt.schedule.streaming import StreamConfig
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class LayerSpec:
     device: int = 0
     sm_count: int = 0
     split_sms: Any = None  # split: (K1, K2, K3) SM counts or a SplitSms; None: tuned or default
+    streaming: StreamConfig | None = None  # the chunk-ready input ring, if any
 
     @property
     def num_local_experts(self) -> int:
@@ -88,6 +91,8 @@ def buffer_layout(spec: LayerSpec, needs: LayoutNeeds) -> BufferLayout:
         act_sf_gran=spec.act_sf_gran,
         pool=needs.pool,
         ring_blocks=needs.ring_blocks,
+        stream_slots=spec.streaming.num_slots if spec.streaming else 0,
+        stream_tokens=spec.streaming.tokens_per_slot if spec.streaming else 0,
     )
 
 
@@ -160,6 +165,9 @@ class Mode(ABC):
         self.buffer: LayerBuffer | None = None
         self._moe_fixed: dict[str, int] = {}
 
+    # The chunk-ready input ring (spec.streaming), once bound.
+    input_ring: InputRing | None = None
+
     # The workspace region the MoE kernels read per-expert received counts from.
     counts_region: str = "expert_recv_counts"
 
@@ -194,6 +202,8 @@ class Mode(ABC):
             pool_dst=b.ptr("l1_pool_dst"),
             combine=b.ptr("combine"),
         )
+        if s.streaming is not None:
+            self.input_ring = InputRing(buffer, lay, device=s.device, timeout_s=s.timeout_s, rank=s.rank)
         if s.expert_parallel:
             write_peer_table(cast(SymmetricLayerBuffer, buffer))  # expert-parallel layers bind symmetric buffers
 
@@ -222,6 +232,11 @@ class Mode(ABC):
     @abstractmethod
     def run(self, call: Call, stream: int) -> None:
         """Enqueue one call on ``stream`` (no host synchronisation)."""
+
+    def run_streamed(self, call: Call, stream: int) -> None:
+        """Enqueue a call whose inputs come from the input ring, chunk by chunk (modes that
+        support ``streaming=`` only)."""
+        raise NotImplementedError(f"mode {self.name!r} does not run streamed calls")
 
     def memory_notes(self) -> str:
         """Lines the layer's memory report adds after the region table ("" for none)."""

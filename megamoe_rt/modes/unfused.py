@@ -96,6 +96,7 @@ class UnfusedMode(Mode):
             ws = lay.region("workspace").offset
             self._send_counts, self._send_cursors = b.ptr("ep_send_counts"), b.ptr("ep_send_cursors")
             # Every field of EpParams but the call's MoeParams and wait context.
+            self._staged_inputs = (lay.region("x").offset, lay.region("x_sf").offset)
             self._ep_fixed = dict(
                 peer_bases=b.ptr("peer_bases"),
                 off_x=lay.region("x").offset,
@@ -144,6 +145,8 @@ class UnfusedMode(Mode):
         if self.expert_parallel:
             self.ep_kernels("int32")  # int64 ids load at their first call
             self.moe_kernels("int32")
+            if self.input_ring is not None:
+                self.input_ring.load_kernels()
 
     def moe_kernels(self, idx: str) -> dict[str, Any]:
         """Routing, dispatch and combine kernels for ``idx`` ids (across ranks only the combine)."""
@@ -182,29 +185,40 @@ class UnfusedMode(Mode):
                 gemm.run(stream)
 
     def run(self, call: Call, stream: int) -> None:
+        if self.expert_parallel:
+            stage_inputs(self.bound_buffer(), call.x, call.x_sf, call.num_tokens, stream)
+            self._run_across_ranks(call, stream, self._staged_inputs)
+        elif call.num_tokens:
+            self._run_one_rank(call, stream)
+
+    def _run_one_rank(self, call: Call, stream: int) -> None:
         moe = self.moe_params(call)
         s, t = self.spec, call.num_tokens
         ring_rows = self.layout.pool_rows
-        cycles = self.cycles_to_launch(call.bound)
-        if not self.expert_parallel:
-            kernels = self.moe_kernels(call.idx)
-            grid = mk.grids(t, s.num_topk, s.sm_count)
-            driver.memset_d32_async(self._recv_counts, 0, s.num_local_experts, stream)
-            mk.launch_route_dispatch(kernels, moe, grid, stream)  # fills the first window
-            for c in range(cycles):
-                if c:
-                    moe.row_base = c * ring_rows
-                    mk.launch_fill_window(self._fill_window_kernel(), moe, s.sm_count, stream)
-                self._gemms_over_window(c * ring_rows, stream)
-            mk.launch_combine(kernels, moe, grid, stream)
-            return
-        params = ek.EpParams(moe=moe, wait=TimeoutRecord.get().context(s.timeout_s, rank=s.rank), **self._ep_fixed)
+        kernels = self.moe_kernels(call.idx)
+        grid = mk.grids(t, s.num_topk, s.sm_count)
+        driver.memset_d32_async(self._recv_counts, 0, s.num_local_experts, stream)
+        mk.launch_route_dispatch(kernels, moe, grid, stream)  # fills the first window
+        for c in range(self.cycles_to_launch(call.bound)):
+            if c:
+                moe.row_base = c * ring_rows
+                mk.launch_fill_window(self._fill_window_kernel(), moe, s.sm_count, stream)
+            self._gemms_over_window(c * ring_rows, stream)
+        mk.launch_combine(kernels, moe, grid, stream)
+
+    def _run_across_ranks(self, call: Call, stream: int, inputs_at: tuple[int, int]) -> None:
+        """``inputs_at``: where every rank's x and x_sf rows of this call are, as byte offsets
+        into the buffer (the same on every rank): the staging regions, or a ring slot."""
+        moe = self.moe_params(call)
+        s, t = self.spec, call.num_tokens
+        ring_rows = self.layout.pool_rows
+        fixed = dict(self._ep_fixed, off_x=inputs_at[0], off_x_sf=inputs_at[1])
+        params = ek.EpParams(moe=moe, wait=TimeoutRecord.get().context(s.timeout_s, rank=s.rank), **fixed)
         kernels = self.ep_kernels(call.idx)
-        stage_inputs(self.bound_buffer(), call.x, call.x_sf, t, stream)
         driver.memset_d32_async(self._send_counts, 0, s.num_experts, stream)
         driver.memset_d32_async(self._send_cursors, 0, s.num_experts, stream)
         ek.launch_routing(kernels, params, pairs=t * s.num_topk, sm_count=s.sm_count, stream=stream)
-        for c in range(cycles):
+        for c in range(self.cycles_to_launch(call.bound)):
             params.moe.row_base = c * ring_rows
             ek.launch_pull(kernels, params, sm_count=s.sm_count, stream=stream)
             self._gemms_over_window(c * ring_rows, stream)
@@ -212,6 +226,31 @@ class UnfusedMode(Mode):
         ek.launch_finish(kernels, params, stream)
         if t:  # across ranks a rank without tokens still serves its experts, but combines nothing
             mk.launch_combine(self.moe_kernels(call.idx), moe, mk.grids(t, s.num_topk, s.sm_count), stream)
+
+    def run_streamed(self, call: Call, stream: int) -> None:
+        """A call whose inputs come from the input ring (``spec.streaming``): chunk by chunk,
+        each as a call of its own on the chunk's slot, its output rows at the chunk's place in
+        ``call.y``. ``call.bound`` (the same on every rank) sets the chunk count, so every rank
+        runs the same chunks; a rank whose tokens end sooner serves its experts in the rest."""
+        cfg = self.spec.streaming
+        assert cfg is not None and self.input_ring is not None, "a streamed call needs the input ring"
+        h, c_tokens = self.spec.hidden, cfg.tokens_per_slot
+        ring = self.input_ring
+        ring.begin_consume(stream)
+        for chunk in range(cfg.num_chunks(call.bound)):
+            n = cfg.chunk_tokens(call.num_tokens, chunk)
+            slot = chunk % cfg.num_slots
+            if n:
+                ring.wait_chunk(chunk, stream)
+            at = ring.slot_addresses(slot)
+            y = call.y + chunk * c_tokens * h * 2
+            part = Call(at.x, at.x_sf, at.topk_idx, at.topk_weights, y, n, "int32", c_tokens)
+            if self.expert_parallel:
+                self._run_across_ranks(part, stream, ring.slot_offsets(slot))
+            elif n:
+                self._run_one_rank(part, stream)
+            if n:  # across ranks after the chunk's closing barrier: every peer's pulls are done
+                ring.release_chunk(chunk, stream)
 
     def memory_notes(self) -> str:
         line = pool_memory_line(self.spec, self.layout, "unfused")

@@ -110,9 +110,23 @@ class TimeoutRecord:
 
 
 _RING_OVERFLOW = decl.WAIT_SITE["kRingOverflow"]
+_STREAM_SITES = {decl.WAIT_SITE["kStreamChunkReady"]: "published", decl.WAIT_SITE["kStreamSlotFree"]: "consumed"}
+
+
+def _generation(gen: int) -> str:
+    """A ring generation (epoch << 32 | chunk + 1) in words."""
+    epoch, seq = gen >> 32, gen & 0xFFFFFFFF
+    return f"call {epoch} chunk {seq - 1}" if seq else f"call {epoch}, no chunk"
 
 
 def describe(rec: _RecordFields) -> str:
+    if rec.site in _STREAM_SITES:
+        site = WAIT_SITES[rec.site]
+        return (
+            f"megamoe_rt: wait '{site}' timed out after {rec.elapsed_ns * 1e-9:.2f} s on rank {rec.rank}: "
+            f"input ring slot {rec.peer} was never {_STREAM_SITES[rec.site]} for generation "
+            f"{rec.expected:#x} ({_generation(rec.expected)}); it holds {rec.seen:#x}"
+        )
     if rec.site == _RING_OVERFLOW:
         return (
             f"megamoe_rt: a single-wave call needs {rec.seen} pool blocks but the ring holds {rec.expected} "

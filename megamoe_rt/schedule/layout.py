@@ -104,6 +104,8 @@ class BufferLayout:
     regions: tuple[Region, ...]
     workspace: tuple[Region, ...]
     total_bytes: int
+    stream_slots: int = 0  # the chunk-ready input ring: slots per rank (0: none)
+    stream_tokens: int = 0  # tokens per slot
 
     @property
     def full_pool_blocks(self) -> int:
@@ -203,6 +205,8 @@ def symm_buffer_layout(
     pool: str = "full",
     ring_blocks: int | None = None,
     num_tokens_bound: int | None = None,
+    stream_slots: int = 0,
+    stream_tokens: int = 0,
 ) -> BufferLayout:
     """Compute the symmetric buffer layout for one MoE shape.
 
@@ -210,6 +214,7 @@ def symm_buffer_layout(
     ``num_max_tokens_per_rank``; ``pool='ring'`` sizes them for the fused
     schedule's live window (``ring_blocks`` if given, else the schedule for
     ``num_tokens_bound``, default the capacity), never more than the full pool.
+    ``stream_slots`` / ``stream_tokens``: the chunk-ready input ring (none when 0).
     """
     h = _require_int("hidden", hidden, minimum=1)
     i = _require_int("intermediate", intermediate, minimum=1)
@@ -283,6 +288,14 @@ def symm_buffer_layout(
         (_GRID_SYNC_WORDS,),
         "launches so far; the parity picks the fused kernel's counter bank",
     )
+    streaming = stream_slots > 0
+    if streaming:
+        sl = _require_int("stream_slots", stream_slots, minimum=1)
+        _require_int("stream_tokens", stream_tokens, minimum=1)
+        ws.add("stream_route_ready_gen", "uint64", (sl,), "generation whose routing is in each ring slot")
+        ws.add("stream_layout_ready_gen", "uint64", (sl,), "generation whose x / x_sf are in each ring slot")
+        ws.add("stream_consumed_gen", "uint64", (sl,), "generation every consumer is done with, per slot")
+        ws.add("stream_epochs", "uint32", (2,), "calls begun by the producer side, by the layer")
     if r > 1:
         ws.add("ep_send_counts", "int32", (e,), "this rank's pairs per global expert")
         ws.add("ep_send_offsets", "int32", (e + 1,), "send list layout: exclusive scan of ep_send_counts")
@@ -310,6 +323,12 @@ def symm_buffer_layout(
             (t, h // _SF_BLOCK),
             "input scales, one row per token as the caller passes them (peers pull a token's row)",
         )
+    if streaming:
+        ring_rows = stream_slots * stream_tokens
+        top.add("stream_x", "e4m3", (ring_rows, h), "input ring: tokens of each slot's chunk, FP8")
+        top.add("stream_x_sf", "float32", (ring_rows, h // _SF_BLOCK), "input ring: their scales, a row per token")
+        top.add("stream_topk_idx", "int32", (ring_rows, k), "input ring: their expert ids, -1 = empty")
+        top.add("stream_topk_weights", "float32", (ring_rows, k), "input ring: their top-k weights")
     top.add("l1_pool", "e4m3", (rows, h), "received rows grouped by local expert")
     top.add("l1_pool_sf", "float32", (h // _SF_BLOCK, rows), "scales of l1_pool, k-block-major")
     top.add("l1_pool_src", "int32", (meta_rows,), "source of each row: (src_rank*T + token)*K + slot, -1 for padding")
@@ -348,4 +367,6 @@ def symm_buffer_layout(
         regions=tuple(top.regions),
         workspace=tuple(ws.regions),
         total_bytes=align_up(top.cursor, REGION_ALIGN),
+        stream_slots=stream_slots if streaming else 0,
+        stream_tokens=stream_tokens if streaming else 0,
     )

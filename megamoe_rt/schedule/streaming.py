@@ -1,5 +1,5 @@
-"""The chunk-ready input ring of a planned streaming input option: generation words and a
-step-level model of the protocol (CPU only; no kernel implements it yet).
+"""The chunk-ready input ring: its configuration, generation words and a step-level model of
+the protocol (CPU only; the device side is cuda_src/stream/).
 
 Producers (one per source rank) fill ring slots with token chunks; MegaMoE consumes them.
 Per (source rank, slot) three 64-bit words:
@@ -27,6 +27,31 @@ from dataclasses import dataclass, field
 
 EPOCH_SHIFT = 32
 SEQ_MASK = (1 << EPOCH_SHIFT) - 1
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """A layer's input ring: ``num_slots`` slots of ``tokens_per_slot`` tokens per rank. A call
+    of T tokens is ``ceil(T / tokens_per_slot)`` chunks; chunk c holds tokens
+    ``[c * tokens_per_slot, (c + 1) * tokens_per_slot)`` and lives in slot ``c % num_slots``."""
+
+    num_slots: int
+    tokens_per_slot: int
+
+    def __post_init__(self) -> None:
+        for name in ("num_slots", "tokens_per_slot"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"StreamConfig.{name}: expected an int, got {type(v).__name__} {v!r}")
+            if v < 1:
+                raise ValueError(f"StreamConfig.{name}={v}: expected at least 1")
+
+    def num_chunks(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.tokens_per_slot)
+
+    def chunk_tokens(self, num_tokens: int, chunk: int) -> int:
+        """Tokens of chunk ``chunk`` in a call of ``num_tokens`` (0 past the call's end)."""
+        return max(0, min(self.tokens_per_slot, num_tokens - chunk * self.tokens_per_slot))
 
 
 def encode_gen(epoch: int, sequence: int) -> int:

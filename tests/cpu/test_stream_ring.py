@@ -56,3 +56,66 @@ def test_a_producer_kernel_outside_the_package_compiles_against_the_header():
 def test_the_headers_generation_layout_is_the_protocol_models():
     assert decl.EPOCH_SHIFT.value == streaming.EPOCH_SHIFT
     assert streaming.chunk_generation(3, 0) == (3 << decl.EPOCH_SHIFT.value) | 1
+
+
+def test_a_timed_out_ring_wait_names_the_slot_and_the_generation():
+    from megamoe_rt.kernels.interface import sync
+    from megamoe_rt.kernels.interface.structs import TimeoutRecord
+    from megamoe_rt.runtime.deadlines import describe
+
+    rec = TimeoutRecord(
+        state=2,
+        site=sync.WAIT_SITE["kStreamChunkReady"],
+        rank=1,
+        peer=3,
+        expected=streaming.chunk_generation(5, 7),
+        seen=streaming.chunk_generation(5, 3),
+        elapsed_ns=2_000_000_000,
+    )
+    text = describe(rec)
+    assert "wait 'stream chunk ready' timed out after 2.00 s on rank 1" in text
+    assert "input ring slot 3 was never published for generation 0x500000008 (call 5 chunk 7)" in text
+    rec.site = sync.WAIT_SITE["kStreamSlotFree"]
+    assert "slot 3 was never consumed" in describe(rec)
+
+
+def test_stream_config_is_checked_and_cuts_calls_into_chunks():
+    import pytest
+
+    cfg = streaming.StreamConfig(num_slots=3, tokens_per_slot=100)
+    assert cfg.num_chunks(0) == 0 and cfg.num_chunks(250) == 3
+    assert [cfg.chunk_tokens(250, c) for c in range(4)] == [100, 100, 50, 0]
+    with pytest.raises(ValueError, match="StreamConfig.num_slots=0: expected at least 1"):
+        streaming.StreamConfig(0, 100)
+    with pytest.raises(TypeError, match="StreamConfig.tokens_per_slot: expected an int, got float"):
+        streaming.StreamConfig(2, 1.5)
+
+
+def test_the_input_ring_lies_in_the_buffer_and_its_descriptor_points_there():
+    from megamoe_rt.kernels.stream import InputRing
+    from megamoe_rt.modes.base import LayerSpec, LayoutNeeds, buffer_layout
+
+    spec = LayerSpec(512, 256, 16, 4, 1024, streaming=streaming.StreamConfig(4, 256))
+    lay = buffer_layout(spec, LayoutNeeds("full", 128))
+    assert (lay.stream_slots, lay.stream_tokens) == (4, 256)
+    assert lay.region("stream_x").shape == (1024, 512) and lay.region("stream_topk_idx").shape == (1024, 4)
+    assert lay.workspace_region("stream_consumed_gen").shape == (4,)
+
+    class Buffer:  # addresses only
+        def ptr(self, name):
+            try:
+                return 1 << 40 | lay.region(name).offset
+            except ValueError:
+                return 1 << 40 | (lay.region("workspace").offset + lay.workspace_region(name).offset)
+
+    ring = InputRing(Buffer(), lay, device=0, timeout_s=None, rank=0)
+    d = ring.descriptor
+    assert (d.num_slots, d.tokens_per_slot, d.hidden, d.num_topk) == (4, 256, 512, 4)
+    assert d.consumer_epoch == d.producer_epoch + 4
+    slot2 = ring.slot_addresses(2)
+    assert slot2.x == d.x + 2 * 256 * 512 and slot2.topk_idx == d.topk_idx + 2 * 256 * 4 * 4
+    assert ring.slot_offsets(2) == (
+        lay.region("stream_x").offset + 2 * 256 * 512,
+        lay.region("stream_x_sf").offset + 2 * 256 * 4 * 4,
+    )
+    assert buffer_layout(LayerSpec(512, 256, 16, 4, 1024), LayoutNeeds("full", 128)).stream_slots == 0

@@ -1,0 +1,133 @@
+"""Streamed calls on one GPU: a producer writes a call's chunks into the layer's input ring on
+its own stream while the layer consumes them on another. The output must be the batch call's,
+bit for bit, whatever the ring size, the timing of the producer or the number of replays."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from megamoe_rt import reference as ref
+from tests.helpers.layer_calls import BF16_NAN, device_args, run_poisoned
+
+pytestmark = pytest.mark.gpu
+cp = pytest.importorskip("cupy")
+
+H, I, E, K, CAP = 512, 256, 16, 4, 2048
+
+
+def _layers(w, slots, tokens_per_slot, **kw):
+    from megamoe_rt import MegaMoE
+    from megamoe_rt.streaming import StreamConfig
+
+    streamed = MegaMoE(H, I, E, K, CAP, streaming=StreamConfig(slots, tokens_per_slot), **kw)
+    batch = MegaMoE(H, I, E, K, CAP, mode="unfused")
+    for layer in (streamed, batch):
+        layer.load_weights(w["w1"], w["w1_sf"], w["w2"], w["w2_sf"])
+    cp.cuda.Device().synchronize()
+    return streamed, batch
+
+
+def _streamed(layer, args, *, producer_delay_s=0.0):
+    """The layer consumes on one stream while a ChunkWriter produces on another."""
+    from megamoe_rt.streaming import ChunkWriter
+
+    t = args[0].shape[0]
+    producer, consumer = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    cp.cuda.get_current_stream().synchronize()  # the inputs
+    writer = ChunkWriter(layer)
+    out = cp.full((t, H), BF16_NAN, dtype=cp.uint16)
+    layer.consume(t, out=out, stream=consumer)  # waits on the device for chunks not yet written
+    if producer_delay_s:
+        time.sleep(producer_delay_s)
+    writer.write_all(*args, stream=producer)
+    consumer.synchronize()
+    producer.synchronize()
+    return cp.asnumpy(out)
+
+
+@pytest.mark.parametrize("slots,tokens_per_slot,t", [(2, 128, 1000), (4, 256, 256), (3, 100, 250), (1, 512, 2048)])
+def test_streamed_equals_batch_bitwise(slots, tokens_per_slot, t):
+    rng = np.random.default_rng()
+    w = ref.random_moe_inputs(rng, 1, H, I, E, K)
+    streamed, batch = _layers(w, slots, tokens_per_slot)
+    for _ in range(2):  # a second call: new epoch over the same ring
+        args = device_args(ref.random_moe_inputs(rng, t, H, I, E, K, empty_slot_prob=0.05))
+        np.testing.assert_array_equal(_streamed(streamed, args), run_poisoned(batch, args))
+
+
+def test_a_late_producer_and_an_empty_call_stay_correct():
+    rng = np.random.default_rng()
+    w = ref.random_moe_inputs(rng, 1, H, I, E, K)
+    streamed, batch = _layers(w, 2, 128)
+    args = device_args(ref.random_moe_inputs(rng, 700, H, I, E, K))
+    np.testing.assert_array_equal(_streamed(streamed, args, producer_delay_s=0.2), run_poisoned(batch, args))
+    empty = [a[:0] for a in args]
+    assert _streamed(streamed, empty).shape == (0, H)
+    args = device_args(ref.random_moe_inputs(rng, 300, H, I, E, K))  # and the ring still works after it
+    np.testing.assert_array_equal(_streamed(streamed, args), run_poisoned(batch, args))
+
+
+def test_twenty_graph_replays_of_producer_and_consumer():
+    from megamoe_rt.streaming import ChunkWriter
+
+    rng = np.random.default_rng()
+    w = ref.random_moe_inputs(rng, 1, H, I, E, K)
+    streamed, batch = _layers(w, 3, 128)
+    t = 900
+    args = device_args(ref.random_moe_inputs(rng, t, H, I, E, K))
+    writer = ChunkWriter(streamed)
+    producer, consumer = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    out = cp.empty((t, H), dtype=cp.uint16)
+    _streamed(streamed, args)  # warm: kernels loaded outside the captures
+    with producer:
+        producer.begin_capture()
+        writer.write_all(*args, stream=producer)
+        produce = producer.end_capture()
+    with consumer:
+        consumer.begin_capture()
+        streamed.consume(t, out=out, stream=consumer)
+        consume = consumer.end_capture()
+    for _ in range(20):
+        fresh = device_args(ref.random_moe_inputs(rng, t, H, I, E, K))
+        for dst, src in zip(args, fresh, strict=True):
+            dst[...] = src
+        cp.cuda.get_current_stream().synchronize()
+        out.fill(BF16_NAN)
+        cp.cuda.get_current_stream().synchronize()
+        consume.launch(stream=consumer)
+        produce.launch(stream=producer)
+        consumer.synchronize()
+        producer.synchronize()
+        np.testing.assert_array_equal(cp.asnumpy(out), run_poisoned(batch, args))
+
+
+def test_a_chunk_never_published_traps_naming_the_slot_and_generation():
+    script = textwrap.dedent(f"""
+        import sys
+        import cupy as cp
+        from megamoe_rt import MegaMoE
+        from megamoe_rt import reference as ref
+        from megamoe_rt.runtime import driver
+        from megamoe_rt.streaming import StreamConfig
+        from cuda.bindings import driver as cu
+        w = ref.random_moe_inputs(0, 1, {H}, {I}, {E}, {K})
+        layer = MegaMoE({H}, {I}, {E}, {K}, 256, streaming=StreamConfig(2, 128), timeout_s=1.0)
+        layer.load_weights(w["w1"], w["w1_sf"], w["w2"], w["w2_sf"])
+        layer.consume(200)  # nobody produces
+        try:
+            driver.call(cu.cuCtxSynchronize)
+        except driver.CudaError as err:
+            print("ERROR", err)
+            sys.exit(3)
+        print("finished")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    text = out.stdout + out.stderr
+    assert out.returncode == 3, text
+    assert "input ring slot 0 was never published for generation 0x100000001 (call 1 chunk 0)" in text, text

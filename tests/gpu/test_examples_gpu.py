@@ -49,3 +49,15 @@ def test_prefill_example_runs_and_the_ring_is_bitwise_the_full_pool(mode):
     assert "bitwise equal: True" in out.stdout, out.stdout
     smaller = next(line for line in out.stdout.splitlines() if line.startswith("buffer x"))
     assert float(smaller.split()[1][1:]) > 1.0, out.stdout
+
+
+@pytest.mark.gpu
+def test_streaming_router_example_matches_the_batch_call_bitwise():
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLES / "streaming_router.py"), "--tokens", "1000", "--slots", "2", "--chunk", "128"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "streamed == batch, bitwise: True" in out.stdout, out.stdout

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from megamoe_rt.ep.launch import spawn
-from tests.multigpu.conftest import WORLD
+from tests.conftest import TEST_RANKS as WORLD
 
 pytestmark = pytest.mark.multigpu
 

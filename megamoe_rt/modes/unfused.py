@@ -236,6 +236,7 @@ class UnfusedMode(Mode):
         assert cfg is not None and self.input_ring is not None, "a streamed call needs the input ring"
         h, c_tokens = self.spec.hidden, cfg.tokens_per_slot
         ring = self.input_ring
+        self._load_streamed_kernels(call.idx)
         ring.begin_consume(stream)
         for chunk in range(cfg.num_chunks(call.bound)):
             n = cfg.chunk_tokens(call.num_tokens, chunk)
@@ -251,6 +252,19 @@ class UnfusedMode(Mode):
                 self._run_one_rank(part, stream)
             if n:  # across ranks after the chunk's closing barrier: every peer's pulls are done
                 ring.release_chunk(chunk, stream)
+
+    def _load_streamed_kernels(self, idx: str) -> None:
+        """Every kernel a streamed call launches, loaded before its first chunk wait. Loading a
+        module may synchronise the context (CUDA lazy loading): done between chunks, it would
+        wait for the spinning chunk wait, which waits for a producer this thread has not yet
+        launched."""
+        assert self.input_ring is not None
+        self.input_ring.load_kernels()
+        self.moe_kernels(idx)
+        if self.expert_parallel:
+            self.ep_kernels(idx)
+        elif self.ring:
+            self._fill_window_kernel()
 
     def memory_notes(self) -> str:
         line = pool_memory_line(self.spec, self.layout, "unfused")

@@ -4,6 +4,8 @@ options the package hands out, and the header's generation layout is the protoco
 
 from __future__ import annotations
 
+import pytest
+
 from megamoe_rt.jit.compiler import _nvrtc, _program_log
 from megamoe_rt.kernels import stream as sk
 from megamoe_rt.kernels.interface import stream as decl
@@ -42,9 +44,13 @@ def test_the_ring_kernels_are_built_with_every_other_kernel():
     assert {s.name for s in sk.kernel_specs()} <= names
 
 
-def test_a_producer_kernel_outside_the_package_compiles_against_the_header():
+@pytest.mark.parametrize("source", ["user", "reference_router"])
+def test_a_producer_kernel_outside_the_package_compiles_against_the_header(source):
+    from megamoe_rt.routers import ROUTER
+
+    code = USER_PRODUCER if source == "user" else ROUTER
     nvrtc = _nvrtc()
-    err, prog = nvrtc.nvrtcCreateProgram(USER_PRODUCER.encode(), b"my_router.cu", 0, [], [])
+    err, prog = nvrtc.nvrtcCreateProgram(code.encode(), b"my_router.cu", 0, [], [])
     try:
         opts = [o.encode() for o in sk.producer_options()]
         (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
@@ -80,8 +86,6 @@ def test_a_timed_out_ring_wait_names_the_slot_and_the_generation():
 
 
 def test_stream_config_is_checked_and_cuts_calls_into_chunks():
-    import pytest
-
     cfg = streaming.StreamConfig(num_slots=3, tokens_per_slot=100)
     assert cfg.num_chunks(0) == 0 and cfg.num_chunks(250) == 3
     assert [cfg.chunk_tokens(250, c) for c in range(4)] == [100, 100, 50, 0]

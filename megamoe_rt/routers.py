@@ -1,0 +1,136 @@
+"""A reference producer for streamed calls: a softmax top-k router compiled with CuPy that
+routes each chunk of tokens straight into a layer's input ring (``streaming=``), plus the
+same routing for a whole call at once. ``examples/streaming_router.py`` and ``megamoe-rt bench
+stream`` use it; a model's own router kernel takes its place (docs/STREAMING.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from megamoe_rt.kernels.quantize import quantize_fp8
+from megamoe_rt.kernels.stream import producer_options
+
+ROUTER = r"""
+#include "stream/producer.cuh"
+using namespace megamoe_rt;
+
+// Token `token`'s routing: softmax over the experts' logits, the top-k picked largest first
+// (ties: the lower expert), their probabilities renormalised. The same code routes the
+// streamed chunks and the batch call, so both get the same bits.
+__device__ void route_token(const float* logits, u32 token, u32 experts, u32 k, i32* idx, float* w) {
+    const float* l = logits + static_cast<u64>(token) * experts;
+    float top = -3.0e38f;
+    for (u32 e = 0; e < experts; ++e) top = fmaxf(top, l[e]);
+    float prev = 3.0e38f;
+    int prev_e = -1;
+    float sum = 0.0f;
+    for (u32 j = 0; j < k; ++j) {
+        float best = -3.0e38f;
+        int best_e = -1;
+        for (u32 e = 0; e < experts; ++e) {
+            const bool after_prev = l[e] < prev || (l[e] == prev && static_cast<int>(e) > prev_e);
+            if (after_prev && (l[e] > best || best_e < 0)) best = l[e], best_e = static_cast<int>(e);
+        }
+        idx[j] = best_e;
+        w[j] = __expf(best - top);
+        sum += w[j];
+        prev = best, prev_e = best_e;
+    }
+    for (u32 j = 0; j < k; ++j) w[j] /= sum;
+}
+
+// One block per chunk: wait for the slot, route the chunk's tokens (`logits`: their rows,
+// `n` of them) into it, publish the routing half.
+extern "C" __global__ void route_chunk(const stream::StreamRing* ring_ptr, const float* logits, u32 n, u32 experts,
+                                       u32 chunk) {
+    const stream::StreamRing ring = *ring_ptr;
+    __shared__ int free_slot;
+    if (threadIdx.x == 0) free_slot = stream::wait_slot_free(ring, chunk, 60ull * 1000 * 1000 * 1000);
+    __syncthreads();
+    if (!free_slot) __trap();
+    i32* idx = stream::chunk_topk_idx(ring, chunk);
+    float* w = stream::chunk_topk_weights(ring, chunk);
+    for (u32 t = threadIdx.x; t < ring.tokens_per_slot; t += blockDim.x) {
+        if (t < n) {
+            route_token(logits, t, experts, ring.num_topk, idx + t * ring.num_topk, w + t * ring.num_topk);
+        } else {
+            for (u32 j = 0; j < ring.num_topk; ++j) idx[t * ring.num_topk + j] = -1, w[t * ring.num_topk + j] = 0.0f;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) stream::publish_route(ring, stream::producer_epoch(ring), chunk);
+}
+
+// After the chunk's x / x_sf are written (earlier kernels on this stream): the activation half.
+extern "C" __global__ void publish_x(const stream::StreamRing* ring_ptr, u32 chunk) {
+    if (threadIdx.x == 0) stream::publish_layout(*ring_ptr, stream::producer_epoch(*ring_ptr), chunk);
+}
+
+// The batch call's routing, every token at once.
+extern "C" __global__ void route_all(const float* logits, u32 num_tokens, u32 experts, u32 k, i32* idx, float* w) {
+    const u32 token = blockIdx.x * blockDim.x + threadIdx.x;
+    if (token < num_tokens) route_token(logits, token, experts, k, idx + token * k, w + token * k);
+}
+"""
+
+
+class Router:
+    """The router of ``layer`` (a streamed layer, or None for whole-call routing only):
+    ``num_experts`` logits per token, the top ``num_topk``."""
+
+    def __init__(self, num_experts: int, num_topk: int, layer: Any = None):
+        import cupy as cp
+
+        self.cp, self.num_experts, self.num_topk, self.layer = cp, num_experts, num_topk, layer
+        module = cp.RawModule(code=ROUTER, options=tuple(producer_options()))
+        # get_function loads each kernel now, not at its first launch (see produce()).
+        self._route_chunk, self._publish_x, self._route_all = (
+            module.get_function(n) for n in ("route_chunk", "publish_x", "route_all")
+        )
+        if layer is not None:
+            ring = layer.input_ring
+            self.config = layer.streaming
+            self._ring = ring
+            self._ring_dev = cp.asarray(np.frombuffer(bytes(ring.descriptor), dtype=np.uint8))
+            self._x_ring, self._sf_ring = layer.buffer.view("stream_x"), layer.buffer.view("stream_x_sf")
+
+    def route_all(self, logits: Any, topk_idx: Any, topk_weights: Any) -> None:
+        """Every token of ``logits`` ``[T, E]`` float32 into ``topk_idx`` / ``topk_weights`` ``[T, K]``
+        (on CuPy's current stream)."""
+        t = logits.shape[0]
+        e, k = np.uint32(self.num_experts), np.uint32(self.num_topk)
+        self._route_all(((t + 127) // 128,), (128,), (logits, np.uint32(t), e, k, topk_idx, topk_weights))
+
+    def warm(self, hidden: Any, gate: Any) -> None:
+        """Run the producer's CuPy work once at every chunk size a call of ``hidden``'s tokens has.
+        A kernel's first launch may wait for the context to go idle (CUDA lazy loading), which
+        it never does while the layer spins on a chunk; cuBLAS picks its kernel by shape."""
+        cfg, t = self.config, hidden.shape[0]
+        for n in sorted({cfg.chunk_tokens(t, c) for c in range(cfg.num_chunks(t))}):
+            _ = hidden[:n] @ gate  # the product is not needed, the kernel load is
+            quantize_fp8(hidden[:n])
+        self.cp.cuda.get_current_stream().synchronize()
+
+    def produce(self, hidden: Any, gate: Any, stream: Any) -> list[Any]:
+        """A streamed call's inputs, chunk by chunk on ``stream``: the gating GEMM of the chunk's
+        ``hidden`` rows (float32 ``[T, H]``) with ``gate`` ``[H, E]``, the routing into the slot,
+        the activations quantized into the slot, each half published. Returns the chunks'
+        logits (for checking against :meth:`route_all`)."""
+        cfg, t = self.config, hidden.shape[0]
+        out = []
+        with stream:
+            self._ring.begin_call(stream.ptr)
+            for chunk in range(cfg.num_chunks(t)):
+                first, n = chunk * cfg.tokens_per_slot, cfg.chunk_tokens(t, chunk)
+                logits = hidden[first : first + n] @ gate
+                out.append(logits)
+                args = (self._ring_dev, logits, np.uint32(n), np.uint32(self.num_experts), np.uint32(chunk))
+                self._route_chunk((1,), (256,), args)
+                row = (chunk % cfg.num_slots) * cfg.tokens_per_slot
+                x, sf = self._x_ring[row : row + n], self._sf_ring[row : row + n]
+                quantize_fp8(hidden[first : first + n], out=x, out_sf=sf, stream=stream)
+                self._publish_x((1,), (32,), (self._ring_dev, np.uint32(chunk)))
+        return out

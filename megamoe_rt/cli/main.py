@@ -287,11 +287,12 @@ def cmd_bench(args) -> int:
 
     print(f"device {info.ordinal}: {info.name}, {info.sm_count} SMs")
     modes = args.mode or ["unfused"]
+    presets = args.presets or ["flash", "pro", "v3"]
     if args.what == "prefill":
         from megamoe_rt.cli.bench_prefill import MODES, RATIOS, TOKENS, bench_prefill
 
         bench_prefill(
-            args.presets,
+            presets,
             args.tokens or TOKENS,
             modes=args.mode or MODES,
             ratios=args.ratios or RATIOS,
@@ -299,11 +300,24 @@ def cmd_bench(args) -> int:
             json_path=args.json,
             png_path=args.png,
         )
+    elif args.what == "stream":
+        from megamoe_rt.cli.bench_stream import PRESETS as STREAM_PRESETS
+        from megamoe_rt.cli.bench_stream import TOKENS as STREAM_TOKENS
+        from megamoe_rt.cli.bench_stream import bench_stream
+
+        bench_stream(
+            args.presets or STREAM_PRESETS,
+            args.tokens or STREAM_TOKENS,
+            slots=args.slots,
+            chunk=args.chunk,
+            rounds=args.rounds,
+            json_path=args.json,
+        )
     elif args.what == "overhead":
         from megamoe_rt.cli.bench_overhead import bench_overhead
 
         bench_overhead(
-            args.presets,
+            presets,
             args.tokens or [64, 2048],
             modes=modes,
             rounds=args.rounds,
@@ -311,7 +325,7 @@ def cmd_bench(args) -> int:
         )
     elif args.what == "gemm":
         bench_gemm(
-            args.presets,
+            presets,
             args.tokens or [512, 2048, 8192],
             with_torch=not args.no_torch,
             rounds=args.rounds,
@@ -319,7 +333,7 @@ def cmd_bench(args) -> int:
         )
     else:
         bench_moe(
-            args.presets,
+            presets,
             args.tokens or [64, 256, 2048, 8192],
             mode=modes,
             rounds=args.rounds,
@@ -535,10 +549,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("bench", help="benchmarks on a Hopper GPU (CUDA-event device time, arms bracketed in rounds)")
     s.add_argument(
         "what",
-        choices=("gemm", "moe", "overhead", "prefill"),
+        choices=("gemm", "moe", "overhead", "prefill", "stream"),
         help="what to measure (overhead: eager layer calls against graph replays, default tokens 64,2048; "
         "prefill: long calls against the ring size, default tokens 16384,32768,65536; across ranks: "
-        "megamoe-rt launch -n N -m megamoe_rt.cli.bench prefill ...)",
+        "megamoe-rt launch -n N -m megamoe_rt.cli.bench prefill ...; stream: a router and the layer, streamed "
+        "against sequential, default flash,v3 at 512,2048,8192)",
     )
     s.add_argument(
         "--mode",
@@ -561,7 +576,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="moe: buffer token capacity (default: each row's tokens; the fused arm passes num_tokens_bound = tokens)",
     )
-    s.add_argument("--presets", "--preset", type=_csv(str, sorted(PRESETS)), default=["flash", "pro", "v3"])
+    s.add_argument(
+        "--presets",
+        "--preset",
+        type=_csv(str, sorted(PRESETS)),
+        default=None,
+        help="default flash,pro,v3 (stream: flash,v3)",
+    )
+    s.add_argument("--slots", type=_positive_int, default=4, help="stream: input ring slots")
+    s.add_argument("--chunk", type=_positive_int, default=512, help="stream: tokens per slot (chunk)")
     s.add_argument(
         "--tokens",
         type=_csv(int),

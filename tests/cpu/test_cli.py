@@ -177,3 +177,34 @@ def test_sweep_argument_errors_exit_2_before_any_gpu_work(extra, message):
     assert out.returncode == 2, out.stderr
     lines = [l for l in out.stderr.splitlines() if l.strip()]
     assert len(lines) == 1 and message in lines[0], out.stderr
+
+
+@pytest.mark.parametrize(
+    "argv,expected",
+    [
+        (["bench", "stream"], (["flash", "v3"], [512, 2048, 8192], 4, 512)),
+        (
+            ["bench", "stream", "--preset", "pro", "--tokens", "4096", "--slots", "3", "--chunk", "256"],
+            (["pro"], [4096], 3, 256),
+        ),
+    ],
+)
+def test_bench_stream_passes_its_options_and_defaults(monkeypatch, argv, expected):
+    import megamoe_rt.cli.bench_stream as bench_stream
+    import megamoe_rt.cli.main as cli
+
+    seen = {}
+    info = SimpleNamespace(ordinal=0, name="H200", sm_count=132)
+    monkeypatch.setattr(cli, "_hopper_or_none", lambda command: info)
+    monkeypatch.setattr(
+        bench_stream,
+        "bench_stream",
+        lambda presets, tokens, **kw: seen.update(args=(presets, tokens, kw["slots"], kw["chunk"])),
+    )
+    assert cli.main(argv) == 0
+    assert seen["args"] == expected
+
+
+def test_bench_stream_rejects_a_zero_chunk():
+    out = run_cli("bench", "stream", "--chunk", "0")
+    assert out.returncode == 2 and "--chunk" in out.stderr

@@ -1,0 +1,93 @@
+"""NvshmemRuntime.barrier orders barriers across streams (two barriers of one team running at
+once deadlock NVSHMEM), checked on the CPU with the driver and NVSHMEM stood in for."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from megamoe_rt.ep import symm
+
+
+class _Log:
+    def __init__(self):
+        self.ops: list[tuple] = []
+        self.capturing: set[int] = set()
+
+
+@pytest.fixture
+def runtime(monkeypatch):
+    log = _Log()
+
+    class Event:
+        made = 0
+
+        def __init__(self, *, device=None):
+            Event.made += 1
+            self.id = Event.made
+            log.ops.append(("event", self.id))
+
+        def record(self, stream=None):
+            log.ops.append(("record", self.id, stream))
+            return self
+
+        def wait_on(self, stream=None):
+            log.ops.append(("wait", self.id, stream))
+
+        def close(self):
+            log.ops.append(("close", self.id))
+
+    fake_driver = SimpleNamespace(
+        stream_handle=lambda s: int(s),
+        stream_is_capturing=lambda s: s in log.capturing,
+        core_stream=lambda s: ("core", s),
+        Event=Event,
+    )
+    monkeypatch.setattr(symm, "driver", fake_driver)
+    nvshmem = SimpleNamespace(
+        Teams=SimpleNamespace(TEAM_WORLD="world"),
+        barrier=lambda team, stream: log.ops.append(("barrier", team, stream[1])),
+        finalize=lambda: log.ops.append(("finalize",)),
+    )
+    rt = object.__new__(symm.NvshmemRuntime)
+    rt._nvshmem, rt._buffers, rt._last_barrier, rt.device = nvshmem, [], None, 0
+    return rt, log
+
+
+def test_each_barrier_waits_for_the_previous_one_whatever_its_stream(runtime):
+    rt, log = runtime
+    for stream in (11, 22, 22, 33):
+        rt.barrier(stream)
+    assert log.ops == [
+        ("barrier", "world", 11),
+        ("event", 1),
+        ("record", 1, 11),
+        ("wait", 1, 22),
+        ("barrier", "world", 22),
+        ("record", 1, 22),
+        ("wait", 1, 22),
+        ("barrier", "world", 22),
+        ("record", 1, 22),
+        ("wait", 1, 33),
+        ("barrier", "world", 33),
+        ("record", 1, 33),
+    ]
+
+
+def test_a_captured_barrier_neither_waits_on_nor_records_uncaptured_work(runtime):
+    rt, log = runtime
+    rt.barrier(11)
+    log.capturing.add(22)
+    log.ops.clear()
+    rt.barrier(22)
+    assert log.ops == [("barrier", "world", 22)]
+
+
+def test_finalize_closes_the_barrier_event(runtime, monkeypatch):
+    rt, log = runtime
+    monkeypatch.setattr(symm.NvshmemRuntime, "_active", rt)
+    rt.barrier(11)
+    rt.finalize()
+    assert log.ops[-2:] == [("close", 1), ("finalize",)]
+    assert rt._last_barrier is None and symm.NvshmemRuntime._active is None

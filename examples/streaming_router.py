@@ -38,7 +38,7 @@ layer.load_weights(w1, w1_sf, w2, w2_sf, stream=consumer)
 router = Router(E, K, layer)
 # Every kernel the producer launches must be loaded before the layer waits on the device
 # (docs/STREAMING.md, "Progress"): the gating GEMM and the quantizer run once beforehand.
-router.warm(hidden, gate)
+router.warm(hidden, gate, producer)
 consumer.synchronize()
 
 # Streamed: the layer is enqueued first and waits on the device; the producer follows on its

@@ -104,15 +104,17 @@ class Router:
         e, k = np.uint32(self.num_experts), np.uint32(self.num_topk)
         self._route_all(((t + 127) // 128,), (128,), (logits, np.uint32(t), e, k, topk_idx, topk_weights))
 
-    def warm(self, hidden: Any, gate: Any) -> None:
-        """Run the producer's CuPy work once at every chunk size a call of ``hidden``'s tokens has.
-        A kernel's first launch may wait for the context to go idle (CUDA lazy loading), which
-        it never does while the layer spins on a chunk; cuBLAS picks its kernel by shape."""
+    def warm(self, hidden: Any, gate: Any, stream: Any) -> None:
+        """Run the producer's CuPy work once on ``stream`` at every chunk size a call of
+        ``hidden``'s tokens has. A kernel's first launch may wait for the context to go idle
+        (CUDA lazy loading), which it never does while the layer spins on a chunk; cuBLAS picks
+        its kernel by shape."""
         cfg, t = self.config, hidden.shape[0]
-        for n in sorted({cfg.chunk_tokens(t, c) for c in range(cfg.num_chunks(t))}):
-            _ = hidden[:n] @ gate  # the product is not needed, the kernel load is
-            quantize_fp8(hidden[:n])
-        self.cp.cuda.get_current_stream().synchronize()
+        with stream:
+            for n in sorted({cfg.chunk_tokens(t, c) for c in range(cfg.num_chunks(t))}):
+                _ = hidden[:n] @ gate  # the product is not needed, the kernel load is
+                quantize_fp8(hidden[:n], stream=stream)
+        stream.synchronize()
 
     def produce(self, hidden: Any, gate: Any, stream: Any) -> list[Any]:
         """A streamed call's inputs, chunk by chunk on ``stream``: the gating GEMM of the chunk's

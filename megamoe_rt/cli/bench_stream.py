@@ -61,11 +61,11 @@ def _bench_cell(name: str, p: Any, experts: int, t: int, *, slots: int, chunk: i
     for layer in (streamed, *layers.values()):
         layer.load_weights(*weights)
     router = Router(experts, p.num_topk, streamed)
-    router.warm(hidden, gate)
     idx = cp.empty((t, p.num_topk), cp.int32)
     w = cp.empty((t, p.num_topk), cp.float32)
     y = cp.empty((t, p.hidden), dtype=cp.uint16)
     producer = cp.cuda.Stream(non_blocking=True)
+    router.warm(hidden, gate, producer)
     fork, join = cp.cuda.Event(disable_timing=True), cp.cuda.Event(disable_timing=True)
 
     def sequential(layer: Any) -> None:

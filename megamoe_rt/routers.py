@@ -42,8 +42,10 @@ __device__ void route_token(const float* logits, u32 token, u32 experts, u32 k, 
     for (u32 j = 0; j < k; ++j) w[j] /= sum;
 }
 
-// One block per chunk: wait for the slot, route the chunk's tokens (`logits`: their rows,
-// `n` of them) into it, publish the routing half.
+// The chunk's tokens into its slot, a thread per token of the slot (`logits`: the chunk's
+// rows, `n` of them; tokens past `n` get empty routes). Every block waits for the slot to be
+// free (the wait only reads), so the routing half is published by `publish_half`, a kernel
+// boundary after the whole grid.
 extern "C" __global__ void route_chunk(const stream::StreamRing* ring_ptr, const float* logits, u32 n, u32 experts,
                                        u32 chunk) {
     const stream::StreamRing ring = *ring_ptr;
@@ -51,22 +53,27 @@ extern "C" __global__ void route_chunk(const stream::StreamRing* ring_ptr, const
     if (threadIdx.x == 0) free_slot = stream::wait_slot_free(ring, chunk, 60ull * 1000 * 1000 * 1000);
     __syncthreads();
     if (!free_slot) __trap();
-    i32* idx = stream::chunk_topk_idx(ring, chunk);
-    float* w = stream::chunk_topk_weights(ring, chunk);
-    for (u32 t = threadIdx.x; t < ring.tokens_per_slot; t += blockDim.x) {
-        if (t < n) {
-            route_token(logits, t, experts, ring.num_topk, idx + t * ring.num_topk, w + t * ring.num_topk);
-        } else {
-            for (u32 j = 0; j < ring.num_topk; ++j) idx[t * ring.num_topk + j] = -1, w[t * ring.num_topk + j] = 0.0f;
-        }
+    const u32 t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= ring.tokens_per_slot) return;
+    i32* idx = stream::chunk_topk_idx(ring, chunk) + t * ring.num_topk;
+    float* w = stream::chunk_topk_weights(ring, chunk) + t * ring.num_topk;
+    if (t < n) {
+        route_token(logits, t, experts, ring.num_topk, idx, w);
+    } else {
+        for (u32 j = 0; j < ring.num_topk; ++j) idx[j] = -1, w[j] = 0.0f;
     }
-    __syncthreads();
-    if (threadIdx.x == 0) stream::publish_route(ring, stream::producer_epoch(ring), chunk);
 }
 
-// After the chunk's x / x_sf are written (earlier kernels on this stream): the activation half.
-extern "C" __global__ void publish_x(const stream::StreamRing* ring_ptr, u32 chunk) {
-    if (threadIdx.x == 0) stream::publish_layout(*ring_ptr, stream::producer_epoch(*ring_ptr), chunk);
+// After the kernels that wrote one half of the chunk (earlier on this stream): publish it,
+// the routing half (`route` nonzero) or the activations half.
+extern "C" __global__ void publish_half(const stream::StreamRing* ring_ptr, u32 chunk, u32 route) {
+    if (threadIdx.x != 0) return;
+    const stream::StreamRing ring = *ring_ptr;
+    if (route) {
+        stream::publish_route(ring, stream::producer_epoch(ring), chunk);
+    } else {
+        stream::publish_layout(ring, stream::producer_epoch(ring), chunk);
+    }
 }
 
 // The batch call's routing, every token at once.
@@ -87,8 +94,8 @@ class Router:
         self.cp, self.num_experts, self.num_topk, self.layer = cp, num_experts, num_topk, layer
         module = cp.RawModule(code=ROUTER, options=tuple(producer_options()))
         # get_function loads each kernel now, not at its first launch (see produce()).
-        self._route_chunk, self._publish_x, self._route_all = (
-            module.get_function(n) for n in ("route_chunk", "publish_x", "route_all")
+        self._route_chunk, self._publish_half, self._route_all = (
+            module.get_function(n) for n in ("route_chunk", "publish_half", "route_all")
         )
         if layer is not None:
             ring = layer.input_ring
@@ -130,9 +137,10 @@ class Router:
                 logits = hidden[first : first + n] @ gate
                 out.append(logits)
                 args = (self._ring_dev, logits, np.uint32(n), np.uint32(self.num_experts), np.uint32(chunk))
-                self._route_chunk((1,), (256,), args)
+                self._route_chunk(((cfg.tokens_per_slot + 127) // 128,), (128,), args)
+                self._publish_half((1,), (32,), (self._ring_dev, np.uint32(chunk), np.uint32(1)))
                 row = (chunk % cfg.num_slots) * cfg.tokens_per_slot
                 x, sf = self._x_ring[row : row + n], self._sf_ring[row : row + n]
                 quantize_fp8(hidden[first : first + n], out=x, out_sf=sf, stream=stream)
-                self._publish_x((1,), (32,), (self._ring_dev, np.uint32(chunk)))
+                self._publish_half((1,), (32,), (self._ring_dev, np.uint32(chunk), np.uint32(0)))
         return out

@@ -55,6 +55,7 @@ def _bench_cell(name: str, p: Any, experts: int, t: int, *, slots: int, chunk: i
     rs = cp.random.RandomState(t)
     hidden = rs.standard_normal((t, p.hidden), dtype=cp.float32)
     gate = rs.standard_normal((p.hidden, experts), dtype=cp.float32) / 64
+    chunk = min(chunk, t)  # a chunk runs as a call of at most the layer's capacity (t)
     cfg = StreamConfig(num_slots=slots, tokens_per_slot=chunk)
     streamed = MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, t, streaming=cfg)
     layers = {m: MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, t, mode=m) for m in ("unfused", "fused")}

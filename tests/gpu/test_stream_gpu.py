@@ -14,6 +14,7 @@ import pytest
 
 from megamoe_rt import reference as ref
 from tests.helpers.layer_calls import BF16_NAN, device_args, run_poisoned
+from tests.helpers.traps import SYNC_AND_REPORT
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
@@ -108,7 +109,8 @@ def test_twenty_graph_replays_of_producer_and_consumer():
 
 
 def test_a_chunk_never_published_traps_naming_the_slot_and_generation():
-    script = textwrap.dedent(f"""
+    script = (
+        textwrap.dedent(f"""
         import sys
         import cupy as cp
         from megamoe_rt import MegaMoE
@@ -120,13 +122,9 @@ def test_a_chunk_never_published_traps_naming_the_slot_and_generation():
         layer = MegaMoE({H}, {I}, {E}, {K}, 256, streaming=StreamConfig(2, 128), timeout_s=1.0)
         layer.load_weights(w["w1"], w["w1_sf"], w["w2"], w["w2_sf"])
         layer.consume(200)  # nobody produces
-        try:
-            driver.call(cu.cuCtxSynchronize)
-        except driver.CudaError as err:
-            print("ERROR", err)
-            sys.exit(3)
-        print("finished")
     """)
+        + SYNC_AND_REPORT
+    )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     text = out.stdout + out.stderr
     assert out.returncode == 3, text

@@ -28,14 +28,20 @@ def trap_script(t, h, i, e, k, timeout_s, setup, hook, *, mode="fused"):
         args = [cp.asarray(inp[n].view(np.uint8) if n == "x" else inp[n]) for n in ("x", "x_sf", "topk_idx", "topk_weights")]
         with {hook}:
             layer(*args)
-        try:
-            driver.call(cu.cuCtxSynchronize)
-        except driver.CudaError as err:
-            print("ERROR", err)
-            sys.exit(3)
-        print("finished")
     """)
-    return head + textwrap.dedent(setup) + tail
+    return head + textwrap.dedent(setup) + tail + SYNC_AND_REPORT
+
+
+# The end of every trap script: wait for the device; a trap exits 3 printing the CudaError
+# (which carries the deadline report), a clean finish prints "finished".
+SYNC_AND_REPORT = textwrap.dedent("""
+    try:
+        driver.call(cu.cuCtxSynchronize)
+    except driver.CudaError as err:
+        print("ERROR", err)
+        sys.exit(3)
+    print("finished")
+""")
 
 
 WITHHOLD_HOOK = "testing.withhold_block(layer, int(sys.argv[1]))"

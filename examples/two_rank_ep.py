@@ -4,6 +4,8 @@ Run on a machine with two Hopper GPUs joined by NVLink:
     megamoe-rt launch -n 2 examples/two_rank_ep.py
 or under MPI (NVSHMEM then bootstraps through MPI; needs mpi4py):
     mpirun -n 2 python examples/two_rank_ep.py
+or with torchrun (or a plain srun) on one node:
+    torchrun --nproc-per-node 2 examples/two_rank_ep.py
 """
 
 import cupy as cp

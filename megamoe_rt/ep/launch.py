@@ -89,6 +89,7 @@ class _Hub:
         self._waiting: dict[str, list] = {}
         self._barriers: dict[int, list] = {}
         self._exited: set[int] = set()
+        self._open = 0  # client connections being served
         self._lock = threading.Lock()
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
@@ -105,9 +106,18 @@ class _Hub:
                 # A failed handshake (wrong key, a stray connection closing early) is that
                 # client's problem; the ranks of the launch still have to get in.
                 continue
+            with self._lock:
+                self._open += 1
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn) -> None:
+        try:
+            self._serve_requests(conn)
+        finally:
+            with self._lock:
+                self._open -= 1
+
+    def _serve_requests(self, conn) -> None:
         try:
             while True:
                 msg = conn.recv()
@@ -161,6 +171,17 @@ class _Hub:
                     _reply(c, ("error", self._gone(rank, f"broadcast {key!r}")))
                 self._waiting[key] = [w for w in waiters if w[1] != rank]
 
+    def close_when_idle(self, wait_s: float = 5.0) -> None:
+        """Close once no rank is in the middle of a call (at most ``wait_s`` later): a hub served
+        from a rank's own process must not vanish under a peer's last exchange."""
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self._open == 0:
+                    break
+            time.sleep(0.01)
+        self.close()
+
     def close(self) -> None:
         self._closed = True
         self._board.close()
@@ -191,13 +212,15 @@ class RankContext:
     world_size: int
     hub_address: str
     hub_key: bytes
+    device_ordinal: int | None = None  # None: the rank (ranks map onto the visible devices in order)
     _uses: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
     _board: status_board.StatusBoard | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def device(self) -> int:
-        """This rank's GPU ordinal: ranks map onto the visible devices in order."""
-        return self.rank
+        """This rank's GPU ordinal: ranks map onto the visible devices in order, unless the
+        launcher gave each rank its own (``device_ordinal``)."""
+        return self.rank if self.device_ordinal is None else self.device_ordinal
 
     def _call(self, msg, what: str):
         timeout = hub_timeout_s()
@@ -265,9 +288,11 @@ def launched() -> bool:
 
 def context_from_env() -> RankGroup:
     """This process's rank context: a :class:`RankContext` in a process started by
-    ``megamoe-rt launch`` (or spawn), else an :class:`~megamoe_rt.ep.mpi_context.MpiRankContext`
-    under ``mpirun``/``mpiexec`` (NVSHMEM then bootstraps through MPI). One per process:
-    broadcast and barrier counts must agree across ranks."""
+    ``megamoe-rt launch`` (or spawn); an :class:`~megamoe_rt.ep.mpi_context.MpiRankContext`
+    under ``mpirun``/``mpiexec`` or ``srun --mpi=pmix`` (NVSHMEM then bootstraps through MPI);
+    for ``torchrun`` or a plain ``srun`` on one node, a :class:`RankContext` on a hub rank 0
+    serves (megamoe_rt/ep/rendezvous.py). One per process: broadcast and barrier counts must
+    agree across ranks."""
     global _env_context
     if _env_context is None:
         if launched():
@@ -278,14 +303,40 @@ def context_from_env() -> RankGroup:
                 bytes.fromhex(os.environ[_ENV_KEY]),
             )
         else:
+            from megamoe_rt.ep import rendezvous
             from megamoe_rt.ep.mpi_context import MpiRankContext, under_mpi
 
-            if not under_mpi():
+            if under_mpi():
+                _env_context = MpiRankContext()
+            elif (ranks := rendezvous.launcher_ranks()) is not None:
+                _env_context = _meet_on_this_node(ranks)
+            else:
                 raise RuntimeError(
-                    f"not started by `megamoe-rt launch` ({_ENV_RANK} is not set) nor by an MPI launcher"
+                    f"not started by `megamoe-rt launch` ({_ENV_RANK} is not set), an MPI launcher, torchrun or srun"
                 )
-            _env_context = MpiRankContext()
     return _env_context
+
+
+_local_hub: _Hub | None = None  # rank 0's hub for ranks started by torchrun or srun (lives with the process)
+
+
+def _meet_on_this_node(ranks: Any) -> RankContext:
+    """Ranks of torchrun or srun on one node: rank 0 serves the hub the launcher would
+    (megamoe_rt/ep/rendezvous.py), the others find it through a private rendezvous file."""
+    global _local_hub
+    from megamoe_rt.ep import rendezvous
+
+    rendezvous.check_single_node(ranks)
+    rendezvous.prepare_rank_env(single_node=True)
+    if ranks.rank == 0:
+        hub = _local_hub = _Hub(ranks.world_size)
+        path = rendezvous.publish_hub(ranks.job, hub.address, hub.key)
+        rendezvous.remove_at_exit(path, hub.close_when_idle)
+        address, key = hub.address, hub.key
+    else:
+        address, key = rendezvous.find_hub(ranks.job, hub_timeout_s())
+    device = rendezvous.visible_device(ranks.local_rank)
+    return RankContext(ranks.rank, ranks.world_size, address, key, device_ordinal=device)
 
 
 # --- spawn(fn) -------------------------------------------------------------------------------

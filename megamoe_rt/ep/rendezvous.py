@@ -1,0 +1,194 @@
+"""Ranks started by launchers users already have: ``torchrun`` and Slurm's ``srun``.
+
+Across nodes both go through MPI (NVSHMEM then bootstraps over MPI):
+``srun --mpi=pmix`` sets the PMI variables :func:`megamoe_rt.ep.mpi_context.under_mpi` looks
+for. Multi-node ``torchrun`` starts no MPI, so it is refused with that advice.
+
+On one node the ranks meet the way ``megamoe-rt launch`` ranks do: through a hub on a local
+socket and a shared status board (megamoe_rt/ep/launch.py). Rank 0 starts the hub in its own
+process and writes the hub's address and key into a rendezvous file; the other ranks wait for
+that file. The file lies in a private directory (``0700``, owned by the user, refused
+otherwise). Its name carries the launcher's job id, the restart count and the parent
+process id. The ranks of one launch share that parent (torchrun's agent, or slurmstepd), so
+a file left by another launch, or by an earlier restart, is never taken for this one's.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import re
+import stat
+import tempfile
+import time
+from dataclasses import dataclass
+
+from megamoe_rt.ep.env import LOCAL_BOOTSTRAP_ENV, SAFE_ENV
+
+RENDEZVOUS_DIR_ENV = "MEGAMOE_RT_RENDEZVOUS_DIR"
+
+
+@dataclass(frozen=True)
+class LauncherRanks:
+    """What a launcher's environment says about this process."""
+
+    launcher: str  # "torchrun" or "slurm"
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    job: str  # names the launch (with the parent process id, see the module docstring)
+
+
+def _int(env: dict[str, str], name: str) -> int:
+    try:
+        return int(env[name])
+    except ValueError:
+        raise RuntimeError(f"${name}={env[name]!r}: expected an integer") from None
+
+
+def launcher_ranks(env: dict[str, str] | None = None) -> LauncherRanks | None:
+    """The ranks ``torchrun`` (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``)
+    or Slurm (``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``, ``SLURM_STEP_NUM_NODES``)
+    describe, or None when neither started this process."""
+    env = dict(os.environ) if env is None else env
+    if all(n in env for n in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")):
+        job = "torchrun-{}-{}-{}".format(
+            env.get("TORCHELASTIC_RUN_ID", "none"),
+            env.get("MASTER_PORT", "0"),
+            env.get("TORCHELASTIC_RESTART_COUNT", "0"),
+        )
+        return LauncherRanks(
+            "torchrun",
+            _int(env, "RANK"),
+            _int(env, "WORLD_SIZE"),
+            _int(env, "LOCAL_RANK"),
+            _int(env, "LOCAL_WORLD_SIZE"),
+            job,
+        )
+    if all(n in env for n in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")):
+        world = _int(env, "SLURM_NTASKS")
+        nodes = (
+            _int(env, "SLURM_STEP_NUM_NODES")
+            if "SLURM_STEP_NUM_NODES" in env
+            else _int(env, "SLURM_NNODES")
+            if "SLURM_NNODES" in env
+            else 1
+        )
+        job = "slurm-{}-{}".format(env.get("SLURM_JOB_ID", "0"), env.get("SLURM_STEP_ID", "0"))
+        return LauncherRanks(
+            "slurm",
+            _int(env, "SLURM_PROCID"),
+            world,
+            _int(env, "SLURM_LOCALID"),
+            world if nodes == 1 else -1,
+            job,
+        )
+    return None
+
+
+def check_single_node(ranks: LauncherRanks) -> None:
+    """Refuse, with the way out, launches the local rendezvous cannot serve."""
+    if not 0 <= ranks.rank < ranks.world_size or not 0 <= ranks.local_rank < max(ranks.local_world_size, 1):
+        raise RuntimeError(
+            f"{ranks.launcher}: rank {ranks.rank} of {ranks.world_size} (local {ranks.local_rank}) is not a valid rank"
+        )
+    if ranks.local_world_size != ranks.world_size:
+        hint = (
+            "start the job with `srun --mpi=pmix` (or pmi2) so that its ranks run under MPI"
+            if ranks.launcher == "slurm"
+            else "start the ranks with mpirun or `srun --mpi=pmix` instead"
+        )
+        raise RuntimeError(
+            f"{ranks.launcher}: {ranks.world_size} ranks span more than one node; across nodes megamoe_rt's ranks "
+            f"meet over MPI (NVSHMEM bootstraps over MPI too): {hint} (docs/ARCHITECTURE.md, 'Launchers')"
+        )
+
+
+def visible_device(local_rank: int, env: dict[str, str] | None = None) -> int:
+    """The rank's GPU ordinal: its local rank, or 0 when the launcher gave each rank one GPU
+    (``CUDA_VISIBLE_DEVICES`` naming a single device, as ``srun --gpus-per-task=1`` does)."""
+    env = dict(os.environ) if env is None else env
+    visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return 0 if len(visible) == 1 else local_rank
+
+
+def private_dir() -> str:
+    """A directory only this user can enter: ``$MEGAMOE_RT_RENDEZVOUS_DIR`` or one under the
+    system's temporary directory, created ``0700``; one owned by someone else, or open to
+    group or others, is refused (another user could plant a hub there)."""
+    path = os.environ.get(RENDEZVOUS_DIR_ENV) or os.path.join(tempfile.gettempdir(), f"megamoe-rt-{os.getuid()}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise RuntimeError(
+            f"rendezvous directory {path}: not a directory owned by this user with mode 0700; "
+            f"remove it or set ${RENDEZVOUS_DIR_ENV} to a private directory"
+        )
+    return path
+
+
+def _file_name(job: str) -> str:
+    return "rdzv-" + re.sub(r"[^A-Za-z0-9_.-]", "_", job) + f"-{os.getppid()}.json"
+
+
+def publish_hub(job: str, address: str, key: bytes) -> str:
+    """Rank 0: write the hub's address and key for the other local ranks (atomically, 0600)."""
+    path = os.path.join(private_dir(), _file_name(job))
+    tmp = f"{path}.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"address": address, "key": key.hex()}, f)
+    os.replace(tmp, path)
+    return path
+
+
+def find_hub(job: str, timeout_s: float) -> tuple[str, bytes]:
+    """Other ranks: wait for rank 0's rendezvous file; check who wrote it before trusting it."""
+    path = os.path.join(private_dir(), _file_name(job))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"rank 0's rendezvous file {path} did not appear within {timeout_s:g} s; "
+                    "did rank 0 fail before creating its context?"
+                ) from None
+            time.sleep(0.05)
+            continue
+        with os.fdopen(fd) as f:
+            st = os.fstat(f.fileno())
+            if st.st_uid != os.getuid() or st.st_mode & 0o077:
+                raise RuntimeError(f"rendezvous file {path}: not owned by this user or open to others; refused")
+            data = json.load(f)
+        return str(data["address"]), bytes.fromhex(data["key"])
+
+
+def prepare_rank_env(single_node: bool) -> None:
+    """What every rank process runs with (megamoe_rt/ep/env.py), set in-process before NVSHMEM
+    or NCCL read it: multicast off; on one node the bootstrap listens on loopback."""
+    if single_node:
+        for name, value in LOCAL_BOOTSTRAP_ENV.items():
+            os.environ.setdefault(name, value)
+    os.environ.update(SAFE_ENV)
+
+
+def remove_at_exit(path: str, close) -> None:
+    """Rank 0: close the hub and remove the rendezvous file when the process ends."""
+
+    def done() -> None:
+        try:
+            close()
+        finally:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+    atexit.register(done)

@@ -8,8 +8,8 @@ TFLOP/s per GPU; NVLink GB/s per rank from the bytes that cross ranks (the pulle
 scales and send-list entries, and the bf16 partials returned) against the ~395 GB/s copy
 ceiling measured on these GPUs.
 
-``main_ep`` also runs ``overhead`` and ``prefill`` across ranks (cli/bench_overhead.py,
-cli/bench_prefill.py), with the same options read by ``ep_arguments``.
+``main_ep`` also runs ``overhead``, ``prefill`` and ``stream`` across ranks (cli/bench_overhead.py,
+cli/bench_prefill.py, cli/bench_stream.py), with the same options read by ``ep_arguments``.
 """
 
 from __future__ import annotations
@@ -91,18 +91,23 @@ def bench_moe_ep(
 
 def ep_arguments(argv: list[str], what: str = "moe") -> argparse.Namespace:
     """The options of a benchmark across ranks; prefill's defaults are those of
-    ``megamoe-rt bench prefill`` but for the tokens (the pool grows with the rank count)."""
+    ``megamoe-rt bench prefill`` but for the tokens (the pool grows with the rank count),
+    stream's those of ``megamoe-rt bench stream`` (tokens per rank)."""
+    from megamoe_rt.cli import bench_stream
     from megamoe_rt.cli.bench_prefill import EP_TOKENS, MODES, RATIOS
+    from megamoe_rt.cli.main import _positive_int
 
-    prefill = what == "prefill"
+    prefill, stream = what == "prefill", what == "stream"
+    tokens = EP_TOKENS if prefill else bench_stream.TOKENS if stream else [64, 256, 2048, 8192]
     ap = argparse.ArgumentParser(prog=f"megamoe_rt.cli.bench {what} (across ranks)")
-    ap.add_argument("--presets", "--preset", dest="presets", default=["flash"], type=lambda s: s.split(","))
     ap.add_argument(
-        "--tokens",
-        default=EP_TOKENS if prefill else [64, 256, 2048, 8192],
-        type=lambda s: [int(v) for v in s.split(",")],
-        help="tokens per rank",
+        "--presets",
+        "--preset",
+        dest="presets",
+        default=bench_stream.PRESETS if stream else ["flash"],
+        type=lambda s: s.split(","),
     )
+    ap.add_argument("--tokens", default=tokens, type=lambda s: [int(v) for v in s.split(",")], help="tokens per rank")
     ap.add_argument("--mode", default=MODES if prefill else ["unfused"], type=lambda s: s.split(","))
     ap.add_argument(
         "--ratios",
@@ -111,6 +116,8 @@ def ep_arguments(argv: list[str], what: str = "moe") -> argparse.Namespace:
         help="prefill: rings as shares of the worst-case pool (chunk_ratio), besides the full pool",
     )
     ap.add_argument("--png", default=None, help="prefill: a bar chart of time against the full pool (rank 0)")
+    ap.add_argument("--slots", type=_positive_int, default=4, help="stream: input ring slots")
+    ap.add_argument("--chunk", type=_positive_int, default=512, help="stream: tokens per slot (chunk)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", default=None)
     return ap.parse_args(argv)
@@ -142,6 +149,10 @@ def main_ep(argv: list[str], what: str = "moe") -> int:
             json_path=a.json,
             png_path=a.png,
         )
+    elif what == "stream":
+        from megamoe_rt.cli.bench_stream import bench_stream
+
+        bench_stream(a.presets, a.tokens, slots=a.slots, chunk=a.chunk, rounds=a.rounds, group=ctx, json_path=a.json)
     else:
         bench_moe_ep(ctx, a.presets, a.tokens, modes=a.mode, rounds=a.rounds, json_path=a.json)
     NvshmemRuntime.initialize(ctx).finalize()

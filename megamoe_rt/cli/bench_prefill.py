@@ -20,7 +20,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from megamoe_rt.cli.layer_inputs import preset_slices, rank_inputs
-from megamoe_rt.cli.timing import ArmResult, DeviceTimer, bracketed, capture_layer_call, every_rank
+from megamoe_rt.cli.timing import (
+    DeviceTimer,
+    arm_times,
+    bracketed,
+    capture_layer_call,
+    every_rank,
+    slowest_rank,
+)
 from megamoe_rt.ep.group import RankGroup
 from megamoe_rt.modes.base import POOL_REGIONS
 
@@ -55,27 +62,18 @@ class RingSize:
         return cls(layout.pool_blocks, sum(layout.region(n).nbytes for n in POOL_REGIONS), layout.total_bytes)
 
 
-def _times(res: ArmResult) -> dict[str, Any]:
-    """One arm's times as JSON, the form the ranks exchange."""
-    return {"median_us": res.median_us, "band_us": list(res.band_us), "rounds_us": res.rounds_us}
-
-
 def prefill_rows(
     preset: str, tokens: int, mode: str, sizes: dict[str, RingSize], everyone: list[dict[str, dict]]
 ) -> list[dict]:
     """The rows of one (preset, tokens, mode) cell, a ring per row, from every rank's times
-    (``_times`` per ring key; one rank on one GPU). A call across ranks ends with its slowest
+    (``arm_times`` per ring key; one rank on one GPU). A call across ranks ends with its slowest
     rank, so a ring's time (and band) is the slowest rank's, its ratio against the slowest
     rank's at the full pool. The layouts are the same on every rank."""
     full = sizes[str(FULL)]
-
-    def slowest(key: str) -> dict:
-        return max((e[key] for e in everyone), key=lambda r: r["median_us"])
-
-    full_us = slowest(str(FULL))["median_us"]
+    full_us = slowest_rank(everyone, str(FULL))["median_us"]
     rows = []
     for key, size in sizes.items():
-        res = slowest(key)
+        res = slowest_rank(everyone, key)
         rows.append(
             {
                 "preset": preset,
@@ -150,7 +148,7 @@ def bench_prefill(
                 arms[str(ring)] = functools.partial(graph.launch, stream=stream)
             with stream:
                 results = bracketed(timer, arms, rounds=rounds)
-            mine = {key: _times(res) for key, res in results.items()}
+            mine = {key: arm_times(res) for key, res in results.items()}
             sizes = {key: RingSize.of(layer) for key, (layer, _, _) in layers.items()}
             cell = prefill_rows(name, t, mode, sizes, every_rank(group, mine, key="bench-prefill"))
             rows.extend(cell)

@@ -7,6 +7,11 @@ and consumes chunks while the router (megamoe_rt/routers.py) produces them on an
 chunk by chunk. Both arms are timed between CUDA events on the timer's stream (the producer
 stream forks from it and joins it), so each covers router and layer. Target (docs/STREAMING.md):
 streamed faster than sequential at >= 2048 tokens.
+
+Across launched ranks (``megamoe-rt launch -n 2 -m megamoe_rt.cli.bench stream ...``) each rank
+routes its own ``tokens`` tokens over every rank's experts (the preset's EP8 per-rank slice on
+each rank) and every rank measures; an arm's time is the slowest rank's. The streamed call is
+checked against the batch call on every rank, and every rank raises if any rank's differs.
 """
 
 from __future__ import annotations
@@ -16,10 +21,14 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from megamoe_rt.cli.timing import DeviceTimer, bracketed
+from megamoe_rt.cli.layer_inputs import preset_slices, rank_inputs
+from megamoe_rt.cli.timing import DeviceTimer, arm_times, bracketed, every_rank, slowest_rank
+from megamoe_rt.ep.group import RankGroup
+from megamoe_rt.schedule.streaming import StreamConfig
 
 TOKENS = [512, 2048, 8192]
 PRESETS = ["flash", "v3"]
+BASE = "sequential unfused"  # what a streamed call is read against
 
 
 def bench_stream(
@@ -29,36 +38,96 @@ def bench_stream(
     slots: int = 4,
     chunk: int = 512,
     rounds: int = 3,
+    group: RankGroup | None = None,
     json_path: str | None = None,
 ) -> list[dict]:
-    from megamoe_rt.cli.layer_inputs import preset_slices
-
-    rows = []
-    for name, p, _, experts, t in preset_slices(presets, tokens, 1):
-        rows += _bench_cell(name, p, experts, t, slots=slots, chunk=chunk, rounds=rounds)
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(rows, f, indent=2)
+    """Rows of (preset, tokens, arm) (``stream_rows``). With ``group`` (launched ranks) every rank
+    builds, calls and closes the same layers in the same order (each a collective), rank 0
+    prints and writes the file, and every rank raises alike when a rank's streamed call
+    differed from its batch call."""
+    world = 1 if group is None else group.world_size
+    rank = 0 if group is None else group.rank
+    rows: list[dict] = []
+    for name, p, local, experts, t in preset_slices(presets, tokens, world):
+        # A chunk runs as a call of at most the layer's capacity (t).
+        cfg = StreamConfig(num_slots=slots, tokens_per_slot=min(chunk, t))
+        everyone = _bench_cell(p, local, experts, t, cfg, rounds=rounds, group=group)
+        cell = stream_rows(name, t, cfg, everyone)
+        rows.extend(cell)
+        if rank == 0:
+            for row in cell:
+                print(format_row(row), flush=True)
+            if json_path:  # after every cell: a run cut short keeps what it measured
+                with open(json_path, "w") as f:
+                    json.dump(rows, f, indent=2)
+        differ = [r for r, e in enumerate(everyone) if not e["same"]]
+        if differ:  # every rank has every rank's check: all raise alike
+            where = f" on rank(s) {differ}" if world > 1 else ""
+            raise AssertionError(f"{name} T={t}: the streamed call's output differs from the sequential call's{where}")
     return rows
 
 
-def _bench_cell(name: str, p: Any, experts: int, t: int, *, slots: int, chunk: int, rounds: int) -> list[dict]:
+def stream_rows(preset: str, tokens: int, cfg: StreamConfig, everyone: list[dict]) -> list[dict]:
+    """The rows of one (preset, tokens) cell, an arm per row, from every rank's ``{"arms": {arm:
+    arm_times}, "same": bool}`` (one rank on one GPU). A call across ranks ends with its slowest
+    rank, so an arm's time (and band) is the slowest rank's, its ratio against the slowest
+    rank's sequential unfused time."""
+    base = slowest_rank([e["arms"] for e in everyone], BASE)["median_us"]
+    same = all(e["same"] for e in everyone)
+    rows = []
+    for arm in everyone[0]["arms"]:
+        res = slowest_rank([e["arms"] for e in everyone], arm)
+        rows.append(
+            {
+                "preset": preset,
+                "tokens": tokens,
+                "ranks": len(everyone),
+                "arm": arm,
+                "slots": cfg.num_slots,
+                "tokens_per_slot": cfg.tokens_per_slot,
+                "chunks": cfg.num_chunks(tokens),
+                "median_us": res["median_us"],
+                "median_us_per_rank": [e["arms"][arm]["median_us"] for e in everyone],
+                "band_us": res["band_us"],
+                "vs_sequential_unfused": res["median_us"] / base,
+                "streamed_equals_sequential": same,
+                "error": res.get("error"),
+            }
+        )
+    return rows
+
+
+def format_row(row: dict) -> str:
+    ranks = f" EP{row['ranks']}" if row["ranks"] > 1 else ""
+    slowest = ", slowest rank" if row["ranks"] > 1 else ""
+    return (
+        f"{row['preset']:>5} T={row['tokens']:<5}{ranks} {row['arm']:>18}: {row['median_us']:9.1f} us  "
+        f"x{row['vs_sequential_unfused']:.3f} of sequential unfused  ({row['chunks']} chunks of "
+        f"{row['tokens_per_slot']}, {row['slots']} slots{slowest})"
+    )
+
+
+def _bench_cell(
+    p: Any, local: int, experts: int, t: int, cfg: StreamConfig, *, rounds: int, group: RankGroup | None
+) -> list[dict]:
+    """Every rank's times of the three arms and whether its streamed call gave the batch call's
+    bits (``every_rank``). The layers span the ranks (``group``): ``experts`` is every rank's,
+    ``local`` this rank's."""
     import cupy as cp
 
-    from megamoe_rt.cli.layer_inputs import rank_inputs
     from megamoe_rt.kernels.quantize import quantize_fp8
     from megamoe_rt.layer import MegaMoE
     from megamoe_rt.routers import Router
-    from megamoe_rt.streaming import StreamConfig
 
-    _, weights = rank_inputs(cp, 0, t, p.hidden, p.intermediate, experts, experts, p.num_topk, t)
-    rs = cp.random.RandomState(t)
-    hidden = rs.standard_normal((t, p.hidden), dtype=cp.float32)
-    gate = rs.standard_normal((p.hidden, experts), dtype=cp.float32) / 64
-    chunk = min(chunk, t)  # a chunk runs as a call of at most the layer's capacity (t)
-    cfg = StreamConfig(num_slots=slots, tokens_per_slot=chunk)
-    streamed = MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, t, streaming=cfg)
-    layers = {m: MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, t, mode=m) for m in ("unfused", "fused")}
+    rank = 0 if group is None else group.rank
+    _, weights = rank_inputs(cp, rank, t, p.hidden, p.intermediate, experts, local, p.num_topk, t)
+    # Each rank's own tokens; one gate matrix over every rank's experts, the same on every rank.
+    hidden = cp.random.RandomState(t * 1000 + rank).standard_normal((t, p.hidden), dtype=cp.float32)
+    gate = cp.random.RandomState(t).standard_normal((p.hidden, experts), dtype=cp.float32) / 64
+    streamed = MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, t, streaming=cfg, group=group)
+    layers = {
+        m: MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, t, mode=m, group=group) for m in ("unfused", "fused")
+    }
     for layer in (streamed, *layers.values()):
         layer.load_weights(*weights)
     router = Router(experts, p.num_topk, streamed)
@@ -66,19 +135,19 @@ def _bench_cell(name: str, p: Any, experts: int, t: int, *, slots: int, chunk: i
     w = cp.empty((t, p.num_topk), cp.float32)
     y = cp.empty((t, p.hidden), dtype=cp.uint16)
     producer = cp.cuda.Stream(non_blocking=True)
-    router.warm(hidden, gate, producer)
+    router.warm(hidden, gate, producer)  # the producer's kernels loaded before any layer call waits
     fork, join = cp.cuda.Event(disable_timing=True), cp.cuda.Event(disable_timing=True)
 
     def sequential(layer: Any) -> None:
         router.route_all(hidden @ gate, idx, w)
         x, x_sf = quantize_fp8(hidden)
-        layer(x, x_sf, idx, w, out=y)
+        layer(x, x_sf, idx, w, out=y, num_tokens_bound=t)
 
     def streamed_call() -> None:
         main = cp.cuda.get_current_stream()
         fork.record(main)
         producer.wait_event(fork)
-        streamed.consume(t, out=y, stream=main)
+        streamed.consume(t, out=y, stream=main, num_tokens_bound=t)
         router.produce(hidden, gate, producer)
         join.record(producer)
         main.wait_event(join)
@@ -89,50 +158,31 @@ def _bench_cell(name: str, p: Any, experts: int, t: int, *, slots: int, chunk: i
     arms["streamed"] = streamed_call
     results = bracketed(DeviceTimer(calls=10), arms, rounds=rounds)
     same = _streamed_is_sequential(cp, streamed, layers["unfused"], router, hidden, gate, producer)
-    base = results["sequential unfused"].median_us
-    rows = []
-    for arm, r in results.items():
-        row = {
-            "preset": name,
-            "tokens": t,
-            "arm": arm,
-            "slots": slots,
-            "tokens_per_slot": chunk,
-            "chunks": cfg.num_chunks(t),
-            "median_us": r.median_us,
-            "band_us": list(r.band_us),
-            "vs_sequential_unfused": r.median_us / base,
-            "streamed_equals_sequential": same,
-            "error": r.error,
-        }
-        rows.append(row)
-        print(
-            f"{name:>5} T={t:<5} {arm:>18}: {r.median_us:9.1f} us  x{row['vs_sequential_unfused']:.3f} of "
-            f"sequential unfused  ({cfg.num_chunks(t)} chunks of {chunk}, {slots} slots)",
-            flush=True,
-        )
+    mine = {"arms": {arm: arm_times(res) for arm, res in results.items()}, "same": same}
+    everyone = every_rank(group, mine, key="bench-stream")
+    if group is not None:
+        group.barrier()  # no rank frees its buffers while a peer's last call may still read them
     for layer in (streamed, *layers.values()):
         layer.close()
     cp.get_default_memory_pool().free_all_blocks()
-    if not same:
-        raise AssertionError(f"{name} T={t}: the streamed call's output differs from the sequential call's")
-    return rows
+    return everyone
 
 
 def _streamed_is_sequential(
     cp: Any, streamed: Any, batch: Any, router: Any, hidden: Any, gate: Any, producer: Any
 ) -> bool:
     """One streamed call against the batch call routed from the same logits, bitwise (the timed
-    sequential arm multiplies all tokens at once, which cuBLAS may round differently per shape)."""
+    sequential arm multiplies all tokens at once, which cuBLAS may round differently per shape).
+    Across ranks both calls are collectives, made in this order on every rank."""
     from megamoe_rt.kernels.quantize import quantize_fp8
 
     t, k = hidden.shape[0], router.num_topk
-    y = streamed.consume(t)
+    y = streamed.consume(t, num_tokens_bound=t)
     logits = cp.concatenate(router.produce(hidden, gate, producer))
     cp.cuda.Device().synchronize()
     idx, w = cp.empty((t, k), cp.int32), cp.empty((t, k), cp.float32)
     router.route_all(logits, idx, w)
     x, x_sf = quantize_fp8(hidden)
-    same = bool(cp.array_equal(y, batch(x, x_sf, idx, w)))
+    same = bool(cp.array_equal(y, batch(x, x_sf, idx, w, num_tokens_bound=t)))
     cp.cuda.Device().synchronize()
     return same

@@ -552,8 +552,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("gemm", "moe", "overhead", "prefill", "stream"),
         help="what to measure (overhead: eager layer calls against graph replays, default tokens 64,2048; "
         "prefill: long calls against the ring size, default tokens 16384,32768,65536; across ranks: "
-        "megamoe-rt launch -n N -m megamoe_rt.cli.bench prefill ...; stream: a router and the layer, streamed "
-        "against sequential, default flash,v3 at 512,2048,8192)",
+        "megamoe-rt launch -n N -m megamoe_rt.cli.bench prefill|stream ...; stream: a router and the layer, "
+        "streamed against sequential, default flash,v3 at 512,2048,8192)",
     )
     s.add_argument(
         "--mode",

@@ -98,6 +98,18 @@ def capture_layer_call(layer, args, out, stream, **kwargs):
         return stream.end_capture()
 
 
+def arm_times(res: ArmResult) -> dict[str, Any]:
+    """One arm's times as JSON, the form the ranks exchange (:func:`every_rank`)."""
+    return {"median_us": res.median_us, "band_us": list(res.band_us), "rounds_us": res.rounds_us, "error": res.error}
+
+
+def slowest_rank(everyone: list[dict[str, dict]], key: str) -> dict:
+    """Arm ``key``'s times (:func:`arm_times`) of the slowest rank, from every rank's times by
+    arm: a call across ranks ends with its slowest rank. A rank whose arm failed counts as the
+    slowest, so its error is what the row reports."""
+    return max((e[key] for e in everyone), key=lambda r: (r.get("error") is not None, r["median_us"]))
+
+
 def every_rank(group: RankGroup | None, mine: Any, key: str) -> list[Any]:
     """Every rank's ``mine`` (JSON-able) in rank order, ``[mine]`` without a group: one broadcast
     per rank, the same calls in the same order on every rank (through the launcher's hub, so

@@ -107,7 +107,7 @@ def test_wrapping_rings_across_ranks_give_the_full_pool_bits(tokens):
     assert any(r["unfused ring 1/64"][2] > 1 for r in results)  # the rings did wrap
 
 
-@pytest.mark.parametrize("tokens", [_tokens(16384, 5000), _tokens(32768, 32768)])
+@pytest.mark.parametrize("tokens", [_tokens(16384, 5000), _tokens(32768, 32768), _tokens(65536, 20000)])
 def test_prefill_sized_calls_across_ranks_give_the_full_pool_bits(tokens):
     names = ["unfused full", "unfused ring 1/4", "fused default ring", "split ring 1/4"]
     shape = (4096, 2048, 32, 6)  # a flash-like EP8 slice on each rank

@@ -82,10 +82,10 @@ def test_both_rank_contexts_are_rank_groups():
 
 def test_context_from_env_needs_a_launcher(monkeypatch):
     monkeypatch.setattr(launch, "_env_context", None)
-    for name in (*MPI_ENV_MARKERS, "MEGAMOE_RT_RANK", "MEGAMOE_RT_HUB"):
+    for name in (*MPI_ENV_MARKERS, "MEGAMOE_RT_RANK", "MEGAMOE_RT_HUB", "RANK", "SLURM_PROCID"):
         monkeypatch.delenv(name, raising=False)
     assert not under_mpi()
-    with pytest.raises(RuntimeError, match="nor by an MPI launcher"):
+    with pytest.raises(RuntimeError, match="an MPI launcher, torchrun or srun"):
         launch.context_from_env()
     monkeypatch.setenv("PMI_SIZE", "2")
     assert under_mpi()

@@ -50,6 +50,7 @@ class ChunkWriter:
         ``[T, H]``, ``x_sf`` ``[T, H/128]``, ``topk_idx`` int32 ``[T, K]``, ``topk_weights``
         ``[T, K]``: waits (on the device) for its slot, copies the chunk's tokens, publishes."""
         sh = driver.stream_handle(stream)
+        self.ring.check_producer(sh)
         inputs, t = self._inputs(x, x_sf, topk_idx, topk_weights, sh)
         chunks = self.config.num_chunks(t)
         if isinstance(chunk, bool) or not isinstance(chunk, int) or not 0 <= chunk < max(chunks, 1):

@@ -121,7 +121,7 @@ class NvshmemRuntime:
         self._nvshmem.barrier(self._nvshmem.Teams.TEAM_WORLD, stream=driver.core_stream(sh))
         if not capturing:
             if self._last_barrier is None:
-                self._last_barrier = driver.Event(device=self.device)
+                self._last_barrier = driver.Event(device=self.device, timing=False)
             self._last_barrier.record(sh)
 
     def finalize(self) -> None:

@@ -68,6 +68,14 @@ class InputRing:
         if not layout.stream_slots:
             raise ValueError("the buffer has no input ring (a layer built without streaming=StreamConfig(...))")
         self.layout, self.device, self.timeout_s, self.rank = layout, device, timeout_s, rank
+        # Host-side bookkeeping of calls for check_producer: calls begun by producers and by the
+        # layer, the last eager streamed call's stream and an event after it, and the call it
+        # waits on a producer for (None: its producer came first).
+        self._producer_calls = self._consumer_calls = 0
+        self._consumer_stream: int | None = None
+        self._consumer_done: Any = None
+        self._awaited_call: int | None = None
+        self._untracked = False
         self.num_slots, self.tokens_per_slot = layout.stream_slots, layout.stream_tokens
         epochs = buffer.ptr("stream_epochs")
         self.descriptor = StreamRing(
@@ -130,6 +138,42 @@ class InputRing:
     def begin_consume(self, stream: int) -> None:
         self._launch("stream_begin_consume", self.params(), stream)
 
+    def note_consumer(self, stream: int) -> None:
+        """A streamed call was just enqueued on ``stream`` (eagerly): remember it with an event
+        after it, and whether its producer's call is still to come, so that a host-side
+        producer that could only run after it is refused (:meth:`check_producer`)."""
+        from megamoe_rt.runtime import driver
+
+        self._consumer_calls += 1
+        if self._untracked or driver.stream_is_capturing(stream):
+            # Graph replays advance the ring without the host: from now on the host's counts
+            # are not the ring's, so no check is made (never a false refusal).
+            self._untracked = True
+            return
+        if self._consumer_done is None:
+            self._consumer_done = driver.Event(device=self.device, timing=False)
+        self._consumer_done.record(stream)
+        self._consumer_stream = stream
+        self._awaited_call = self._consumer_calls if self._producer_calls < self._consumer_calls else None
+
+    def check_producer(self, stream: int, *, new_call: bool = False) -> None:
+        """Refuse producer work on ``stream`` (``new_call``: its ``begin_call``) that the pending
+        streamed call waits for but that could only run after that call: both would hold until
+        the deadline trap."""
+        from megamoe_rt.runtime import driver
+
+        if self._untracked or self._awaited_call is None or self._consumer_stream is None:
+            return
+        call = self._producer_calls + (1 if new_call else 0)
+        if call > self._awaited_call or self._consumer_done.done:
+            return
+        if driver.streams_serialise(self._consumer_stream, stream):
+            raise ValueError(
+                f"stream: a producer on stream {stream:#x} runs only after the layer's streamed call on stream "
+                f"{self._consumer_stream:#x}, which waits for its chunks (deadlock); produce on a stream that does "
+                "not wait for that one (a non-blocking stream), or before the call (docs/STREAMING.md, 'Progress')"
+            )
+
     def wait_chunk(self, chunk: int, stream: int) -> None:
         self._launch("stream_wait_chunk", self.params(chunk), stream)
 
@@ -138,7 +182,13 @@ class InputRing:
 
     def begin_call(self, stream: int) -> None:
         """Producer side: a new call's chunks follow (their generations carry its epoch)."""
+        from megamoe_rt.runtime import driver
+
+        self.check_producer(stream, new_call=True)
         self._launch("stream_begin_call", self.params(), stream)
+        self._producer_calls += 1
+        if driver.stream_is_capturing(stream):
+            self._untracked = True
 
     def write_chunk(self, chunk: int, inputs: dict[str, int], num_tokens: int, sm_count: int, stream: int) -> None:
         """Producer side: wait for the chunk's slot, copy the call's tokens of the chunk into it

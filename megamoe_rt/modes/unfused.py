@@ -252,6 +252,7 @@ class UnfusedMode(Mode):
                 self._run_one_rank(part, stream)
             if n:  # across ranks after the chunk's closing barrier: every peer's pulls are done
                 ring.release_chunk(chunk, stream)
+        ring.note_consumer(stream)
 
     def _load_streamed_kernels(self, idx: str) -> None:
         """Every kernel a streamed call launches, loaded before its first chunk wait. Loading a

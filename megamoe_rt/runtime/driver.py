@@ -491,12 +491,13 @@ class Stream:
 
 
 class Event:
-    """A CUDA event with timing enabled (a ``cuda.core.Event`` underneath, as :attr:`core`)."""
+    """A CUDA event, with timing unless ``timing=False`` (cheaper to record, for ordering and
+    completion only); a ``cuda.core.Event`` underneath, as :attr:`core`."""
 
-    def __init__(self, *, device: int | None = None):
+    def __init__(self, *, device: int | None = None, timing: bool = True):
         core = _core()
         dev = core_device(device)
-        self._event = core_call("cuEventCreate", dev.create_event, options=core.EventOptions(timing_enabled=True))
+        self._event = core_call("cuEventCreate", dev.create_event, options=core.EventOptions(timing_enabled=timing))
 
     @property
     def core(self) -> Any:
@@ -546,6 +547,24 @@ def memcpy_2d_async(
     m.dstDevice, m.dstPitch = dst, dst_pitch
     m.WidthInBytes, m.Height = width_bytes, rows
     call(cu.cuMemcpy2DAsync, m, stream_handle(stream))
+
+
+def streams_serialise(a: int, b: int) -> bool:
+    """True when work on stream handle ``b`` can only start after earlier work on ``a`` (or the
+    reverse): the same stream, or the legacy default stream (0 or 1) with a stream that
+    synchronises with it (a blocking stream, or the per-thread default stream)."""
+    if a == b:
+        return True
+    legacy = (0, 1)
+    if a in legacy and b in legacy:
+        return True
+    if a in legacy or b in legacy:
+        other = b if a in legacy else a
+        if other == 2:  # CU_STREAM_PER_THREAD
+            return True
+        flags = int(call(_cu().cuStreamGetFlags, other))
+        return not flags & int(_cu().CUstream_flags.CU_STREAM_NON_BLOCKING)
+    return False
 
 
 def stream_is_capturing(stream: Any = None) -> bool:

@@ -23,7 +23,7 @@ def runtime(monkeypatch):
     class Event:
         made = 0
 
-        def __init__(self, *, device=None):
+        def __init__(self, *, device=None, timing=True):
             Event.made += 1
             self.id = Event.made
             log.ops.append(("event", self.id))

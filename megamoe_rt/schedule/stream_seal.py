@@ -1,29 +1,36 @@
-"""A streamed call with one call-wide pool: reservations and a seal (CPU model).
+"""A streamed call with one call-wide pool: reservations and a seal (CPU model), on one rank
+or across ranks.
 
 Today a streamed call runs every chunk as a call of its own (chunk-local pools), so every
 chunk reads every local expert's weights again (bench/results/stream_h200_2026-12-01.md). This
-models the consumer that reads them once per call, as the batch call does:
+models the consumer that reads them once per call, as the batch call does. Every rank produces
+its own tokens' chunks into its own input ring. Rank ``o`` owns experts ``[o * E_l, (o + 1) * E_l)``.
 
-- **Reserve.** As chunk ``c`` is published, dispatch workers take its routed pairs. A pair
-  of expert ``e`` reserves the next row of ``e``'s open pool block (``fill[e]``); the worker
-  that fills a block's last row opens the next one from a call-wide block counter. A pool
-  block therefore holds rows of one expert, as a grouped-GEMM m-block needs.
-- **Write, then count.** The worker copies the row into the block, then adds to the block's
-  ``written`` count (release). The block is ready once ``written`` reaches its size: the
-  block size while the expert can still grow, its ``reserved`` rows once the call is sealed.
-- **Release the input early.** A chunk's ring slot is released when all its rows are copied
-  into the pool, not when they are computed: producers never wait on the GEMMs.
-- **Seal.** When every chunk of the call is dispatched, each expert's open partial block gets
-  its final size. Sealing earlier (for example when the last chunk is published) can hand a
-  block to the GEMMs with rows still being written: :class:`SealedTooEarly` shows it.
-- **Compute, combine.** GEMM workers take ready blocks in any order. Each computed row
-  decrements its chunk's pending count, and a chunk is combined once its count reaches zero
-  (partials summed in slot order, as in the batch call).
+- **Reserve.** When source ``s`` publishes chunk ``c``, each owner's dispatch workers take the
+  chunk's pairs routed to its experts (the chunks of one source in order). A pair of expert
+  ``e`` reserves the next row of ``e``'s open pool block on its owner. The worker that fills a
+  block's last row opens the next one from the owner's block counter. A pool block therefore
+  holds rows of one expert, as a grouped-GEMM m-block needs.
+- **Write, then count.** The worker copies the row (over NVLink when ``s != o``) into the
+  block, then adds to the block's ``written`` count (release). The block is ready once
+  ``written`` reaches its size: the block size while the expert can still grow, and its
+  ``reserved`` rows once the owner has sealed.
+- **Release the input early.** Source ``s`` reuses chunk ``c``'s slot once every owner has
+  copied the rows it needs from it, not once they are computed. Producers never wait on the
+  GEMMs.
+- **Seal.** An owner seals (each open partial block gets its final size) once it has dispatched
+  every source's last chunk; a source's chunk count travels with its last chunk. Sealing
+  earlier hands the GEMMs blocks with rows still to come (:class:`SealedTooEarly`). Two
+  early seals are shown failing: at the owner's own last publish, and at the owner's own last
+  chunk, ignoring the other sources.
+- **Compute, scatter, combine.** GEMM workers take ready blocks in any order and send each row's
+  partial back to its source. A source combines chunk ``c`` once all its routed rows' partials
+  are in, summed in slot order as in the batch call.
 
 The blocks used per expert are ``ceil(total_e / block_rows)``, exactly the batch pool's, and a
 row's math does not depend on where it lands, so the output is the batch call's, bit for bit.
-:class:`SealModel` runs this step by step under a scheduler that picks the next actor;
-tests drive it over random routings, chunkings and interleavings.
+:class:`SealModel` runs this step by step under a random choice of the next actor; tests drive
+it over random routings, chunkings, rank counts and interleavings.
 """
 
 from __future__ import annotations
@@ -34,22 +41,21 @@ from dataclasses import dataclass, field
 
 from megamoe_rt.schedule.arith import ceil_div
 
-SEAL_AFTER_DISPATCH = "after_dispatch"  # the seal waits until every chunk is dispatched
-SEAL_AFTER_PUBLISH = "after_publish"  # the failing policy: seal once the last chunk is published
+SEAL_AFTER_DISPATCH = "after_dispatch"  # an owner seals once every source's last chunk is dispatched
+SEAL_AFTER_PUBLISH = "after_publish"  # failing: a rank seals when it publishes its own last chunk
+SEAL_AFTER_OWN_CHUNKS = "after_own_chunks"  # failing: an owner seals after its own source's last chunk only
+SEAL_POLICIES = (SEAL_AFTER_DISPATCH, SEAL_AFTER_PUBLISH, SEAL_AFTER_OWN_CHUNKS)
 
 
 class SealedTooEarly(AssertionError):
-    """A block was handed to the GEMMs before all its reserved rows were written."""
-
-
-class SlotOverwrite(AssertionError):
-    """A producer overwrote an input slot whose rows had not all been copied."""
+    """A block was handed to the GEMMs before all its rows were written, or an expert grew
+    after its owner sealed."""
 
 
 @dataclass
 class Block:
     expert: int
-    rows: list[tuple[int, int]] = field(default_factory=list)  # (token, slot) per reserved row
+    rows: list[tuple[int, int, int]] = field(default_factory=list)  # (source, token, slot) per reserved row
     written: int = 0
     size: int = 0  # rows that make it ready: block_rows, or the reserved rows once sealed
     queued: bool = False
@@ -57,203 +63,233 @@ class Block:
 
 
 @dataclass
-class SealModel:
-    """One rank, ``topk_idx[t][k]`` local expert ids (-1: dropped); ``chunk`` tokens per
-    chunk through ``slots`` input slots; ``workers`` dispatch workers, ``seal`` a policy."""
+class _Owner:
+    blocks: list[Block] = field(default_factory=list)
+    open_block: dict[int, int] = field(default_factory=dict)  # expert -> its open block
+    next_chunk: list[int] = field(default_factory=list)  # per source: the chunk to dispatch next
+    pending: list[tuple[int, int, int, int]] = field(default_factory=list)  # (source, chunk, token, slot)
+    in_flight: list[tuple[int, int, int]] = field(default_factory=list)  # (source, chunk, block) reserved
+    chunk_left: dict[tuple[int, int], int] = field(default_factory=dict)  # rows of (source, chunk) not written
+    sealed: bool = False
+    ready: list[int] = field(default_factory=list)
 
-    topk_idx: Sequence[Sequence[int]]
-    num_experts: int
+
+@dataclass
+class SealModel:
+    """``topk_idx[r][t][k]``: rank ``r``'s routing, global expert ids (-1: dropped), experts
+    ``[o * experts_per_rank, ...)`` owned by rank ``o``; ``chunk`` tokens per chunk through
+    ``slots`` input slots per rank; ``seal`` one of :data:`SEAL_POLICIES`."""
+
+    topk_idx: Sequence[Sequence[Sequence[int]]]
+    experts_per_rank: int
     chunk: int
     slots: int
     block_rows: int
-    workers: int = 2
     seal: str = SEAL_AFTER_DISPATCH
 
     def __post_init__(self) -> None:
-        t = len(self.topk_idx)
-        self.num_chunks = ceil_div(t, self.chunk) if t else 0
-        self.published = 0  # chunks the producer has written into their slots
-        self.slot_chunk = [-1] * self.slots  # the chunk each slot holds
-        self.slot_copied = [True] * self.slots  # every row of the slot's chunk is in the pool
-        # Dispatch: per chunk, its pairs split among the workers (pair i to worker i % workers).
-        self.pending_pairs: list[list[tuple[int, int]]] = [[] for _ in range(self.workers)]
-        self.dispatch_chunk = 0  # the chunk the workers are dispatching (in order)
-        self.chunk_pairs_left = 0
-        self.dispatched = 0  # chunks whose rows are all in the pool
-        self.sealed = False
-        self.publish_sealed_at = -1
-        self.blocks: list[Block] = []
-        self.open_block = [-1] * self.num_experts
-        self.in_flight: list[tuple[int, int, int]] = []  # (worker, block, row) reserved, not written
-        self.ready: list[int] = []
-        self.chunk_pending = [0] * self.num_chunks  # routed rows of the chunk not yet computed
-        self.combined: list[int] = []
-        self.partials: dict[tuple[int, int], float] = {}
-        self.y: dict[int, float] = {}
+        r = self.ranks = len(self.topk_idx)
+        self.num_chunks = [ceil_div(len(rows), self.chunk) for rows in self.topk_idx]
+        self.published = [0] * r
+        # Per source and slot: the chunk it holds and the owners that have not copied it yet.
+        self.slot_chunk = [[-1] * self.slots for _ in range(r)]
+        self.slot_readers = [[0] * self.slots for _ in range(r)]
+        self.owners = [_Owner(next_chunk=[0] * r) for _ in range(r)]
+        self.chunk_pending = [[0] * n for n in self.num_chunks]  # routed rows not yet computed
+        for s, rows in enumerate(self.topk_idx):
+            for t, row in enumerate(rows):
+                self.chunk_pending[s][t // self.chunk] += sum(e >= 0 for e in row)
+        self.combined = [0] * r  # chunks combined, in order
+        self.partials: dict[tuple[int, int, int], float] = {}
+        self.y: dict[tuple[int, int], float] = {}
+
+    def owner_of(self, expert: int) -> int:
+        return expert // self.experts_per_rank
+
+    def _chunk_tokens(self, source: int, c: int) -> range:
+        return range(c * self.chunk, min(len(self.topk_idx[source]), (c + 1) * self.chunk))
 
     # --- the actors ----------------------------------------------------------------------
 
-    def can_publish(self) -> bool:
-        if self.published >= self.num_chunks:
-            return False
-        return self.slot_copied[self.published % self.slots]
+    def can_publish(self, s: int) -> bool:
+        c = self.published[s]
+        return c < self.num_chunks[s] and self.slot_readers[s][c % self.slots] == 0
 
-    def publish(self) -> None:
-        s = self.published % self.slots
-        if not self.slot_copied[s]:
-            raise SlotOverwrite(f"chunk {self.published} into slot {s} before chunk {self.slot_chunk[s]} was copied")
-        self.slot_chunk[s], self.slot_copied[s] = self.published, False
-        self.published += 1
-        if self.seal == SEAL_AFTER_PUBLISH and self.published == self.num_chunks:
-            self._seal()
+    def publish(self, s: int) -> None:
+        c = self.published[s]
+        slot = c % self.slots
+        assert self.slot_readers[s][slot] == 0, "a slot overwritten before every owner copied it"
+        self.slot_chunk[s][slot] = c
+        self.slot_readers[s][slot] = self.ranks  # every owner reads it (possibly for no rows)
+        self.published[s] += 1
+        if self.seal == SEAL_AFTER_PUBLISH and self.published[s] == self.num_chunks[s]:
+            self._seal(s)
 
-    def can_start_chunk(self) -> bool:
-        idle = self.chunk_pairs_left == 0 and not self.in_flight
-        return idle and self.dispatch_chunk < self.published
+    def can_start(self, o: int, s: int) -> bool:
+        own = self.owners[o]
+        c = own.next_chunk[s]
+        return c < self.published[s] and (s, c) not in own.chunk_left
 
-    def start_chunk(self) -> None:
-        c = self.dispatch_chunk
+    def start(self, o: int, s: int) -> None:
+        """Owner ``o`` takes source ``s``'s next published chunk: its pairs routed to ``o``."""
+        own = self.owners[o]
+        c = own.next_chunk[s]
+        assert self.slot_chunk[s][c % self.slots] == c, (
+            f"rank {s}'s slot of chunk {c} was reused before rank {o} read it"
+        )
         pairs = [
-            (t, k)
-            for t in range(c * self.chunk, min(len(self.topk_idx), (c + 1) * self.chunk))
-            for k in range(len(self.topk_idx[t]))
-            if self.topk_idx[t][k] >= 0
+            (s, c, t, k)
+            for t in self._chunk_tokens(s, c)
+            for k, e in enumerate(self.topk_idx[s][t])
+            if e >= 0 and self.owner_of(e) == o
         ]
-        for i, pair in enumerate(pairs):
-            self.pending_pairs[i % self.workers].append(pair)
-        self.chunk_pairs_left = len(pairs)
-        self.chunk_pending[c] = len(pairs)
+        own.pending.extend(pairs)
+        own.chunk_left[(s, c)] = len(pairs)
         if not pairs:
-            self._chunk_dispatched()
+            self._chunk_copied(o, s, c)
 
-    def can_reserve(self, w: int) -> bool:
-        return bool(self.pending_pairs[w])
+    def can_reserve(self, o: int) -> bool:
+        return bool(self.owners[o].pending)
 
-    def reserve(self, w: int) -> None:
-        """Worker ``w`` claims a row for its next pair (an atomic add on the expert's fill)."""
-        t, k = self.pending_pairs[w].pop(0)
-        e = self.topk_idx[t][k]
-        if self.sealed:
-            raise SealedTooEarly(f"token {t} reserved a row of expert {e} after the call was sealed")
-        b = self.open_block[e]
-        if b < 0 or len(self.blocks[b].rows) == self.block_rows:
-            b = len(self.blocks)
-            self.blocks.append(Block(e, size=self.block_rows))
-            self.open_block[e] = b
-        self.blocks[b].rows.append((t, k))
-        self.in_flight.append((w, b, len(self.blocks[b].rows) - 1))
+    def reserve(self, o: int, pick: int) -> None:
+        """A dispatch worker of owner ``o`` claims a row for a pair (an atomic add on the
+        expert's fill); workers run in any order, so any pending pair may go next."""
+        own = self.owners[o]
+        s, c, t, k = own.pending.pop(pick % len(own.pending))
+        e = self.topk_idx[s][t][k]
+        if own.sealed:
+            raise SealedTooEarly(f"rank {o}: expert {e} reserved a row (source {s} token {t}) after the seal")
+        b = own.open_block.get(e, -1)
+        if b < 0 or len(own.blocks[b].rows) == self.block_rows:
+            b = len(own.blocks)
+            own.blocks.append(Block(e, size=self.block_rows))
+            own.open_block[e] = b
+        own.blocks[b].rows.append((s, t, k))
+        own.in_flight.append((s, c, b))
 
-    def can_write(self, w: int) -> bool:
-        return any(f[0] == w for f in self.in_flight)
+    def can_write(self, o: int) -> bool:
+        return bool(self.owners[o].in_flight)
 
-    def write(self, w: int) -> None:
-        """Worker ``w`` copies its oldest reserved row into the pool, then counts it (release)."""
-        i = next(i for i, f in enumerate(self.in_flight) if f[0] == w)
-        _, b, _ = self.in_flight.pop(i)
-        blk = self.blocks[b]
-        blk.written += 1
-        self._ready_if_complete(b)
-        self.chunk_pairs_left -= 1
-        if self.chunk_pairs_left == 0 and not self.in_flight:
-            self._chunk_dispatched()
+    def write(self, o: int, pick: int) -> None:
+        """A reserved row is copied into its block, then counted (release)."""
+        own = self.owners[o]
+        s, c, b = own.in_flight.pop(pick % len(own.in_flight))
+        own.blocks[b].written += 1
+        self._ready_if_complete(o, b)
+        own.chunk_left[(s, c)] -= 1
+        if own.chunk_left[(s, c)] == 0:
+            self._chunk_copied(o, s, c)
 
-    def can_compute(self) -> bool:
-        return bool(self.ready)
+    def can_compute(self, o: int) -> bool:
+        return bool(self.owners[o].ready)
 
-    def compute(self, pick: int) -> None:
-        """A GEMM worker takes a ready block (any of them) and runs L1 and L2 over its rows."""
-        b = self.ready.pop(pick % len(self.ready))
-        blk = self.blocks[b]
+    def compute(self, o: int, pick: int) -> None:
+        """A GEMM worker of ``o`` takes any ready block, runs L1 and L2 over its rows and sends
+        each partial back to its source."""
+        own = self.owners[o]
+        b = own.ready.pop(pick % len(own.ready))
+        blk = own.blocks[b]
         if blk.written != len(blk.rows):
-            raise SealedTooEarly(f"block {b} (expert {blk.expert}) computed with {blk.written} of {len(blk.rows)} rows")
-        for t, k in blk.rows:
-            self.partials[(t, k)] = expert_output(blk.expert, t)
-            self.chunk_pending[t // self.chunk] -= 1
+            raise SealedTooEarly(
+                f"rank {o}: block {b} (expert {blk.expert}) computed with {blk.written} of {len(blk.rows)} rows"
+            )
+        for s, t, k in blk.rows:
+            self.partials[(s, t, k)] = expert_output(blk.expert, s, t)
+            self.chunk_pending[s][t // self.chunk] -= 1
         blk.computed = True
-        self._combine_ready_chunks()
+        for s in range(self.ranks):
+            self._combine_ready_chunks(s)
 
     # --- internals -----------------------------------------------------------------------
 
-    def _ready_if_complete(self, b: int) -> None:
-        blk = self.blocks[b]
+    def _ready_if_complete(self, o: int, b: int) -> None:
+        blk = self.owners[o].blocks[b]
         if not blk.queued and blk.written == blk.size:
             blk.queued = True
-            self.ready.append(b)
+            self.owners[o].ready.append(b)
 
-    def _chunk_dispatched(self) -> None:
-        c = self.dispatch_chunk
-        s = c % self.slots
-        assert self.slot_chunk[s] == c
-        self.slot_copied[s] = True  # the slot's rows are all in the pool: release it
-        self.dispatch_chunk += 1
-        self.dispatched += 1
-        if self.dispatched == self.num_chunks and self.seal == SEAL_AFTER_DISPATCH:
-            self._seal()
-        self._combine_ready_chunks()
+    def _chunk_copied(self, o: int, s: int, c: int) -> None:
+        own = self.owners[o]
+        del own.chunk_left[(s, c)]
+        own.next_chunk[s] += 1
+        slot = c % self.slots
+        assert self.slot_chunk[s][slot] == c
+        self.slot_readers[s][slot] -= 1  # the source reuses the slot once every owner is done
+        if self.seal == SEAL_AFTER_DISPATCH:
+            if all(own.next_chunk[r] == self.num_chunks[r] for r in range(self.ranks)):
+                self._seal(o)
+        elif self.seal == SEAL_AFTER_OWN_CHUNKS and own.next_chunk[o] == self.num_chunks[o]:
+            self._seal(o)
+        self._combine_ready_chunks(s)
 
-    def _seal(self) -> None:
-        self.sealed = True
-        for b in self.open_block:
-            if b >= 0:
-                self.blocks[b].size = len(self.blocks[b].rows)
-                self._ready_if_complete(b)
+    def _seal(self, o: int) -> None:
+        own = self.owners[o]
+        if own.sealed:
+            return
+        own.sealed = True
+        for b in own.open_block.values():
+            own.blocks[b].size = len(own.blocks[b].rows)
+            self._ready_if_complete(o, b)
 
-    def _combine_ready_chunks(self) -> None:
-        for c in range(len(self.combined), self.dispatched):
-            if self.chunk_pending[c]:
+    def _combine_ready_chunks(self, s: int) -> None:
+        while self.combined[s] < self.num_chunks[s]:
+            c = self.combined[s]
+            # Its rows are all computed, and every owner has taken the chunk (so none is still to come).
+            if self.chunk_pending[s][c] or any(own.next_chunk[s] <= c for own in self.owners):
                 return
-            for t in range(c * self.chunk, min(len(self.topk_idx), (c + 1) * self.chunk)):
-                self.y[t] = combine_token(
-                    self.topk_idx[t], [self.partials.get((t, k)) for k in range(len(self.topk_idx[t]))]
-                )
-            self.combined.append(c)
+            for t in self._chunk_tokens(s, c):
+                row = self.topk_idx[s][t]
+                self.y[(s, t)] = combine_token(row, [self.partials.get((s, t, k)) for k in range(len(row))])
+            self.combined[s] += 1
 
     # --- running -------------------------------------------------------------------------
 
-    def actions(self) -> list[tuple[str, int]]:
-        out: list[tuple[str, int]] = []
-        if self.can_publish():
-            out.append(("publish", 0))
-        if self.can_start_chunk():
-            out.append(("start", 0))
-        for w in range(self.workers):
-            if self.can_reserve(w):
-                out.append(("reserve", w))
-            if self.can_write(w):
-                out.append(("write", w))
-        if self.can_compute():
-            out.append(("compute", 0))
+    def actions(self) -> list[tuple[str, int, int]]:
+        out: list[tuple[str, int, int]] = []
+        for r in range(self.ranks):
+            if self.can_publish(r):
+                out.append(("publish", r, 0))
+            for s in range(self.ranks):
+                if self.can_start(r, s):
+                    out.append(("start", r, s))
+            if self.can_reserve(r):
+                out.append(("reserve", r, 0))
+            if self.can_write(r):
+                out.append(("write", r, 0))
+            if self.can_compute(r):
+                out.append(("compute", r, 0))
         return out
 
-    def run(self, rng: random.Random, max_steps: int = 1_000_000) -> dict[int, float]:
-        """Run to the end under a random interleaving; returns ``y`` per token. Raises if no
-        actor can move before the call is complete (a deadlock)."""
+    def run(self, rng: random.Random, max_steps: int = 1_000_000) -> dict[tuple[int, int], float]:
+        """Run to the end under a random interleaving; returns ``y`` per (rank, token). Raises
+        when no actor can move before every chunk is combined (a deadlock)."""
         for _ in range(max_steps):
             acts = self.actions()
             if not acts:
                 break
-            name, arg = acts[rng.randrange(len(acts))]
+            name, r, s = acts[rng.randrange(len(acts))]
+            pick = rng.randrange(1 << 30)
             if name == "publish":
-                self.publish()
+                self.publish(r)
             elif name == "start":
-                self.start_chunk()
+                self.start(r, s)
             elif name == "reserve":
-                self.reserve(arg)
+                self.reserve(r, pick)
             elif name == "write":
-                self.write(arg)
+                self.write(r, pick)
             else:
-                self.compute(rng.randrange(1 << 30))
-        if len(self.combined) != self.num_chunks:
+                self.compute(r, pick)
+        if self.combined != self.num_chunks:
             raise AssertionError(
-                f"stuck: {len(self.combined)} of {self.num_chunks} chunks combined, {self.dispatched} dispatched, "
-                f"{len(self.ready)} blocks ready, sealed={self.sealed}"
+                f"stuck: chunks combined {self.combined} of {self.num_chunks}, sealed "
+                f"{[o.sealed for o in self.owners]}, ready {[len(o.ready) for o in self.owners]}"
             )
         return self.y
 
 
-def expert_output(expert: int, token: int) -> float:
+def expert_output(expert: int, source: int, token: int) -> float:
     """A row's partial: depends only on the expert and the token, never on the row's place."""
-    return float((expert * 7919 + token * 104729) % 1000) / 8.0
+    return float((expert * 7919 + source * 15485863 + token * 104729) % 1000) / 8.0
 
 
 def combine_token(experts: Sequence[int], partials: Sequence[float | None]) -> float:
@@ -266,16 +302,26 @@ def combine_token(experts: Sequence[int], partials: Sequence[float | None]) -> f
     return total
 
 
-def batch_output(topk_idx: Sequence[Sequence[int]]) -> dict[int, float]:
+def batch_output(topk_idx: Sequence[Sequence[Sequence[int]]]) -> dict[tuple[int, int], float]:
     """The batch call's output under the same row math."""
-    return {t: combine_token(row, [expert_output(e, t) for e in row]) for t, row in enumerate(topk_idx)}
+    return {
+        (s, t): combine_token(row, [expert_output(e, s, t) for e in row])
+        for s, rows in enumerate(topk_idx)
+        for t, row in enumerate(rows)
+    }
 
 
-def batch_blocks(topk_idx: Sequence[Sequence[int]], num_experts: int, block_rows: int) -> int:
-    """Pool blocks of the batch call: each expert's rows rounded up to whole blocks."""
-    totals = [0] * num_experts
-    for row in topk_idx:
-        for e in row:
-            if e >= 0:
-                totals[e] += 1
-    return sum(ceil_div(n, block_rows) for n in totals)
+def batch_blocks(topk_idx: Sequence[Sequence[Sequence[int]]], experts_per_rank: int, block_rows: int) -> list[int]:
+    """Pool blocks of the batch call per owner: each expert's rows from every rank, rounded up
+    to whole blocks."""
+    ranks = len(topk_idx)
+    totals = [0] * (ranks * experts_per_rank)
+    for rows in topk_idx:
+        for row in rows:
+            for e in row:
+                if e >= 0:
+                    totals[e] += 1
+    return [
+        sum(ceil_div(n, block_rows) for n in totals[o * experts_per_rank : (o + 1) * experts_per_rank])
+        for o in range(ranks)
+    ]

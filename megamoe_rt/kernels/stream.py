@@ -72,7 +72,7 @@ class InputRing:
         # layer, the last eager streamed call's stream and an event after it, and the call it
         # waits on a producer for (None: its producer came first).
         self._producer_calls = self._consumer_calls = 0
-        self._consumer_stream: int | None = None
+        self._consumer_stream: Any = None  # a driver.StreamOrder
         self._consumer_done: Any = None
         self._awaited_call: int | None = None
         self._untracked = False
@@ -153,7 +153,7 @@ class InputRing:
         if self._consumer_done is None:
             self._consumer_done = driver.Event(device=self.device, timing=False)
         self._consumer_done.record(stream)
-        self._consumer_stream = stream
+        self._consumer_stream = driver.StreamOrder.of(stream)
         self._awaited_call = self._consumer_calls if self._producer_calls < self._consumer_calls else None
 
     def check_producer(self, stream: int, *, new_call: bool = False) -> None:
@@ -162,16 +162,25 @@ class InputRing:
         the deadline trap."""
         from megamoe_rt.runtime import driver
 
-        if self._untracked or self._awaited_call is None or self._consumer_stream is None:
+        if self._untracked:
+            return
+        if driver.stream_is_capturing(stream):
+            # Captured producer work runs wherever the graph is launched, not here; and its
+            # replays move the ring without the host: stand down for good.
+            self._untracked = True
+            return
+        if self._awaited_call is None or self._consumer_stream is None:
             return
         call = self._producer_calls + (1 if new_call else 0)
         if call > self._awaited_call or self._consumer_done.done:
             return
-        if driver.streams_serialise(self._consumer_stream, stream):
+        consumer = self._consumer_stream
+        if consumer.serialises_with(driver.StreamOrder.of(stream)):
             raise ValueError(
                 f"stream: a producer on stream {stream:#x} runs only after the layer's streamed call on stream "
-                f"{self._consumer_stream:#x}, which waits for its chunks (deadlock); produce on a stream that does "
-                "not wait for that one (a non-blocking stream), or before the call (docs/STREAMING.md, 'Progress')"
+                f"{consumer.handle:#x} ({consumer.kind.replace('_', '-')}), which waits for its chunks (deadlock); "
+                "produce on a stream that does not wait for that one (a non-blocking stream), or before the call "
+                "(docs/STREAMING.md, 'Progress')"
             )
 
     def wait_chunk(self, chunk: int, stream: int) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -549,22 +550,47 @@ def memcpy_2d_async(
     call(cu.cuMemcpy2DAsync, m, stream_handle(stream))
 
 
-def streams_serialise(a: int, b: int) -> bool:
-    """True when work on stream handle ``b`` can only start after earlier work on ``a`` (or the
-    reverse): the same stream, or the legacy default stream (0 or 1) with a stream that
-    synchronises with it (a blocking stream, or the per-thread default stream)."""
-    if a == b:
-        return True
-    legacy = (0, 1)
-    if a in legacy and b in legacy:
-        return True
-    if a in legacy or b in legacy:
-        other = b if a in legacy else a
-        if other == 2:  # CU_STREAM_PER_THREAD
+@dataclass(frozen=True)
+class StreamOrder:
+    """What decides whether two streams order their work: the handle, its kind (``legacy``,
+    ``per_thread``, ``blocking`` or ``non_blocking``) and, for the per-thread default stream,
+    the thread (each thread has its own). Taken when the stream is in use: a handle kept for
+    later may name a stream destroyed since."""
+
+    handle: int
+    kind: str
+    thread: int
+
+    @classmethod
+    def of(cls, handle: int) -> StreamOrder:
+        if handle == 2 or (handle == 0 and _per_thread_default()):
+            kind = "per_thread"
+        elif handle in (0, 1):
+            kind = "legacy"
+        else:
+            flags = int(call(_cu().cuStreamGetFlags, handle))
+            nb = int(_cu().CUstream_flags.CU_STREAM_NON_BLOCKING)
+            kind = "non_blocking" if flags & nb else "blocking"
+        return cls(handle, kind, threading.get_ident() if kind == "per_thread" else 0)
+
+    def serialises_with(self, other: StreamOrder) -> bool:
+        """True when work on one can only start after earlier work on the other: the same
+        stream, or the legacy default stream with one that synchronises with it (a blocking
+        stream, or a per-thread default stream)."""
+        if self.kind == other.kind == "per_thread":
+            return self.thread == other.thread
+        if self.kind == other.kind == "legacy" or (self.handle == other.handle and self.kind != "per_thread"):
             return True
-        flags = int(call(_cu().cuStreamGetFlags, other))
-        return not flags & int(_cu().CUstream_flags.CU_STREAM_NON_BLOCKING)
-    return False
+        if "legacy" in (self.kind, other.kind):
+            rest = other.kind if self.kind == "legacy" else self.kind
+            return rest in ("blocking", "per_thread")
+        return False
+
+
+def _per_thread_default() -> bool:
+    """Whether handle 0 names the per-thread default stream in this process (cuda-bindings'
+    switch for it)."""
+    return os.environ.get("CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM", "0") not in ("", "0")
 
 
 def stream_is_capturing(stream: Any = None) -> bool:

@@ -38,8 +38,24 @@ def flags(monkeypatch):
     ],
 )
 def test_which_streams_serialise(flags, a, b, serialise):
-    assert driver.streams_serialise(a, b) is serialise
-    assert driver.streams_serialise(b, a) is serialise
+    sa, sb = driver.StreamOrder.of(a), driver.StreamOrder.of(b)
+    assert sa.serialises_with(sb) is serialise
+    assert sb.serialises_with(sa) is serialise
+
+
+def test_per_thread_default_streams_of_two_threads_run_side_by_side(flags, monkeypatch):
+    import threading
+
+    mine = driver.StreamOrder.of(2)
+    theirs: list = []
+    t = threading.Thread(target=lambda: theirs.append(driver.StreamOrder.of(2)))
+    t.start()
+    t.join()
+    assert mine.serialises_with(driver.StreamOrder.of(2))  # this thread's own, twice
+    assert not mine.serialises_with(theirs[0])
+    assert mine.serialises_with(driver.StreamOrder.of(0))  # and each waits for the legacy stream
+    monkeypatch.setenv("CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM", "1")
+    assert driver.StreamOrder.of(0).kind == "per_thread"  # 0 names it in this mode
 
 
 class _Event:
@@ -107,3 +123,11 @@ def test_after_a_capture_the_guard_stands_down(ring):
     r.note_consumer(BLOCKING)
     r.begin_call(BLOCKING)  # not checked any more: never a false refusal
     assert [s for _, s in launched] == [NON_BLOCKING, BLOCKING]
+
+
+def test_a_producer_being_captured_is_never_refused(ring):
+    r, launched, capturing = ring
+    r.note_consumer(0)  # an eager call on the legacy stream waits for its producer
+    capturing.add(BLOCKING)
+    r.begin_call(BLOCKING)  # captured: it runs where the graph is launched, not behind the call
+    assert launched == [("stream_begin_call", BLOCKING)]

@@ -306,7 +306,10 @@ def context_from_env() -> RankGroup:
             from megamoe_rt.ep import rendezvous
             from megamoe_rt.ep.mpi_context import MpiRankContext, under_mpi
 
-            if under_mpi():
+            torchrun = rendezvous.torchrun_ranks() if rendezvous.started_by_torchrun() else None
+            if torchrun is not None:  # before MPI: an outer srun may pass PMI variables down
+                _env_context = _meet_on_this_node(torchrun)
+            elif under_mpi():
                 _env_context = MpiRankContext()
             elif (ranks := rendezvous.launcher_ranks()) is not None:
                 _env_context = _meet_on_this_node(ranks)

@@ -8,9 +8,9 @@ On one node the ranks meet the way ``megamoe-rt launch`` ranks do: through a hub
 socket and a shared status board (megamoe_rt/ep/launch.py). Rank 0 starts the hub in its own
 process and writes the hub's address and key into a rendezvous file; the other ranks wait for
 that file. The file lies in a private directory (``0700``, owned by the user, refused
-otherwise). Its name carries the launcher's job id, the restart count and the parent
-process id. The ranks of one launch share that parent (torchrun's agent, or slurmstepd), so
-a file left by another launch, or by an earlier restart, is never taken for this one's.
+otherwise). Its name carries the launcher's job and restart (torchrun: run id, master address
+and port; srun: job and step id). A file an earlier launch of the same name left behind
+names a hub that is gone, so the other ranks wait until rank 0 has replaced it.
 """
 
 from __future__ import annotations
@@ -48,44 +48,56 @@ def _int(env: dict[str, str], name: str) -> int:
         raise RuntimeError(f"${name}={env[name]!r}: expected an integer") from None
 
 
-def launcher_ranks(env: dict[str, str] | None = None) -> LauncherRanks | None:
-    """The ranks ``torchrun`` (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``)
-    or Slurm (``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``, ``SLURM_STEP_NUM_NODES``)
-    describe, or None when neither started this process."""
+def torchrun_ranks(env: dict[str, str] | None = None) -> LauncherRanks | None:
+    """The ranks a torchrun-style launcher describes (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+    ``LOCAL_WORLD_SIZE``), or None."""
     env = dict(os.environ) if env is None else env
-    if all(n in env for n in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")):
-        job = "torchrun-{}-{}-{}".format(
-            env.get("TORCHELASTIC_RUN_ID", "none"),
-            env.get("MASTER_PORT", "0"),
-            env.get("TORCHELASTIC_RESTART_COUNT", "0"),
-        )
-        return LauncherRanks(
-            "torchrun",
-            _int(env, "RANK"),
-            _int(env, "WORLD_SIZE"),
-            _int(env, "LOCAL_RANK"),
-            _int(env, "LOCAL_WORLD_SIZE"),
-            job,
-        )
-    if all(n in env for n in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")):
-        world = _int(env, "SLURM_NTASKS")
-        nodes = (
-            _int(env, "SLURM_STEP_NUM_NODES")
-            if "SLURM_STEP_NUM_NODES" in env
-            else _int(env, "SLURM_NNODES")
-            if "SLURM_NNODES" in env
-            else 1
-        )
-        job = "slurm-{}-{}".format(env.get("SLURM_JOB_ID", "0"), env.get("SLURM_STEP_ID", "0"))
-        return LauncherRanks(
-            "slurm",
-            _int(env, "SLURM_PROCID"),
-            world,
-            _int(env, "SLURM_LOCALID"),
-            world if nodes == 1 else -1,
-            job,
-        )
-    return None
+    if not all(n in env for n in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")):
+        return None
+    job = "torchrun-{}-{}-{}-{}".format(
+        env.get("TORCHELASTIC_RUN_ID", "none"),
+        env.get("MASTER_ADDR", ""),
+        env.get("MASTER_PORT", "0"),
+        env.get("TORCHELASTIC_RESTART_COUNT", "0"),
+    )
+    return LauncherRanks(
+        "torchrun",
+        _int(env, "RANK"),
+        _int(env, "WORLD_SIZE"),
+        _int(env, "LOCAL_RANK"),
+        _int(env, "LOCAL_WORLD_SIZE"),
+        job,
+    )
+
+
+def started_by_torchrun(env: dict[str, str] | None = None) -> bool:
+    """torchrun's own markers: they win over MPI variables an outer ``srun`` passed down."""
+    env = dict(os.environ) if env is None else env
+    return torchrun_ranks(env) is not None and ("TORCHELASTIC_RUN_ID" in env or "GROUP_RANK" in env)
+
+
+def slurm_ranks(env: dict[str, str] | None = None) -> LauncherRanks | None:
+    """The ranks of an ``srun`` step (``SLURM_PROCID``, ``SLURM_STEP_NUM_TASKS``,
+    ``SLURM_LOCALID``, ``SLURM_STEP_NUM_NODES``), or None; a batch script, which has the
+    allocation's variables but no step's, is not one."""
+    env = dict(os.environ) if env is None else env
+    if not all(n in env for n in ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID")):
+        return None
+    world = _int(env, "SLURM_STEP_NUM_TASKS")
+    nodes = _int(env, "SLURM_STEP_NUM_NODES") if "SLURM_STEP_NUM_NODES" in env else 1
+    job = "slurm-{}-{}-{}".format(
+        env.get("SLURM_JOB_ID", "0"), env.get("SLURM_STEP_ID", "0"), env.get("SLURM_RESTART_COUNT", "0")
+    )
+    return LauncherRanks(
+        "slurm", _int(env, "SLURM_PROCID"), world, _int(env, "SLURM_LOCALID"), world if nodes == 1 else -1, job
+    )
+
+
+def launcher_ranks(env: dict[str, str] | None = None) -> LauncherRanks | None:
+    """The ranks torchrun or an ``srun`` step describe, or None when neither started this
+    process."""
+    env = dict(os.environ) if env is None else env
+    return torchrun_ranks(env) or slurm_ranks(env)
 
 
 def check_single_node(ranks: LauncherRanks) -> None:
@@ -133,7 +145,7 @@ def private_dir() -> str:
 
 
 def _file_name(job: str) -> str:
-    return "rdzv-" + re.sub(r"[^A-Za-z0-9_.-]", "_", job) + f"-{os.getppid()}.json"
+    return "rdzv-" + re.sub(r"[^A-Za-z0-9_.-]", "_", job) + ".json"
 
 
 def publish_hub(job: str, address: str, key: bytes) -> str:
@@ -148,26 +160,42 @@ def publish_hub(job: str, address: str, key: bytes) -> str:
 
 
 def find_hub(job: str, timeout_s: float) -> tuple[str, bytes]:
-    """Other ranks: wait for rank 0's rendezvous file; check who wrote it before trusting it."""
+    """Other ranks: wait for rank 0's rendezvous file and a hub that answers at its address.
+    A file left by an earlier launch of the same name (its process killed before it could
+    remove it) names a hub that is gone: it is read again until rank 0 has replaced it."""
+    from multiprocessing.connection import Client
+
     path = os.path.join(private_dir(), _file_name(job))
     deadline = time.monotonic() + timeout_s
-    while True:
+    seen = "no file"
+    while time.monotonic() < deadline:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         except FileNotFoundError:
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"rank 0's rendezvous file {path} did not appear within {timeout_s:g} s; "
-                    "did rank 0 fail before creating its context?"
-                ) from None
             time.sleep(0.05)
             continue
         with os.fdopen(fd) as f:
             st = os.fstat(f.fileno())
             if st.st_uid != os.getuid() or st.st_mode & 0o077:
                 raise RuntimeError(f"rendezvous file {path}: not owned by this user or open to others; refused")
-            data = json.load(f)
-        return str(data["address"]), bytes.fromhex(data["key"])
+            try:
+                data = json.load(f)
+                address, key = str(data["address"]), bytes.fromhex(data["key"])
+            except (ValueError, KeyError, TypeError):
+                seen = "a file that is not a rendezvous record"
+                time.sleep(0.05)
+                continue
+        try:
+            Client(address, family="AF_UNIX", authkey=key).close()
+        except (OSError, EOFError) as exc:  # the hub of a launch that is gone
+            seen = f"a hub that does not answer ({type(exc).__name__})"
+            time.sleep(0.05)
+            continue
+        return address, key
+    raise TimeoutError(
+        f"rank 0's rendezvous file {path} did not name a live hub within {timeout_s:g} s (last seen: {seen}); "
+        "did rank 0 fail before creating its context?"
+    )
 
 
 def prepare_rank_env(single_node: bool) -> None:

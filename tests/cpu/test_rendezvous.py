@@ -34,6 +34,7 @@ def _slurm(rank, world, nodes=1, **extra):
     return {
         "SLURM_PROCID": str(rank),
         "SLURM_NTASKS": str(world),
+        "SLURM_STEP_NUM_TASKS": str(world),
         "SLURM_LOCALID": str(rank),
         "SLURM_STEP_NUM_NODES": str(nodes),
         "SLURM_JOB_ID": "77",
@@ -48,6 +49,10 @@ def test_the_launchers_environments_are_read():
     s = rdzv.launcher_ranks(_slurm(2, 3))
     assert (s.launcher, s.rank, s.world_size, s.local_rank, s.local_world_size) == ("slurm", 2, 3, 2, 3)
     assert rdzv.launcher_ranks({"PATH": "/bin"}) is None
+    batch = {k: v for k, v in _slurm(0, 8).items() if not k.startswith("SLURM_STEP")}
+    assert rdzv.launcher_ranks(batch) is None  # an sbatch script is no srun step
+    assert not rdzv.started_by_torchrun({k: v for k, v in _torchrun(0, 2).items() if k != "TORCHELASTIC_RUN_ID"})
+    assert rdzv.started_by_torchrun(_torchrun(0, 2))
     with pytest.raises(RuntimeError, match=r"\$RANK='x'"):
         rdzv.launcher_ranks(_torchrun(0, 2, RANK="x"))
 
@@ -83,11 +88,25 @@ def test_a_rendezvous_directory_open_to_others_is_refused(tmp_path, monkeypatch)
 def test_a_rendezvous_file_open_to_others_is_refused(tmp_path, monkeypatch):
     d = tmp_path / "private"
     monkeypatch.setenv(rdzv.RENDEZVOUS_DIR_ENV, str(d))
-    path = rdzv.publish_hub("job-b", "/nowhere/hub.sock", b"k" * 16)
-    assert rdzv.find_hub("job-b", 1.0) == ("/nowhere/hub.sock", b"k" * 16)
+    import threading
+    from multiprocessing.connection import Listener
+
+    sock = str(tmp_path / "hub.sock")
+    listener = Listener(sock, family="AF_UNIX", authkey=b"k" * 16)
+    threading.Thread(target=lambda: listener.accept().close(), daemon=True).start()
+    path = rdzv.publish_hub("job-b", sock, b"k" * 16)
+    assert rdzv.find_hub("job-b", 5.0) == (sock, b"k" * 16)  # a live hub: taken
+    listener.close()
     os.chmod(path, 0o644)
     with pytest.raises(RuntimeError, match="refused"):
         rdzv.find_hub("job-b", 1.0)
+
+
+def test_a_file_left_by_an_earlier_launch_is_waited_past(tmp_path, monkeypatch):
+    monkeypatch.setenv(rdzv.RENDEZVOUS_DIR_ENV, str(tmp_path / "private"))
+    rdzv.publish_hub("job-d", str(tmp_path / "gone.sock"), b"k" * 16)  # its hub is gone
+    with pytest.raises(TimeoutError, match="does not answer"):
+        rdzv.find_hub("job-d", 0.3)
 
 
 def test_a_missing_rank_0_times_out_naming_the_file(tmp_path, monkeypatch):
@@ -142,6 +161,12 @@ def test_ranks_on_one_node_meet_and_exchange(launcher, tmp_path):
     # torchrun: the local rank; srun with one GPU per task: device 0 of each task's own list
     assert [r["device"] for r in results] == ([0, 1, 2] if launcher == "torchrun" else [0, 0, 0])
     assert not list((tmp_path / "rdzv").glob("rdzv-*")), "rank 0 removes its rendezvous file"
+
+
+def test_torchrun_wins_over_mpi_variables_an_outer_srun_passed_down(tmp_path):
+    envs = [_torchrun(r, 2, PMIX_RANK="0") for r in range(2)]  # the same PMIx rank in every worker
+    results = sorted(_run_ranks(envs, tmp_path), key=lambda r: r["rank"])
+    assert [r["all"] for r in results] == [["00", "01"]] * 2
 
 
 def test_torchrun_across_nodes_fails_in_context_from_env(tmp_path):

@@ -129,3 +129,26 @@ def test_a_chunk_never_published_traps_naming_the_slot_and_generation():
     text = out.stdout + out.stderr
     assert out.returncode == 3, text
     assert "input ring slot 0 was never published for generation 0x100000001 (call 1 chunk 0)" in text, text
+
+
+def test_a_writer_behind_the_call_it_feeds_is_refused_and_the_call_still_completes():
+    """ChunkWriter on the consumer's own stream would wait behind the call that waits for it:
+    refused before it launches anything; the same writer on another stream then completes the
+    call, bit for bit."""
+    from megamoe_rt.streaming import ChunkWriter
+
+    rng = np.random.default_rng()
+    w = ref.random_moe_inputs(rng, 1, H, I, E, K)
+    streamed, batch = _layers(w, 2, 128)
+    t = 300
+    args = device_args(ref.random_moe_inputs(rng, t, H, I, E, K))
+    cp.cuda.get_current_stream().synchronize()
+    writer = ChunkWriter(streamed)
+    consumer, producer = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    out = cp.full((t, H), BF16_NAN, dtype=cp.uint16)
+    streamed.consume(t, out=out, stream=consumer)
+    with pytest.raises(ValueError, match="deadlock"):
+        writer.write_all(*args, stream=consumer)
+    writer.write_all(*args, stream=producer)
+    consumer.synchronize()
+    np.testing.assert_array_equal(cp.asnumpy(out), run_poisoned(batch, args))

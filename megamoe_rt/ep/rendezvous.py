@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 
 from megamoe_rt.ep.env import LOCAL_BOOTSTRAP_ENV, SAFE_ENV
+from megamoe_rt.runtime.file_trust import untrusted_reason
 
 RENDEZVOUS_DIR_ENV = "MEGAMOE_RT_RENDEZVOUS_DIR"
 
@@ -136,9 +137,10 @@ def private_dir() -> str:
     except FileExistsError:
         pass
     st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+    reason = f"{path} is not a directory" if not stat.S_ISDIR(st.st_mode) else untrusted_reason(st, path, private=True)
+    if reason is not None:
         raise RuntimeError(
-            f"rendezvous directory {path}: not a directory owned by this user with mode 0700; "
+            f"rendezvous directory: {reason}; it must be this user's, mode 0700: "
             f"remove it or set ${RENDEZVOUS_DIR_ENV} to a private directory"
         )
     return path
@@ -175,9 +177,9 @@ def find_hub(job: str, timeout_s: float) -> tuple[str, bytes]:
             time.sleep(0.05)
             continue
         with os.fdopen(fd) as f:
-            st = os.fstat(f.fileno())
-            if st.st_uid != os.getuid() or st.st_mode & 0o077:
-                raise RuntimeError(f"rendezvous file {path}: not owned by this user or open to others; refused")
+            reason = untrusted_reason(os.fstat(f.fileno()), f"rendezvous file {path}", private=True)
+            if reason is not None:
+                raise RuntimeError(f"{reason}; refused")
             try:
                 data = json.load(f)
                 address, key = str(data["address"]), bytes.fromhex(data["key"])

@@ -28,10 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from megamoe_rt.runtime.file_trust import current_uid, untrusted_reason
+
 MAGIC = b"MMRTCUBIN2\n"
 _TMP_PREFIX = ".tmp-"
 # Bits that would let another user replace what we load.
-_FOREIGN_WRITE = stat.S_IWGRP | stat.S_IWOTH
 _LEN = struct.Struct("<I")
 _DIGEST = 32
 
@@ -54,24 +55,10 @@ class UntrustedCacheWarning(UserWarning):
     """The configured cache directory could not be trusted; a private one is used instead."""
 
 
-def _uid() -> int | None:
-    return os.getuid() if hasattr(os, "getuid") else None
-
-
-def untrusted_reason(st: os.stat_result, what: str) -> str | None:
-    """Why a file or directory with this stat must not be trusted, or None."""
-    uid = _uid()
-    if uid is not None and st.st_uid != uid:
-        return f"{what} is owned by uid {st.st_uid}, not by this user (uid {uid})"
-    if st.st_mode & _FOREIGN_WRITE:
-        return f"{what} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
-    return None
-
-
 def _private_fallback() -> Path:
     """A per-user directory under the system temp dir, made 0700; a fresh one if that is
     not trustworthy either."""
-    uid = _uid()
+    uid = current_uid()
     cand = Path(tempfile.gettempdir()) / f"megamoe_rt-cache-{uid if uid is not None else 'user'}"
     try:
         os.makedirs(cand, mode=0o700, exist_ok=True)

@@ -48,7 +48,9 @@ def test_a_directory_owned_by_another_user_is_refused(toy_tree, tmp_path, privat
     mine = tmp_path / "theirs"
     mine.mkdir(mode=0o700)
     other = os.getuid() + 1
-    monkeypatch.setattr(cache_mod, "_uid", lambda: other)  # as seen by a different user
+    from megamoe_rt.runtime import file_trust
+
+    monkeypatch.setattr(file_trust, "current_uid", lambda: other)  # as seen by a different user
     cache = CubinCache(mine)
     with pytest.warns(cache_mod.UntrustedCacheWarning, match="owned by uid"):
         cache.store("k" * 40, b"\x00" * 8, {"lowered_name": "x"})

@@ -14,6 +14,7 @@ import cupy as cp
 import numpy as np
 
 from megamoe_rt import MegaMoE, quantize_fp8, quantize_weight_fp8
+from megamoe_rt.cli.timing import capture_layer_call
 from megamoe_rt.presets import DEFAULT_EP_RANKS, get_preset
 
 ap = argparse.ArgumentParser()
@@ -41,12 +42,8 @@ stream = cp.cuda.Stream(non_blocking=True)
 def run(layer, reps=5):
     """The output of one call and the median device time of its CUDA-graph replay, in ms."""
     y = cp.empty((t, p.hidden), dtype=cp.uint16)
+    graph = capture_layer_call(layer, args, y, stream)  # an eager call (kernels load), then the call captured
     with stream:
-        layer(*args, out=y, stream=stream)  # kernels load outside the capture
-        stream.synchronize()
-        stream.begin_capture()
-        layer(*args, out=y, stream=stream)
-        graph = stream.end_capture()
         times = []
         for _ in range(reps):
             start, end = cp.cuda.Event(), cp.cuda.Event()

@@ -190,14 +190,11 @@ class InputRing:
         self._launch("stream_release_chunk", self.params(chunk), stream)
 
     def begin_call(self, stream: int) -> None:
-        """Producer side: a new call's chunks follow (their generations carry its epoch)."""
-        from megamoe_rt.runtime import driver
-
+        """Producer side: a new call's chunks follow (their generations carry its epoch). The
+        check also notes a capture (the guard then stands down)."""
         self.check_producer(stream, new_call=True)
         self._launch("stream_begin_call", self.params(), stream)
         self._producer_calls += 1
-        if driver.stream_is_capturing(stream):
-            self._untracked = True
 
     def write_chunk(self, chunk: int, inputs: dict[str, int], num_tokens: int, sm_count: int, stream: int) -> None:
         """Producer side: wait for the chunk's slot, copy the call's tokens of the chunk into it

@@ -52,7 +52,12 @@ extern "C" __global__ void route_chunk(const stream::StreamRing* ring_ptr, const
     __shared__ int free_slot;
     if (threadIdx.x == 0) free_slot = stream::wait_slot_free(ring, chunk, 60ull * 1000 * 1000 * 1000);
     __syncthreads();
-    if (!free_slot) __trap();
+    if (!free_slot) {  // the layer never released the slot: say which wait, then stop
+        if (threadIdx.x == 0)
+            printf("megamoe_rt.routers: wait 'stream slot free' timed out after 60 s: slot %u (chunk %u) was never "
+                   "released by the layer\n", stream::slot_of(ring, chunk), chunk);
+        __trap();
+    }
     const u32 t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= ring.tokens_per_slot) return;
     i32* idx = stream::chunk_topk_idx(ring, chunk) + t * ring.num_topk;

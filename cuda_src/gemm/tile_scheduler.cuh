@@ -74,6 +74,12 @@ struct TileScheduler {
             tile.row0 = row0;
             tile.a_row0 = tile.d_row0 = mb * kBlockM;
             tile.rows = min(kBlockM, limit - row0);
+            if (p.block_map != nullptr) {
+                // The layout's block lives elsewhere in A, D and the metadata (row_base is 0 then).
+                static_assert(kBlockMapRows % kBlockM == 0, "a tile never straddles two mapped blocks");
+                const u32 block = static_cast<u32>(ptx::ld_global_nc_s32(p.block_map + row0 / kBlockMapRows));
+                tile.row0 = tile.a_row0 = tile.d_row0 = block * kBlockMapRows + row0 % kBlockMapRows;
+            }
         } else {
             const u32 blocks_per_group = (p.masked_rows + kBlockM - 1) / kBlockM;
             const u32 g = mb / blocks_per_group;

@@ -13,6 +13,8 @@ constexpr u32 kSmemLimit = 232448;  // opt-in dynamic shared memory per block on
 constexpr u32 kSmemAlignSlack = 1024;
 constexpr u32 kEpilogueScratchBytes = 512;  // per-row amax exchange between N-split math warpgroups
 constexpr u32 kBarrierBytesPerStage = 16;   // a full and an empty mbarrier
+// rows of one pool block named by GemmParams::block_map (a multiple of every BLOCK_M)
+constexpr u32 kBlockMapRows = 128;
 
 enum class GroupLayout : u32 {
     kContiguous = 0,  // rows of group g at [group_offsets[g], group_offsets[g+1]), starts BLOCK_M-aligned
@@ -49,8 +51,11 @@ struct GemmParams {
     u32 row_base;              // contiguous: the group layout's row that is row 0 of A and D (a ring's window of the
                                // pool: group offsets and per-row metadata are in pool rows, A and D in window rows); 0 otherwise
     const u32* layout_state;   // written by the group-layout check just before: nonzero = invalid, the GEMM does nothing (nullptr: unchecked)
+    const i32* block_map;      // contiguous, optional: where each kBlockMapRows-row block of the group layout lives in A, D and the
+                               // per-row metadata (block b's rows at block_map[b] * kBlockMapRows; nullptr: in place). A streamed
+                               // call's pool hands blocks out as chunks arrive and lays the experts out over them afterwards
 };
-static_assert(sizeof(GemmParams) == 120, "GemmParams: size differs from megamoe_rt/kernels/interface");
+static_assert(sizeof(GemmParams) == 128, "GemmParams: size differs from megamoe_rt/kernels/interface");
 static_assert(alignof(GemmParams) == 8, "GemmParams: alignment differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(GemmParams, num_rows, 0, "GemmParams::num_rows: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(GemmParams, n, 4, "GemmParams::n: offset differs from megamoe_rt/kernels/interface");
@@ -71,6 +76,7 @@ MEGAMOE_RT_ASSERT_OFFSET(GemmParams, row_dst, 96, "GemmParams::row_dst: offset d
 MEGAMOE_RT_ASSERT_OFFSET(GemmParams, swiglu_limit, 104, "GemmParams::swiglu_limit: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(GemmParams, row_base, 108, "GemmParams::row_base: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(GemmParams, layout_state, 112, "GemmParams::layout_state: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(GemmParams, block_map, 120, "GemmParams::block_map: offset differs from megamoe_rt/kernels/interface");
 
 // Shared memory of one pipeline stage: A and B tiles and an A-scale slot with room for
 // 64-wide groups, so GEMMs that differ only in A-scale granularity share one carve-up.

@@ -5,6 +5,7 @@
 
 #include "common/types.cuh"
 #include "interface/errors.cuh"
+#include "interface/sync.cuh"
 
 namespace megamoe_rt::moe {
 
@@ -48,7 +49,8 @@ struct MoeParams {
     u16* y;                       // [num_tokens, hidden] bf16 bits
     u32* pool_cycles;             // unfused: the call's pool cycles, ceil(rows laid out / pool_rows) (max over ranks)
     u32 pool_row_limit;           // rows the routing may lay out: the worst-case pool, the size of the per-row metadata
-    u32 pad_;
+    u32 token_base;               // streamed calls: the call's index of token 0 here (a chunk's first token), so pool rows,
+                                  // combine slots and reports name the call's tokens; 0 otherwise
 };
 static_assert(sizeof(MoeParams) == 184, "MoeParams: size differs from megamoe_rt/kernels/interface");
 static_assert(alignof(MoeParams) == 8, "MoeParams: alignment differs from megamoe_rt/kernels/interface");
@@ -80,7 +82,32 @@ MEGAMOE_RT_ASSERT_OFFSET(MoeParams, combine, 152, "MoeParams::combine: offset di
 MEGAMOE_RT_ASSERT_OFFSET(MoeParams, y, 160, "MoeParams::y: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(MoeParams, pool_cycles, 168, "MoeParams::pool_cycles: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(MoeParams, pool_row_limit, 176, "MoeParams::pool_row_limit: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(MoeParams, pad_, 180, "MoeParams::pad_: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(MoeParams, token_base, 180, "MoeParams::token_base: offset differs from megamoe_rt/kernels/interface");
+
+// A streamed call's one pool (cuda_src/moe/stream_pool.cu): chunks claim rows of their
+// experts as they arrive, a block at a time, then the seal lays the experts out over the blocks.
+struct StreamPoolParams {
+    MoeParams moe;           // the chunk as a call of its own: its slot's inputs, num_tokens its tokens, token_base its
+                             // first token; the expert counts are the call's, growing chunk by chunk
+    i32* expert_blocks;      // [num_local_experts, blocks_per_expert]: 1 + the pool block holding rows
+                             // [j * pool_align, (j + 1) * pool_align) of each expert, 0 until claimed (0xFFFFFFFF: the pool was full)
+    u32* blocks_claimed;     // pool blocks handed out so far in the call
+    i32* block_map;          // [pool_blocks]: where each block of the sealed layout lives (GemmParams::block_map)
+    i32* call_topk_idx;      // [token_capacity, num_topk]: the call's expert ids, for the combine after slots are reused
+    sync::WaitContext wait;  // the deadline of a row's wait for its block to be claimed
+    u32 blocks_per_expert;   // the most pool blocks one local expert can take in a call
+    u32 pool_blocks;         // pool blocks in the data regions
+};
+static_assert(sizeof(StreamPoolParams) == 248, "StreamPoolParams: size differs from megamoe_rt/kernels/interface");
+static_assert(alignof(StreamPoolParams) == 8, "StreamPoolParams: alignment differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamPoolParams, moe, 0, "StreamPoolParams::moe: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamPoolParams, expert_blocks, 184, "StreamPoolParams::expert_blocks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamPoolParams, blocks_claimed, 192, "StreamPoolParams::blocks_claimed: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamPoolParams, block_map, 200, "StreamPoolParams::block_map: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamPoolParams, call_topk_idx, 208, "StreamPoolParams::call_topk_idx: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamPoolParams, wait, 216, "StreamPoolParams::wait: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamPoolParams, blocks_per_expert, 240, "StreamPoolParams::blocks_per_expert: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamPoolParams, pool_blocks, 244, "StreamPoolParams::pool_blocks: offset differs from megamoe_rt/kernels/interface");
 
 }  // namespace megamoe_rt::moe
 // clang-format on

@@ -10,20 +10,21 @@ namespace megamoe_rt::sync {
 // Where a wait happens. Its message names it in the device's report and in the host's
 // exception (megamoe_rt.runtime.deadlines.WAIT_SITES).
 enum class WaitSite : u32 {
-    kTest = 0,                    // tests withholding a signal on purpose
-    kExpertCountsArrived = 1,     // all ranks' per-expert counts have landed
-    kDispatchDone = 2,            // every peer finished pulling from this rank
-    kCombineArrived = 3,          // every peer finished scattering into this rank's combine buffer
-    kL1RowsArrived = 4,           // fused: a pool block's rows have arrived (L1 may start)
-    kL1OutputPublished = 5,       // fused: a block's L1 output is published (L2 may start)
-    kRingSlotFree = 6,            // fused: a ring slot's L2 reads are done (L1 may overwrite)
-    kStreamChunkReady = 7,        // streaming: a chunk's route and layout generations are published (peer: the ring slot)
-    kGridBarrier = 8,             // fused: every block of the grid reached the same phase
-    kPoolSlotFree = 9,            // fused: a pool slot's L1 reads are done (dispatch may refill it)
-    kRingOverflow = 10,           // fused: a single-wave call needs more pool blocks than the ring holds
-    kSplitRoutingPublished = 11,  // split: K1 has laid out and claimed the pool (K2 may build its tables)
-    kStreamSlotFree = 12,         // streaming: every consumer is done with the slot's last chunk (peer: the ring slot)
-    kCount = 13,
+    kTest = 0,                     // tests withholding a signal on purpose
+    kExpertCountsArrived = 1,      // all ranks' per-expert counts have landed
+    kDispatchDone = 2,             // every peer finished pulling from this rank
+    kCombineArrived = 3,           // every peer finished scattering into this rank's combine buffer
+    kL1RowsArrived = 4,            // fused: a pool block's rows have arrived (L1 may start)
+    kL1OutputPublished = 5,        // fused: a block's L1 output is published (L2 may start)
+    kRingSlotFree = 6,             // fused: a ring slot's L2 reads are done (L1 may overwrite)
+    kStreamChunkReady = 7,         // streaming: a chunk's route and layout generations are published (peer: the ring slot)
+    kGridBarrier = 8,              // fused: every block of the grid reached the same phase
+    kPoolSlotFree = 9,             // fused: a pool slot's L1 reads are done (dispatch may refill it)
+    kRingOverflow = 10,            // fused: a single-wave call needs more pool blocks than the ring holds
+    kSplitRoutingPublished = 11,   // split: K1 has laid out and claimed the pool (K2 may build its tables)
+    kStreamSlotFree = 12,          // streaming: every consumer is done with the slot's last chunk (peer: the ring slot)
+    kStreamPoolBlockClaimed = 13,  // streaming: the pool block a row falls in has been claimed for its expert (peer: the expert)
+    kCount = 14,
 };
 
 // The message of each WaitSite (the host reads the same texts).
@@ -42,6 +43,7 @@ __device__ __forceinline__ const char* wait_site_name(WaitSite value) {
         case WaitSite::kRingOverflow: return "single-wave pool fits the ring";
         case WaitSite::kSplitRoutingPublished: return "split routing published";
         case WaitSite::kStreamSlotFree: return "stream slot free";
+        case WaitSite::kStreamPoolBlockClaimed: return "stream pool block claimed";
         default: return "unknown wait";
     }
 }

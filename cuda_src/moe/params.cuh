@@ -21,12 +21,13 @@ __device__ __forceinline__ i64 load_expert_id(const MoeParams& p, u32 pair) {
 template <typename IdxT>
 __device__ __forceinline__ i32 routed_expert(const MoeParams& p, u32 pair, bool report = true) {
     const i64 id = load_expert_id<IdxT>(p, pair);
+    const u32 call_pair = p.token_base * p.num_topk + pair;  // reports name the call's pair
     if (id == -1) return -1;
     if (id < -1 || id >= static_cast<i64>(p.num_experts)) {
         // The id itself, saturated to 32 bits (the host reads it back as a signed number).
         const i64 shown = id < -0x80000000ll ? -0x80000000ll : (id > 0x7fffffffll ? 0x7fffffffll : id);
         if (report)
-            errors::report_error(p.errors, errors::ErrorKind::kExpertIdOutOfRange, pair, static_cast<u32>(shown));
+            errors::report_error(p.errors, errors::ErrorKind::kExpertIdOutOfRange, call_pair, static_cast<u32>(shown));
         return -1;
     }
     // No early exit: the loads are independent, so they are all in flight at once instead of
@@ -35,7 +36,8 @@ __device__ __forceinline__ i32 routed_expert(const MoeParams& p, u32 pair, bool 
 #pragma unroll 4
     for (u32 q = pair - pair % p.num_topk; q < pair; ++q) repeated |= load_expert_id<IdxT>(p, q) == id;
     if (repeated) {
-        if (report) errors::report_error(p.errors, errors::ErrorKind::kRepeatedExpertId, pair, static_cast<u32>(id));
+        if (report)
+            errors::report_error(p.errors, errors::ErrorKind::kRepeatedExpertId, call_pair, static_cast<u32>(id));
         return -1;
     }
     return static_cast<i32>(id);

@@ -148,7 +148,9 @@ class GroupedGemmPlan:
         if self.layout_check is not None:
             self.layout_check.run(sh)
         if self.gemm.args:
-            self.gemm.args[0].row_base = 0  # the whole of A (run_window may have moved it)
+            # The whole of A, in place (run_window / run_block_mapped may have changed them).
+            self.gemm.args[0].row_base = 0
+            self.gemm.args[0].block_map = 0
         self.gemm.run(sh)
         return self.result
 
@@ -161,6 +163,18 @@ class GroupedGemmPlan:
         assert row_base >= 0 and row_base % GROUP_ALIGN == 0, f"row_base={row_base}: a multiple of {GROUP_ALIGN}"
         if self.gemm.args:
             self.gemm.args[0].row_base = row_base
+            self.gemm.args[0].block_map = 0
+        self.gemm.run(stream)
+
+    def run_block_mapped(self, stream: int, block_map: int) -> None:
+        """Enqueue the GEMM over a pool whose blocks were handed out out of order: ``block_map``
+        (device int32, one entry per ``BLOCK_MAP_ROWS`` rows of the group layout) names the
+        block of A, D and the per-row metadata that holds each block of the layout. For the
+        unfused layer's streamed calls (megamoe_rt/modes/stream_pool.py)."""
+        assert self.layout_check is None and self.refresh_scales is None and self.layout == "contiguous"
+        if self.gemm.args:
+            self.gemm.args[0].row_base = 0
+            self.gemm.args[0].block_map = block_map
         self.gemm.run(stream)
 
     def check(self, *, wait: bool = False) -> None:

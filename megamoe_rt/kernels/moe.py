@@ -7,6 +7,7 @@ from typing import Any
 from megamoe_rt.jit import KernelSpec
 from megamoe_rt.kernels.interface import moe as decl
 from megamoe_rt.kernels.interface.structs import MoeParams as MoeParams
+from megamoe_rt.kernels.interface.structs import StreamPoolParams as StreamPoolParams
 from megamoe_rt.schedule.arith import ceil_div
 
 COUNT_THREADS = decl.COUNT_THREADS.value
@@ -46,8 +47,30 @@ def combine_spec(idx: str) -> KernelSpec:
     return _spec("combine", "moe/combine.cu", "moe_combine", idx, COMBINE_THREADS)
 
 
+def stream_dispatch_spec() -> KernelSpec:
+    """A streamed call's chunk dispatch into its one pool (the input ring holds int32 ids)."""
+    return KernelSpec(
+        name="moe_stream_dispatch",
+        source="moe/stream_pool.cu",
+        entry="megamoe_rt::moe::moe_stream_dispatch",
+        block_threads=DISPATCH_THREADS,
+        uses_printf=True,  # the wait for a block's claim prints its report
+        params=(StreamPoolParams,),
+    )
+
+
+def stream_seal_spec() -> KernelSpec:
+    return KernelSpec(
+        name="moe_stream_seal",
+        source="moe/stream_pool.cu",
+        entry="megamoe_rt::moe::moe_stream_seal",
+        block_threads=SCAN_THREADS,
+        params=(StreamPoolParams,),
+    )
+
+
 def kernel_specs() -> list[KernelSpec]:
-    out = [offsets_spec(), fill_window_spec()]
+    out = [offsets_spec(), fill_window_spec(), stream_dispatch_spec(), stream_seal_spec()]
     for idx in ("int32", "int64"):
         out += [count_spec(idx), dispatch_spec(idx), combine_spec(idx)]
     return out

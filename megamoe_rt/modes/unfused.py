@@ -29,6 +29,7 @@ from megamoe_rt.kernels.grouped_gemm import plan_grouped_gemm_fp8, plan_grouped_
 from megamoe_rt.kernels.loader import get_kernel
 from megamoe_rt.modes.base import Call, LayerSpec, LayoutNeeds, Mode, Weights, buffer_layout, pool_memory_line
 from megamoe_rt.modes.peers import stage_inputs
+from megamoe_rt.modes.stream_pool import StreamPool
 from megamoe_rt.runtime import driver
 from megamoe_rt.runtime.buffer import LayerBuffer
 from megamoe_rt.runtime.deadlines import TimeoutRecord
@@ -87,11 +88,14 @@ class UnfusedMode(Mode):
         self._ep_kernels: dict[str, dict[str, Any]] = {}
         self._ep_fixed: dict[str, Any] = {}
         self._fill_window: Any = None
+        self._stream_pool: StreamPool | None = None  # one rank, full pool, streaming: bound in bind
 
     def bind(self, buffer: LayerBuffer, *, expert_recv_stats: int = 0, error_report: int = 0) -> None:
         super().bind(buffer, expert_recv_stats=expert_recv_stats, error_report=error_report)
         b, lay = buffer, self.layout
         self._recv_counts = b.ptr("expert_recv_counts")
+        if self.spec.streaming is not None and not self.expert_parallel and not self.ring:
+            self._stream_pool = StreamPool(self.spec, lay, b)
         if self.expert_parallel:
             ws = lay.region("workspace").offset
             self._send_counts, self._send_cursors = b.ptr("ep_send_counts"), b.ptr("ep_send_cursors")
@@ -228,15 +232,25 @@ class UnfusedMode(Mode):
             mk.launch_combine(self.moe_kernels(call.idx), moe, mk.grids(t, s.num_topk, s.sm_count), stream)
 
     def run_streamed(self, call: Call, stream: int) -> None:
-        """A call whose inputs come from the input ring (``spec.streaming``): chunk by chunk,
-        each as a call of its own on the chunk's slot, its output rows at the chunk's place in
-        ``call.y``. ``call.bound`` (the same on every rank) sets the chunk count, so every rank
-        runs the same chunks; a rank whose tokens end sooner serves its experts in the rest."""
+        """A call whose inputs come from the input ring (``spec.streaming``). One rank with a
+        full pool: through one call-wide pool (megamoe_rt/modes/stream_pool.py), each expert's
+        weights read once. Otherwise chunk by chunk, each as a call of its own."""
+        self._load_streamed_kernels(call.idx)
+        if self._stream_pool is not None:
+            assert self.gemms is not None, "run before load"
+            self._stream_pool.run(self, call, self.gemms, stream)
+        else:
+            self._run_chunks(call, stream)
+
+    def _run_chunks(self, call: Call, stream: int) -> None:
+        """Every chunk as a call of its own on the chunk's slot, its output rows at the chunk's
+        place in ``call.y``. ``call.bound`` (the same on every rank) sets the chunk count, so
+        every rank runs the same chunks; a rank whose tokens end sooner serves its experts in
+        the rest."""
         cfg = self.spec.streaming
         assert cfg is not None and self.input_ring is not None, "a streamed call needs the input ring"
         h, c_tokens = self.spec.hidden, cfg.tokens_per_slot
         ring = self.input_ring
-        self._load_streamed_kernels(call.idx)
         ring.begin_consume(stream)
         for chunk in range(cfg.num_chunks(call.bound)):
             n = cfg.chunk_tokens(call.num_tokens, chunk)
@@ -266,6 +280,8 @@ class UnfusedMode(Mode):
             self.ep_kernels(idx)
         elif self.ring:
             self._fill_window_kernel()
+        if self._stream_pool is not None:
+            self._stream_pool.load_kernels()
 
     def memory_notes(self) -> str:
         line = pool_memory_line(self.spec, self.layout, "unfused")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from megamoe_rt.kernels.interface import ep as ep_interface
 from megamoe_rt.kernels.interface import fused as fused_interface
-from megamoe_rt.schedule.arith import align_up
+from megamoe_rt.schedule.arith import align_up, ceil_div
 from megamoe_rt.schedule.plan import (
     _require_choice,
     _require_int,
@@ -192,6 +192,12 @@ class _Packer:
         self.cursor = offset + nbytes
 
 
+def stream_blocks_per_expert(num_max_tokens_per_rank: int, num_ranks: int, block_m: int) -> int:
+    """The most pool blocks one local expert can take in a streamed call: a token routes to an
+    expert at most once (repeated ids are refused), so at most every token of every rank."""
+    return ceil_div(num_max_tokens_per_rank * num_ranks, block_m)
+
+
 def symm_buffer_layout(
     hidden: int,
     intermediate: int,
@@ -296,6 +302,15 @@ def symm_buffer_layout(
         ws.add("stream_layout_ready_gen", "uint64", (sl,), "generation whose x / x_sf are in each ring slot")
         ws.add("stream_consumed_gen", "uint64", (sl,), "generation every consumer is done with, per slot")
         ws.add("stream_epochs", "uint32", (2,), "calls begun by the producer side, by the layer")
+        # A streamed call's one pool (one rank): blocks claimed as chunks arrive, laid out at the seal.
+        ws.add("stream_blocks_claimed", "uint32", (1,), "streamed call: pool blocks claimed so far")
+        ws.add(
+            "stream_expert_blocks",
+            "int32",
+            (el, stream_blocks_per_expert(t, r, block_m)),
+            "streamed call: 1 + the pool block of each local expert's j-th block, 0 until claimed",
+        )
+        ws.add("stream_block_map", "int32", (full_blocks,), "streamed call: the pool block of each laid-out block")
     if r > 1:
         ws.add("ep_send_counts", "int32", (e,), "this rank's pairs per global expert")
         ws.add("ep_send_offsets", "int32", (e + 1,), "send list layout: exclusive scan of ep_send_counts")
@@ -329,6 +344,7 @@ def symm_buffer_layout(
         top.add("stream_x_sf", "float32", (ring_rows, h // _SF_BLOCK), "input ring: their scales, a row per token")
         top.add("stream_topk_idx", "int32", (ring_rows, k), "input ring: their expert ids, -1 = empty")
         top.add("stream_topk_weights", "float32", (ring_rows, k), "input ring: their top-k weights")
+        top.add("stream_call_topk_idx", "int32", (t, k), "streamed call: its expert ids, kept for the combine")
     top.add("l1_pool", "e4m3", (rows, h), "received rows grouped by local expert")
     top.add("l1_pool_sf", "float32", (h // _SF_BLOCK, rows), "scales of l1_pool, k-block-major")
     top.add("l1_pool_src", "int32", (meta_rows,), "source of each row: (src_rank*T + token)*K + slot, -1 for padding")

@@ -62,6 +62,23 @@ def test_streamed_equals_batch_bitwise(slots, tokens_per_slot, t):
         np.testing.assert_array_equal(_streamed(streamed, args), run_poisoned(batch, args))
 
 
+@pytest.mark.parametrize("ring_blocks", [None, 4])
+def test_skewed_routing_streamed_equals_batch_bitwise(ring_blocks):
+    """Most tokens route to the same few experts, so one expert's rows fill many pool blocks,
+    claimed chunk after chunk between other experts' blocks (the call-wide pool); with a ring
+    pool (``ring_blocks``) every chunk runs as a call of its own."""
+    rng = np.random.default_rng()
+    w = ref.random_moe_inputs(rng, 1, H, I, E, K)
+    streamed, batch = _layers(w, 2, 200, ring_blocks=ring_blocks)
+    t = 1500
+    inputs = ref.random_moe_inputs(rng, t, H, I, E, K)
+    idx = inputs["topk_idx"]
+    idx[rng.random(t) < 0.7] = rng.permutation(K).astype(idx.dtype)  # the hot experts 0..K-1
+    idx[rng.random(idx.shape) < 0.05] = -1
+    args = device_args(inputs)
+    np.testing.assert_array_equal(_streamed(streamed, args), run_poisoned(batch, args))
+
+
 def test_a_late_producer_and_an_empty_call_stay_correct():
     rng = np.random.default_rng()
     w = ref.random_moe_inputs(rng, 1, H, I, E, K)

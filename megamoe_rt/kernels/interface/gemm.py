@@ -31,6 +31,9 @@ EPILOGUE_SCRATCH_BYTES = Constant(
     "kEpilogueScratchBytes", 2 * 64 * 4, doc="per-row amax exchange between N-split math warpgroups"
 )
 BARRIER_BYTES_PER_STAGE = Constant("kBarrierBytesPerStage", 2 * 8, doc="a full and an empty mbarrier")
+BLOCK_MAP_ROWS = Constant(
+    "kBlockMapRows", 128, doc="rows of one pool block named by GemmParams::block_map (a multiple of every BLOCK_M)"
+)
 
 GROUP_LAYOUT = Enum(
     "GroupLayout",
@@ -93,6 +96,13 @@ GEMM_PARAMS = Struct(
             Ptr(U32, const=True),
             "written by the group-layout check just before: nonzero = invalid, the GEMM does nothing (nullptr: unchecked)",
         ),
+        Field(
+            "block_map",
+            Ptr(I32, const=True),
+            "contiguous, optional: where each kBlockMapRows-row block of the group layout lives in A, D and the\n"
+            "per-row metadata (block b's rows at block_map[b] * kBlockMapRows; nullptr: in place). A streamed\n"
+            "call's pool hands blocks out as chunks arrive and lays the experts out over them afterwards",
+        ),
     ],
     doc="Runtime parameters of the grouped FP8 GEMM. Every offset and stride is computed on the\n"
     "host and arrives ready to use.",
@@ -131,6 +141,7 @@ HEADER = Header(
         SMEM_ALIGN_SLACK,
         EPILOGUE_SCRATCH_BYTES,
         BARRIER_BYTES_PER_STAGE,
+        BLOCK_MAP_ROWS,
         GROUP_LAYOUT,
         FLAGS,
         GEMM_PARAMS,

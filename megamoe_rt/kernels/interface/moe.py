@@ -16,6 +16,7 @@ from megamoe_rt.kernels.interface.decl import (
     Struct,
 )
 from megamoe_rt.kernels.interface.errors import ERROR_REPORT
+from megamoe_rt.kernels.interface.sync import WAIT_CONTEXT
 
 MAX_LOCAL_EXPERTS = Constant(
     "kMaxLocalExperts", 1024, doc="the count kernel's shared histogram and the one-block scan hold one entry each"
@@ -72,10 +73,47 @@ MOE_PARAMS = Struct(
         Field(
             "pool_row_limit", U32, "rows the routing may lay out: the worst-case pool, the size of the per-row metadata"
         ),
-        Field("pad_", U32),
+        Field(
+            "token_base",
+            U32,
+            "streamed calls: the call's index of token 0 here (a chunk's first token), so pool rows,\n"
+            "combine slots and reports name the call's tokens; 0 otherwise",
+        ),
     ],
     doc="The routing, dispatch and combine kernels' view of one MoE layer call. Every pointer and\n"
     "stride is resolved on the host from the buffer layout (megamoe_rt/schedule/layout.py).",
+)
+
+STREAM_POOL_PARAMS = Struct(
+    "StreamPoolParams",
+    [
+        Field(
+            "moe",
+            MOE_PARAMS,
+            "the chunk as a call of its own: its slot's inputs, num_tokens its tokens, token_base its\n"
+            "first token; the expert counts are the call's, growing chunk by chunk",
+        ),
+        Field(
+            "expert_blocks",
+            Ptr(I32),
+            "[num_local_experts, blocks_per_expert]: 1 + the pool block holding rows\n"
+            "[j * pool_align, (j + 1) * pool_align) of each expert, 0 until claimed (0xFFFFFFFF: the pool was full)",
+        ),
+        Field("blocks_claimed", Ptr(U32), "pool blocks handed out so far in the call"),
+        Field(
+            "block_map", Ptr(I32), "[pool_blocks]: where each block of the sealed layout lives (GemmParams::block_map)"
+        ),
+        Field(
+            "call_topk_idx",
+            Ptr(I32),
+            "[token_capacity, num_topk]: the call's expert ids, for the combine after slots are reused",
+        ),
+        Field("wait", WAIT_CONTEXT, "the deadline of a row's wait for its block to be claimed"),
+        Field("blocks_per_expert", U32, "the most pool blocks one local expert can take in a call"),
+        Field("pool_blocks", U32, "pool blocks in the data regions"),
+    ],
+    doc="A streamed call's one pool (cuda_src/moe/stream_pool.cu): chunks claim rows of their\n"
+    "experts as they arrive, a block at a time, then the seal lays the experts out over the blocks.",
 )
 
 HEADER = Header(
@@ -89,6 +127,7 @@ HEADER = Header(
         DISPATCH_THREADS,
         COMBINE_THREADS,
         MOE_PARAMS,
+        STREAM_POOL_PARAMS,
     ],
     doc="Parameters and limits of the routing, dispatch and combine kernels.",
     module=__name__,

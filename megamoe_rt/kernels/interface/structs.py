@@ -18,6 +18,7 @@ __all__ = [
     "RingChunkParams",
     "SmProbeParams",
     "StreamCopyParams",
+    "StreamPoolParams",
     "StreamRing",
     "TimeoutRecord",
     "WaitContext",
@@ -130,6 +131,7 @@ class GemmParams(ctypes.Structure):
     swiglu_limit: float
     row_base: int  # contiguous: the group layout's row that is row 0 of A and D (a ring's window of the pool: group offsets and per-row metadata are in pool rows, A and D in window rows); 0 otherwise
     layout_state: int  # written by the group-layout check just before: nonzero = invalid, the GEMM does nothing (nullptr: unchecked)
+    block_map: int  # contiguous, optional: where each kBlockMapRows-row block of the group layout lives in A, D and the per-row metadata (block b's rows at block_map[b] * kBlockMapRows; nullptr: in place). A streamed call's pool hands blocks out as chunks arrive and lays the experts out over them afterwards
 
     _fields_ = [
         ("num_rows", ctypes.c_uint32),
@@ -151,6 +153,7 @@ class GemmParams(ctypes.Structure):
         ("swiglu_limit", ctypes.c_float),
         ("row_base", ctypes.c_uint32),
         ("layout_state", ctypes.c_uint64),
+        ("block_map", ctypes.c_uint64),
     ]
 
 
@@ -189,7 +192,7 @@ class MoeParams(ctypes.Structure):
     y: int  # [num_tokens, hidden] bf16 bits
     pool_cycles: int  # unfused: the call's pool cycles, ceil(rows laid out / pool_rows) (max over ranks)
     pool_row_limit: int  # rows the routing may lay out: the worst-case pool, the size of the per-row metadata
-    pad_: int
+    token_base: int  # streamed calls: the call's index of token 0 here (a chunk's first token), so pool rows, combine slots and reports name the call's tokens; 0 otherwise
 
     _fields_ = [
         ("topk_idx", ctypes.c_uint64),
@@ -220,7 +223,35 @@ class MoeParams(ctypes.Structure):
         ("y", ctypes.c_uint64),
         ("pool_cycles", ctypes.c_uint64),
         ("pool_row_limit", ctypes.c_uint32),
-        ("pad_", ctypes.c_uint32),
+        ("token_base", ctypes.c_uint32),
+    ]
+
+
+class StreamPoolParams(ctypes.Structure):
+    """A streamed call's one pool (cuda_src/moe/stream_pool.cu): chunks claim rows of their
+    experts as they arrive, a block at a time, then the seal lays the experts out over the blocks.
+
+    ``megamoe_rt::moe::StreamPoolParams``, declared in megamoe_rt/kernels/interface/moe.py.
+    """
+
+    moe: MoeParams  # the chunk as a call of its own: its slot's inputs, num_tokens its tokens, token_base its first token; the expert counts are the call's, growing chunk by chunk
+    expert_blocks: int  # [num_local_experts, blocks_per_expert]: 1 + the pool block holding rows [j * pool_align, (j + 1) * pool_align) of each expert, 0 until claimed (0xFFFFFFFF: the pool was full)
+    blocks_claimed: int  # pool blocks handed out so far in the call
+    block_map: int  # [pool_blocks]: where each block of the sealed layout lives (GemmParams::block_map)
+    call_topk_idx: int  # [token_capacity, num_topk]: the call's expert ids, for the combine after slots are reused
+    wait: WaitContext  # the deadline of a row's wait for its block to be claimed
+    blocks_per_expert: int  # the most pool blocks one local expert can take in a call
+    pool_blocks: int  # pool blocks in the data regions
+
+    _fields_ = [
+        ("moe", MoeParams),
+        ("expert_blocks", ctypes.c_uint64),
+        ("blocks_claimed", ctypes.c_uint64),
+        ("block_map", ctypes.c_uint64),
+        ("call_topk_idx", ctypes.c_uint64),
+        ("wait", WaitContext),
+        ("blocks_per_expert", ctypes.c_uint32),
+        ("pool_blocks", ctypes.c_uint32),
     ]
 
 

@@ -83,6 +83,12 @@ WAIT_SITE = Enum(
             "streaming: every consumer is done with the slot's last chunk (peer: the ring slot)",
             "stream slot free",
         ),
+        EnumValue(
+            "kStreamPoolBlockClaimed",
+            "stream_pool_block_claimed",
+            "streaming: the pool block a row falls in has been claimed for its expert (peer: the expert)",
+            "stream pool block claimed",
+        ),
     ],
     doc="Where a wait happens. Its message names it in the device's report and in the host's\n"
     "exception (megamoe_rt.runtime.deadlines.WAIT_SITES).",

@@ -1,0 +1,118 @@
+// A streamed call's one pool (the unfused layer on one rank; the model:
+// megamoe_rt/schedule/stream_seal.py).
+//
+// Chunks arrive one at a time, so no expert's row count is known before the last one. The
+// batch call lays the experts out first (count -> scan -> dispatch); a streamed call cannot.
+// Instead every chunk's pairs claim rows of their expert as the chunk arrives, a block of
+// pool_align rows at a time from one call-wide block counter, and copy their rows in, after
+// which the chunk's slot can be reused. Once the last chunk is in, the seal lays the experts
+// out over the claimed blocks: the batch call's block-aligned exclusive scan, plus a block map
+// telling the GEMMs which pool block holds each laid-out block (GemmParams::block_map). An
+// expert takes ceil(rows / pool_align) blocks, as in the batch call, and the GEMMs run once
+// over the whole call, so each expert's weights are read once however many chunks fed it.
+//
+// Rows inside an expert follow the atomic claims; every output depends only on its own row,
+// so the result is the batch call's, bit for bit.
+
+#include "common/types.cuh"
+#include "moe/params.cuh"
+#include "moe/pool_row.cuh"
+#include "moe/route_count.cuh"
+#include "ptx/ld_st.cuh"
+#include "sync/deadline_wait.cuh"
+
+namespace megamoe_rt::moe {
+
+// expert_blocks entries: 0 until claimed, then the pool block + 1, or kNoBlock when the claim
+// found the pool full (reported).
+constexpr u32 kNoBlock = 0xFFFFFFFFu;
+
+// Lane 0 of a warp: the pool row of the next row of local expert `e`, or -1 (pool overflow,
+// reported). The row that opens one of the expert's blocks claims a pool block for it; rows
+// falling in the same block wait until it is claimed. The claiming thread has already taken
+// its row when the others see theirs, so it is running and the wait is short.
+__device__ __forceinline__ i32 claim_pool_row(const StreamPoolParams& sp, u32 e) {
+    const MoeParams& p = sp.moe;
+    const u32 n = static_cast<u32>(atomicAdd(&p.expert_counts[e], 1));
+    const u32 j = n / p.pool_align;
+    if (j >= sp.blocks_per_expert) {  // more rows than tokens: cannot happen with the host's sizing
+        errors::report_error(p.errors, errors::ErrorKind::kPoolOverflow, (j + 1) * p.pool_align,
+                             sp.blocks_per_expert * p.pool_align);
+        return -1;
+    }
+    u32* entry = reinterpret_cast<u32*>(sp.expert_blocks + static_cast<u64>(e) * sp.blocks_per_expert + j);
+    u32 seen;
+    if (n % p.pool_align == 0) {
+        const u32 b = atomicAdd(sp.blocks_claimed, 1u);
+        seen = b < sp.pool_blocks ? b + 1 : kNoBlock;
+        if (seen == kNoBlock)
+            errors::report_error(p.errors, errors::ErrorKind::kPoolOverflow, (b + 1) * p.pool_align,
+                                 sp.pool_blocks * p.pool_align);
+        ptx::st_release_gpu_u32(entry, seen);
+    } else {
+        seen = sync::wait_ge_acquire_sys_u32(entry, 1u, sync::WaitSite::kStreamPoolBlockClaimed, sp.wait, e);
+    }
+    if (seen == kNoBlock) return -1;
+    return static_cast<i32>((seen - 1) * p.pool_align + n % p.pool_align);
+}
+
+// One chunk: one warp per (token, slot) pair of the chunk's slot, as the batch dispatch. Every
+// pair also keeps its expert id for the combine (the slot is reused before the combine runs).
+__global__ void __launch_bounds__(kDispatchThreads) moe_stream_dispatch(const __grid_constant__ StreamPoolParams sp) {
+    const MoeParams& p = sp.moe;
+    const u32 lane = threadIdx.x % 32;
+    const u32 warps = gridDim.x * (kDispatchThreads / 32);
+    const u32 pairs = p.num_tokens * p.num_topk;
+    for (u32 pair = (blockIdx.x * kDispatchThreads + threadIdx.x) / 32; pair < pairs; pair += warps) {
+        const u32 call_pair = p.token_base * p.num_topk + pair;
+        i32 row = -1;
+        if (lane == 0) {
+            sp.call_topk_idx[call_pair] = static_cast<i32>(load_expert_id<i32>(p, pair));
+            const i32 e = local_expert<i32>(p, pair);
+            if (e >= 0) row = claim_pool_row(sp, static_cast<u32>(e));
+        }
+        row = __shfl_sync(0xFFFFFFFFu, row, 0);
+        if (row < 0) continue;
+        const u32 token = pair / p.num_topk;
+        const u32 slot = pair % p.num_topk;
+        copy_token_row(p, token, static_cast<u32>(row), lane);
+        if (lane == 0) {
+            p.pool_src[row] = static_cast<i32>(call_pair);
+            p.pool_weight[row] = p.topk_weights[pair];
+            p.pool_dst[row] = reinterpret_cast<u64>(p.combine) +
+                              (static_cast<u64>(slot) * p.token_capacity + p.token_base + token) * p.hidden * 2ull;
+        }
+    }
+}
+
+static_assert(kScanThreads >= kMaxLocalExperts, "the seal gives every local expert a thread");
+
+// One block, after the last chunk's dispatch: expert e's offset is the block-aligned sum of
+// the counts before it (as moe_pool_offsets), and its j-th laid-out block is the j-th block it
+// claimed. A pool that overflowed (reported by the dispatch) is laid out empty, so that no GEMM
+// tile reads a block that was never claimed.
+__global__ void __launch_bounds__(kScanThreads) moe_stream_seal(const __grid_constant__ StreamPoolParams sp) {
+    const MoeParams& p = sp.moe;
+    __shared__ i32 scan[kScanThreads];
+    const u32 e = threadIdx.x;
+    const u32 el = p.num_local_experts;
+    i32 count = e < el ? p.expert_counts[e] : 0;
+    const i32 align = static_cast<i32>(p.pool_align);
+    const i32 padded = (count + align - 1) / align * align;
+    const bool too_many = static_cast<u32>(padded) > sp.blocks_per_expert * p.pool_align;
+    scan[e] = padded;
+    block_inclusive_scan<kScanThreads>(scan);
+    const bool overflow = __syncthreads_or(too_many) || *sp.blocks_claimed > sp.pool_blocks;
+    if (overflow) count = 0;
+    if (e < el) {
+        const i32 first = overflow ? 0 : scan[e] - padded;
+        p.expert_offsets[e] = first;
+        p.expert_counts[e] = count;
+        if (p.expert_recv_stats != nullptr) p.expert_recv_stats[e] += count;
+        const i32* claimed = sp.expert_blocks + static_cast<u64>(e) * sp.blocks_per_expert;  // block + 1
+        for (i32 j = 0; j < (count + align - 1) / align; ++j) sp.block_map[first / align + j] = claimed[j] - 1;
+    }
+    if (e == el - 1) p.expert_offsets[el] = overflow ? 0 : scan[e];
+}
+
+}  // namespace megamoe_rt::moe

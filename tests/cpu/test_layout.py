@@ -307,3 +307,22 @@ def test_format_report():
     report = lay.report()
     assert [n for n, _, _ in report] == TOP_LEVEL[:-1] + ["send_list", "workspace"]
     assert all(mib == pytest.approx(b / MiB) for _, b, mib in report)
+
+
+def test_a_streaming_layout_holds_the_call_wide_pool_of_a_streamed_call():
+    from megamoe_rt.schedule.layout import stream_blocks_per_expert
+
+    t, e, k = 1000, 16, 4
+    lay = symm_buffer_layout(512, 256, e, k, t, stream_slots=3, stream_tokens=100)
+    cap = lay.num_max_tokens_per_rank
+    # A token routes to an expert at most once: an expert takes at most every token's row.
+    assert stream_blocks_per_expert(cap, 1, 128) == -(-cap // 128)
+    ws = {r.name: r for r in lay.workspace}
+    assert ws["stream_expert_blocks"].shape == (e, stream_blocks_per_expert(cap, 1, 128))
+    assert ws["stream_block_map"].shape == (lay.full_pool_blocks,)
+    assert ws["stream_blocks_claimed"].shape == (1,)
+    assert lay.region("stream_call_topk_idx").shape == (cap, k)
+    # The block map covers every laid-out block of a call: all pairs, rounded up per expert.
+    assert lay.full_pool_blocks >= -(-cap * k // 128)
+    plain = symm_buffer_layout(512, 256, e, k, t)
+    assert "stream_block_map" not in {r.name for r in plain.workspace}

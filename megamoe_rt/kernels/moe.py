@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from megamoe_rt.jit import KernelSpec
@@ -48,25 +49,15 @@ def combine_spec(idx: str) -> KernelSpec:
 
 
 def stream_dispatch_spec() -> KernelSpec:
-    """A streamed call's chunk dispatch into its one pool (the input ring holds int32 ids)."""
-    return KernelSpec(
-        name="moe_stream_dispatch",
-        source="moe/stream_pool.cu",
-        entry="megamoe_rt::moe::moe_stream_dispatch",
-        block_threads=DISPATCH_THREADS,
-        uses_printf=True,  # the wait for a block's claim prints its report
-        params=(StreamPoolParams,),
-    )
+    """A streamed call's chunk dispatch into its one pool (the input ring holds int32 ids); the
+    wait for a block's claim prints its report."""
+    spec = _spec("stream_dispatch", "moe/stream_pool.cu", "moe_stream_dispatch", None, DISPATCH_THREADS)
+    return dataclasses.replace(spec, uses_printf=True, params=(StreamPoolParams,))
 
 
 def stream_seal_spec() -> KernelSpec:
-    return KernelSpec(
-        name="moe_stream_seal",
-        source="moe/stream_pool.cu",
-        entry="megamoe_rt::moe::moe_stream_seal",
-        block_threads=SCAN_THREADS,
-        params=(StreamPoolParams,),
-    )
+    spec = _spec("stream_seal", "moe/stream_pool.cu", "moe_stream_seal", None, SCAN_THREADS)
+    return dataclasses.replace(spec, params=(StreamPoolParams,))
 
 
 def kernel_specs() -> list[KernelSpec]:

@@ -142,64 +142,7 @@ __device__ __forceinline__ void release_stage(const SharedStorage<Cfg>& sm, u32 
         ptx::mbarrier_arrive_shared_cluster_remote_if(sm.empty(stage), cta_rank ^ 1, mt.lane == 0);
 }
 
-// Where the consumer of one tile stands: the stage whose steps are being promoted (`st`, the
-// caller's, advanced as stages are released), the stage the next issued step reads (`ist`),
-// and the B scales of the k-block being promoted and of the one issued after it.
 template <class Cfg>
-struct TileSteps {
-    PipelineState<Cfg::kStages> ist;
-    float sb_lo, sb_hi, next_lo, next_hi;
-};
-
-// The B scales of k-block `kb` (L2-resident, a few words per k-block).
-template <class Cfg>
-__device__ __forceinline__ void load_b_scales(const float* sfb, u32 num_k_blocks, u32 kb, float& lo, float& hi) {
-    lo = ptx::ld_global_nc_f32(sfb + kb);
-    hi = Cfg::kBSfN == 64 ? ptx::ld_global_nc_f32(sfb + num_k_blocks + kb) : lo;
-}
-
-// Promote step `s` (in `acc`, its wgmmas complete) and hand its stage back if it was the
-// stage's last step.
-template <class Cfg>
-__device__ __forceinline__ void retire_step(const SharedStorage<Cfg>& sm, PipelineState<Cfg::kStages>& st,
-                                            TileSteps<Cfg>& ts, const MathThread<Cfg>& mt, u32 s, float (&acc)[64],
-                                            float (&out)[64], u32 cta_rank) {
-    constexpr u32 kSteps = Cfg::kSfaRowsPerStage;
-    const u32 h = s % kSteps;
-    promote_step<Cfg>(sm, st.stage, h, mt, ts.sb_lo, ts.sb_hi, acc, out);
-    if (h == kSteps - 1) {
-        release_stage<Cfg>(sm, st.stage, mt, cta_rank);
-        st.advance();
-        ts.sb_lo = ts.next_lo;
-        ts.sb_hi = ts.next_hi;
-    }
-}
-
-// Step `s` of the tile (k-block s / kSteps, A-scale group s % kSteps) is in flight in `cur`
-// and step s + 1 exists: issue it into `next` first, so the tensor pipe works on it while
-// this warpgroup promotes `cur` (wait_group 1 leaves only the newest group pending). No branch
-// around the wgmmas: ptxas serialises wgmmas issued on divergent-looking paths.
-template <class Cfg>
-__device__ __forceinline__ void overlapped_step(const SharedStorage<Cfg>& sm, PipelineState<Cfg::kStages>& st,
-                                                TileSteps<Cfg>& ts, const MathThread<Cfg>& mt, const float* sfb,
-                                                u32 num_k_blocks, u32 s, u32 a_offset, u32 b_offset, float (&cur)[64],
-                                                float (&next)[64], float (&out)[64], u32 cta_rank) {
-    constexpr u32 kSteps = Cfg::kSfaRowsPerStage;
-    const u32 h1 = (s + 1) % kSteps;
-    if (h1 == 0) {  // the next step opens a k-block: its stage and scales
-        ts.ist.advance();
-        load_b_scales<Cfg>(sfb, num_k_blocks, (s + 1) / kSteps, ts.next_lo, ts.next_hi);
-        ptx::mbarrier_wait_parity_shared(sm.full(ts.ist.stage), ts.ist.phase);
-    }
-    issue_step<Cfg>(sm, ts.ist.stage, h1, a_offset, b_offset, next);
-    ptx::wgmma_wait_group_sync_aligned<1>();
-    retire_step<Cfg>(sm, st, ts, mt, s, cur, out, cta_rank);
-}
-
-// kOverlapPromotion: a second accumulator lets each step's promotion overlap the next step's
-// wgmmas (64 more registers a thread); without it, every step waits for its wgmmas, then
-// promotes (the fused kernel, whose other roles leave no room for the second accumulator).
-template <class Cfg, bool kOverlapPromotion = true>
 __device__ __forceinline__ void consume_tile(const GemmParams& p, const Tile& tile, u32 num_k_blocks,
                                              const SharedStorage<Cfg>& sm, PipelineState<Cfg::kStages>& st,
                                              const MathThread<Cfg>& mt, float (&acc)[64], float (&out)[64],
@@ -211,45 +154,22 @@ __device__ __forceinline__ void consume_tile(const GemmParams& p, const Tile& ti
         p.sfb + (static_cast<u64>(tile.group) * sfb_per_group + mt.col0(tile) / Cfg::kBSfN) * num_k_blocks;
     const u32 a_offset = mt.wg_m * Cfg::kWgTileM * Cfg::kBlockK;
     const u32 b_offset = mt.wg_n * Cfg::kWgTileN * Cfg::kBlockK;
+    constexpr u32 kSteps = Cfg::kSfaRowsPerStage;
 
-    if constexpr (!kOverlapPromotion) {
-        constexpr u32 kSteps = Cfg::kSfaRowsPerStage;
-        for (u32 kb = 0; kb < num_k_blocks; ++kb) {
-            // Scales issued before the wait, so their latency hides behind it.
-            float sb_lo, sb_hi;
-            load_b_scales<Cfg>(sfb, num_k_blocks, kb, sb_lo, sb_hi);
-            ptx::mbarrier_wait_parity_shared(sm.full(st.stage), st.phase);
+    for (u32 kb = 0; kb < num_k_blocks; ++kb) {
+        // B scales come straight from global (L2-resident, a few words per k-block),
+        // issued before the wait so their latency hides behind it.
+        const float sb_lo = ptx::ld_global_nc_f32(sfb + kb);
+        const float sb_hi = Cfg::kBSfN == 64 ? ptx::ld_global_nc_f32(sfb + num_k_blocks + kb) : sb_lo;
+        ptx::mbarrier_wait_parity_shared(sm.full(st.stage), st.phase);
 #pragma unroll
-            for (u32 h = 0; h < kSteps; ++h) {
-                issue_step<Cfg>(sm, st.stage, h, a_offset, b_offset, acc);
-                ptx::wgmma_wait_group_sync_aligned<0>();
-                promote_step<Cfg>(sm, st.stage, h, mt, sb_lo, sb_hi, acc, out);
-            }
-            release_stage<Cfg>(sm, st.stage, mt, cta_rank);
-            st.advance();
+        for (u32 h = 0; h < kSteps; ++h) {
+            issue_step<Cfg>(sm, st.stage, h, a_offset, b_offset, acc);
+            ptx::wgmma_wait_group_sync_aligned<0>();
+            promote_step<Cfg>(sm, st.stage, h, mt, sb_lo, sb_hi, acc, out);
         }
-        return;
-    }
-    // Two accumulators take turns: one is promoted while the next step's wgmmas fill the other.
-    float acc2[64];
-    TileSteps<Cfg> ts{st, 0.0f, 0.0f, 0.0f, 0.0f};
-    load_b_scales<Cfg>(sfb, num_k_blocks, 0, ts.sb_lo, ts.sb_hi);
-    ptx::mbarrier_wait_parity_shared(sm.full(ts.ist.stage), ts.ist.phase);
-    issue_step<Cfg>(sm, ts.ist.stage, 0, a_offset, b_offset, acc);
-    const u32 total = num_k_blocks * Cfg::kSfaRowsPerStage;
-    u32 s = 0;
-    for (; s + 2 < total; s += 2) {
-        overlapped_step<Cfg>(sm, st, ts, mt, sfb, num_k_blocks, s, a_offset, b_offset, acc, acc2, out, cta_rank);
-        overlapped_step<Cfg>(sm, st, ts, mt, sfb, num_k_blocks, s + 1, a_offset, b_offset, acc2, acc, out, cta_rank);
-    }
-    // Step s is in flight in acc, one or two steps are left.
-    if (s + 1 < total) {
-        overlapped_step<Cfg>(sm, st, ts, mt, sfb, num_k_blocks, s, a_offset, b_offset, acc, acc2, out, cta_rank);
-        ptx::wgmma_wait_group_sync_aligned<0>();
-        retire_step<Cfg>(sm, st, ts, mt, s + 1, acc2, out, cta_rank);
-    } else {
-        ptx::wgmma_wait_group_sync_aligned<0>();
-        retire_step<Cfg>(sm, st, ts, mt, s, acc, out, cta_rank);
+        release_stage<Cfg>(sm, st.stage, mt, cta_rank);
+        st.advance();
     }
 }
 

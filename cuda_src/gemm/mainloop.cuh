@@ -142,16 +142,7 @@ __device__ __forceinline__ void release_stage(const SharedStorage<Cfg>& sm, u32 
         ptx::mbarrier_arrive_shared_cluster_remote_if(sm.empty(stage), cta_rank ^ 1, mt.lane == 0);
 }
 
-// The B scales of k-block `kb` of this thread's columns.
 template <class Cfg>
-__device__ __forceinline__ void load_b_scales(const float* sfb, u32 num_k_blocks, u32 kb, float& lo, float& hi) {
-    lo = ptx::ld_global_nc_f32(sfb + kb);
-    hi = Cfg::kBSfN == 64 ? ptx::ld_global_nc_f32(sfb + num_k_blocks + kb) : lo;
-}
-
-// kScalesAhead: B scales loaded one k-block ahead (one more register pair a thread; the fused
-// kernel, whose expert-parallel variants have no register to spare, loads them in place).
-template <class Cfg, bool kScalesAhead = true>
 __device__ __forceinline__ void consume_tile(const GemmParams& p, const Tile& tile, u32 num_k_blocks,
                                              const SharedStorage<Cfg>& sm, PipelineState<Cfg::kStages>& st,
                                              const MathThread<Cfg>& mt, float (&acc)[64], float (&out)[64],
@@ -165,20 +156,11 @@ __device__ __forceinline__ void consume_tile(const GemmParams& p, const Tile& ti
     const u32 b_offset = mt.wg_n * Cfg::kWgTileN * Cfg::kBlockK;
     constexpr u32 kSteps = Cfg::kSfaRowsPerStage;
 
-    // B scales come straight from global (L2-resident, a few words per k-block), loaded one
-    // k-block ahead: a load from L2 takes longer than a k-block's four wgmmas, and the compiler
-    // places a same-iteration load after the full-barrier wait, so the promotion stalled on it.
-    float sb_lo_next = 0.0f, sb_hi_next = 0.0f;
-    if constexpr (kScalesAhead) load_b_scales<Cfg>(sfb, num_k_blocks, 0, sb_lo_next, sb_hi_next);
     for (u32 kb = 0; kb < num_k_blocks; ++kb) {
-        float sb_lo, sb_hi;
-        if constexpr (kScalesAhead) {
-            sb_lo = sb_lo_next;
-            sb_hi = sb_hi_next;
-            load_b_scales<Cfg>(sfb, num_k_blocks, kb + 1 < num_k_blocks ? kb + 1 : kb, sb_lo_next, sb_hi_next);
-        } else {
-            load_b_scales<Cfg>(sfb, num_k_blocks, kb, sb_lo, sb_hi);
-        }
+        // B scales come straight from global (L2-resident, a few words per k-block),
+        // issued before the wait so their latency hides behind it.
+        const float sb_lo = ptx::ld_global_nc_f32(sfb + kb);
+        const float sb_hi = Cfg::kBSfN == 64 ? ptx::ld_global_nc_f32(sfb + num_k_blocks + kb) : sb_lo;
         ptx::mbarrier_wait_parity_shared(sm.full(st.stage), st.phase);
 #pragma unroll
         for (u32 h = 0; h < kSteps; ++h) {

@@ -428,6 +428,32 @@ def cmd_sweep(args) -> int:
 # --- launch -----------------------------------------------------------------------------
 
 
+def cmd_scaleout(args) -> int:
+    from megamoe_rt.ep.scaleout_model import format_table, scaleout_cost
+    from megamoe_rt.presets import get_preset
+
+    costs = []
+    for name in args.presets:
+        preset = get_preset(name)
+        for ranks in args.ranks:
+            if preset.num_experts % ranks or ranks < 2:
+                raise UsageError(
+                    f"megamoe-rt scaleout: --ranks {ranks} does not divide {name}'s {preset.num_experts} experts"
+                )
+            for t in args.tokens:
+                costs.append(
+                    scaleout_cost(preset, ranks, t, link_bytes_per_s=args.link_gbps * 1e9 / 8, tflops=args.tflops)
+                )
+    print(
+        f"per rank and call, uniform routing; link {args.link_gbps:g} Gb/s per GPU each way, GEMMs at {args.tflops:g} TFLOP/s"
+    )
+    print(format_table(costs))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([c.as_dict() for c in costs], f, indent=2)
+    return 0
+
+
 def cmd_launch(args) -> int:
     from megamoe_rt.ep.launch import launch_script
 
@@ -520,6 +546,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_trace_arguments(s)
     s.set_defaults(func=cmd_trace)
+
+    s = sub.add_parser(
+        "scaleout",
+        help="model: bytes each rank moves per call across nodes, and that time floor against the GEMMs (no GPU)",
+    )
+    s.add_argument("--presets", "--preset", type=_csv(str, sorted(PRESETS)), default=["flash", "pro", "v3"])
+    s.add_argument("--ranks", type=_csv(int), default=[16, 32], help="expert-parallel ranks (default 16,32)")
+    s.add_argument(
+        "--tokens", type=_csv(int), default=[128, 2048, 8192], help="tokens per rank (default 128,2048,8192)"
+    )
+    s.add_argument(
+        "--link-gbps", type=float, default=400.0, help="per-GPU network bandwidth, Gb/s each way (default 400)"
+    )
+    s.add_argument(
+        "--tflops", type=float, default=780.0, help="the layer's GEMM rate (default 780, one H200's fused layer)"
+    )
+    s.add_argument("--json", default=None, help="write the rows to this JSON file")
+    s.set_defaults(func=cmd_scaleout)
 
     s = sub.add_parser("launch", help="run a script as N ranks, one process per GPU")
     s.add_argument("-n", "--nprocs", type=_positive_int, required=True, help="number of ranks")

@@ -270,3 +270,115 @@ def test_memory_notes():
     assert notes.startswith(f"fused pools: ring of {mode.layout.pool_blocks} blocks x 64 rows")
     assert f"vs full pool of {s.full_pool_blocks} blocks" in notes
     assert notes.endswith(f"schedule at capacity: lag {s.lag_units} units, group {s.group_units}")
+
+
+# --- a streamed call through the call-wide pool (one rank) -----------------------------------
+
+
+class _Recorder:
+    """Stands in for loaded kernels, GEMM plans and the ring's launches: records what a call
+    enqueues, in order."""
+
+    def __init__(self):
+        self.log = []
+
+    def kernel(self, name):
+        rec = self
+
+        class K:
+            def launch(self, grid, block, args, stream=None):
+                rec.log.append((name, args[0], stream))
+
+        return K()
+
+    def plan(self, name):
+        rec = self
+
+        class P:
+            def run_block_mapped(self, stream, block_map):
+                rec.log.append((name, block_map, stream))
+
+        return P()
+
+
+def _streamed_mode(monkeypatch, rec, **kw):
+    from megamoe_rt.modes import stream_pool
+    from megamoe_rt.runtime.deadlines import TimeoutRecord
+    from megamoe_rt.schedule.streaming import StreamConfig
+
+    record = TimeoutRecord.__new__(TimeoutRecord)  # the deadline record without host memory
+    record.device_ptr = 0
+    monkeypatch.setattr(TimeoutRecord, "_instance", record)
+    spec = _spec(cap=1000, streaming=StreamConfig(3, 100), sm_count=132, **kw)
+    mode = _mode(UnfusedMode, spec)
+    pool = mode._stream_pool
+    assert pool is not None, "one rank with a full pool streams through the call-wide pool"
+    pool._kernels = {n: rec.kernel(n) for n in ("dispatch", "seal", "combine")}
+    ring = mode.input_ring
+    monkeypatch.setattr(ring, "_launch", lambda name, params, stream, grid=1: rec.log.append((name, params, stream)))
+    monkeypatch.setattr(ring, "note_consumer", lambda stream: rec.log.append(("note_consumer", None, stream)))
+    monkeypatch.setattr(
+        stream_pool.driver,
+        "memset_d32_async",
+        lambda ptr, v, n, stream: rec.log.append(("memset", (ptr, v, n), stream)),
+    )
+    return mode, pool
+
+
+def test_a_streamed_call_claims_chunk_by_chunk_then_seals_and_runs_each_gemm_once(monkeypatch):
+    rec = _Recorder()
+    mode, pool = _streamed_mode(monkeypatch, rec)
+    b, lay = mode.buffer, mode.layout
+    gemms = (rec.plan("l1"), rec.plan("l2"))
+    # 250 tokens in chunks of 100 with a bound of 400: chunks 0-2 carry 100, 100 and 50 tokens,
+    # chunk 3 none (not waited for, not dispatched).
+    pool.run(mode, _call(t=250, bound=400), gemms, stream=7)
+    names = [e[0] for e in rec.log]
+    chunk = ["stream_wait_chunk", "dispatch", "stream_release_chunk"]
+    assert names == ["memset"] * 3 + ["stream_begin_consume"] + chunk * 3 + [
+        "seal",
+        "l1",
+        "l2",
+        "combine",
+        "note_consumer",
+    ]
+    assert all(e[2] == 7 for e in rec.log)
+    el, bpe = 16, -(-lay.num_max_tokens_per_rank // 128)
+    resets = [e[1] for e in rec.log[:3]]
+    assert resets == [
+        (b.ptr("expert_recv_counts"), 0, el),
+        (b.ptr("stream_blocks_claimed"), 0, 1),
+        (b.ptr("stream_expert_blocks"), 0, el * bpe),
+    ]
+    dispatches = [e[1] for e in rec.log if e[0] == "dispatch"]
+    waits = [e[1].chunk for e in rec.log if e[0] == "stream_wait_chunk"]
+    releases = [e[1].chunk for e in rec.log if e[0] == "stream_release_chunk"]
+    assert waits == releases == [0, 1, 2]
+    ring = mode.input_ring
+    for c, (p, n) in enumerate(zip(dispatches, (100, 100, 50), strict=True)):
+        at = ring.slot_addresses(c % 3)
+        assert (p.moe.num_tokens, p.moe.token_base) == (n, 100 * c)
+        assert (p.moe.x, p.moe.x_sf, p.moe.topk_idx, p.moe.topk_weights) == tuple(at)
+        assert (p.blocks_per_expert, p.pool_blocks) == (bpe, lay.pool_blocks)
+        assert (p.block_map, p.call_topk_idx) == (b.ptr("stream_block_map"), b.ptr("stream_call_topk_idx"))
+    seal = rec.log[names.index("seal")][1]
+    combine = rec.log[names.index("combine")][1]
+    for p in (seal.moe, combine):  # the whole call: its tokens, the ids the dispatch kept
+        assert (p.num_tokens, p.token_base, p.topk_idx, p.y) == (250, 0, b.ptr("stream_call_topk_idx"), 0x5000)
+    assert [e[1] for e in rec.log if e[0] in ("l1", "l2")] == [b.ptr("stream_block_map")] * 2
+
+
+def test_a_streamed_call_without_tokens_only_keeps_the_rings_epoch(monkeypatch):
+    rec = _Recorder()
+    mode, pool = _streamed_mode(monkeypatch, rec)
+    pool.run(mode, _call(t=0, bound=300), (rec.plan("l1"), rec.plan("l2")), stream=3)
+    assert [e[0] for e in rec.log] == ["memset"] * 3 + ["stream_begin_consume", "note_consumer"]
+
+
+def test_a_ring_pool_or_expert_parallel_layer_streams_chunk_by_chunk(monkeypatch):
+    from megamoe_rt.schedule.streaming import StreamConfig
+
+    spec = _spec(cap=1000, streaming=StreamConfig(3, 100))
+    assert _mode(UnfusedMode, spec, ring_blocks=8)._stream_pool is None
+    monkeypatch.setattr(base, "write_peer_table", lambda buffer: None)
+    assert _mode(UnfusedMode, _spec(cap=1000, streaming=StreamConfig(3, 100), num_ranks=2))._stream_pool is None

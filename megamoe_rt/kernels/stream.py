@@ -94,6 +94,7 @@ class InputRing:
             num_topk=layout.num_topk,
         )
         self._kernels: dict[str, Any] = {}
+        self._wait: Any = None  # the current call's WaitContext (see params)
 
     # --- where a slot is ---
 
@@ -125,10 +126,17 @@ class InputRing:
                 self._kernels[spec.name] = get_kernel(spec, self.device)
 
     def params(self, chunk: int = 0, **inputs: Any) -> RingChunkParams:
+        if self._wait is None:
+            self._wait = self._resolve_wait()
+        return RingChunkParams(ring=self.descriptor, wait=self._wait, chunk=chunk, **inputs)
+
+    def _resolve_wait(self) -> Any:
+        """The waits' deadline context, resolved at the first launch of a call (on either side)
+        and reused by its chunks: reading the deadline from the environment per chunk costs host
+        time on the path that feeds the GPU."""
         from megamoe_rt.runtime.deadlines import TimeoutRecord
 
-        wait = TimeoutRecord.get().context(self.timeout_s, rank=self.rank)
-        return RingChunkParams(ring=self.descriptor, wait=wait, chunk=chunk, **inputs)
+        return TimeoutRecord.get().context(self.timeout_s, rank=self.rank)
 
     def _launch(self, name: str, params: RingChunkParams, stream: int, grid: int = 1) -> None:
         self.load_kernels()
@@ -136,6 +144,7 @@ class InputRing:
         self._kernels[name].launch((grid,), (threads,), [params], stream=stream)
 
     def begin_consume(self, stream: int) -> None:
+        self._wait = None  # resolved again for this call
         self._launch("stream_begin_consume", self.params(), stream)
 
     def note_consumer(self, stream: int) -> None:
@@ -193,6 +202,7 @@ class InputRing:
         """Producer side: a new call's chunks follow (their generations carry its epoch). The
         check also notes a capture (the guard then stands down)."""
         self.check_producer(stream, new_call=True)
+        self._wait = None  # resolved again for this call
         self._launch("stream_begin_call", self.params(), stream)
         self._producer_calls += 1
 

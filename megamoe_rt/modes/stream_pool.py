@@ -50,14 +50,14 @@ class StreamPool:
                 "combine": get_kernel(mk.combine_spec("int32"), dev),
             }
 
-    def _params(self, moe: mk.MoeParams) -> mk.StreamPoolParams:
+    def _params(self, moe: mk.MoeParams, wait: Any) -> mk.StreamPoolParams:
         return mk.StreamPoolParams(
             moe=moe,
             expert_blocks=self._expert_blocks,
             blocks_claimed=self._claimed,
             block_map=self.block_map,
             call_topk_idx=self.call_topk_idx,
-            wait=TimeoutRecord.get().context(self.spec.timeout_s, rank=self.spec.rank),
+            wait=wait,
             blocks_per_expert=self._blocks_per_expert,
             pool_blocks=self.layout.pool_blocks,
         )
@@ -73,6 +73,7 @@ class StreamPool:
         driver.memset_d32_async(self._claimed, 0, 1, stream)
         driver.memset_d32_async(self._expert_blocks, 0, el * self._blocks_per_expert, stream)
         ring.begin_consume(stream)
+        wait = TimeoutRecord.get().context(s.timeout_s, rank=s.rank)  # once a call: it reads the environment
         for chunk in range(cfg.num_chunks(call.bound)):
             n = cfg.chunk_tokens(call.num_tokens, chunk)
             if not n:
@@ -82,11 +83,11 @@ class StreamPool:
             moe = mode.moe_params(Call(at.x, at.x_sf, at.topk_idx, at.topk_weights, call.y, n, "int32", n))
             moe.token_base = chunk * c_tokens
             grid = mk.grids(n, s.num_topk, s.sm_count)["dispatch"]
-            self._kernels["dispatch"].launch((grid,), (mk.DISPATCH_THREADS,), [self._params(moe)], stream=stream)
+            self._kernels["dispatch"].launch((grid,), (mk.DISPATCH_THREADS,), [self._params(moe, wait)], stream=stream)
             ring.release_chunk(chunk, stream)  # the rows are in the pool: the producer may refill the slot
         if call.num_tokens:
             whole = mode.moe_params(Call(0, 0, self.call_topk_idx, 0, call.y, call.num_tokens, "int32", call.bound))
-            self._kernels["seal"].launch((1,), (mk.SCAN_THREADS,), [self._params(whole)], stream=stream)
+            self._kernels["seal"].launch((1,), (mk.SCAN_THREADS,), [self._params(whole, wait)], stream=stream)
             for gemm in gemms:
                 gemm.run_block_mapped(stream, self.block_map)
             mk.launch_combine(self._kernels, whole, mk.grids(call.num_tokens, s.num_topk, s.sm_count), stream)

@@ -122,9 +122,7 @@ __global__ void __launch_bounds__(kScanThreads) ep_recv_layout(const __grid_cons
     if (overflow) total = 0;
     if (e < el) {
         const i32 begin = overflow ? 0 : scan[e] - padded;
-        m.expert_offsets[e] = begin;
-        m.expert_counts[e] = total;
-        if (m.expert_recv_stats != nullptr) m.expert_recv_stats[e] += total;
+        moe::store_expert_range(m, e, begin, total);
         i32 row = begin;
         i32* rows = p.src_rows + e * (p.num_ranks + 1);
         for (u32 s = 0; s < p.num_ranks; ++s) {

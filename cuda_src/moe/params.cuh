@@ -58,6 +58,14 @@ __device__ __forceinline__ i32 local_expert(const MoeParams& p, u32 pair) {
     return (local >= 0 && local < static_cast<i64>(p.num_local_experts)) ? static_cast<i32>(local) : -1;
 }
 
+// Local expert `e`'s range in the laid-out pool: its first row and its row count, and the
+// count added to the running statistics. Every routing step that lays the experts out ends here.
+__device__ __forceinline__ void store_expert_range(const MoeParams& p, u32 e, i32 first, i32 count) {
+    p.expert_offsets[e] = first;
+    p.expert_counts[e] = count;
+    if (p.expert_recv_stats != nullptr) p.expert_recv_stats[e] += count;
+}
+
 // Cycles of a pool of `laid_out` rows through data regions of pool_rows rows; an empty pool
 // still takes one (megamoe_rt/schedule/plan.py, num_cycles).
 __device__ __forceinline__ u32 pool_cycles(const MoeParams& p, u32 laid_out) {

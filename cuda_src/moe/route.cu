@@ -34,10 +34,8 @@ __global__ void __launch_bounds__(kScanThreads) moe_pool_offsets(const __grid_co
     const bool overflow = laid_out > p.pool_row_limit;
     if (overflow) count = 0;
     if (e < p.num_local_experts) {
-        p.expert_offsets[e] = overflow ? 0 : scan[e] - padded;
-        p.expert_counts[e] = count;
+        store_expert_range(p, e, overflow ? 0 : scan[e] - padded, count);
         p.expert_cursors[e] = 0;
-        if (p.expert_recv_stats != nullptr) p.expert_recv_stats[e] += count;
     }
     if (e == p.num_local_experts - 1) {
         p.expert_offsets[p.num_local_experts] = overflow ? 0 : scan[e];

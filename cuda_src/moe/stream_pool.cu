@@ -106,9 +106,7 @@ __global__ void __launch_bounds__(kScanThreads) moe_stream_seal(const __grid_con
     if (overflow) count = 0;
     if (e < el) {
         const i32 first = overflow ? 0 : scan[e] - padded;
-        p.expert_offsets[e] = first;
-        p.expert_counts[e] = count;
-        if (p.expert_recv_stats != nullptr) p.expert_recv_stats[e] += count;
+        store_expert_range(p, e, first, count);
         const i32* claimed = sp.expert_blocks + static_cast<u64>(e) * sp.blocks_per_expert;  // block + 1
         for (i32 j = 0; j < (count + align - 1) / align; ++j) sp.block_map[first / align + j] = claimed[j] - 1;
     }

@@ -5,6 +5,7 @@
 
 #include "common/types.cuh"
 #include "interface/errors.cuh"
+#include "interface/stream.cuh"
 #include "interface/sync.cuh"
 
 namespace megamoe_rt::moe {
@@ -108,6 +109,24 @@ MEGAMOE_RT_ASSERT_OFFSET(StreamPoolParams, call_topk_idx, 208, "StreamPoolParams
 MEGAMOE_RT_ASSERT_OFFSET(StreamPoolParams, wait, 216, "StreamPoolParams::wait: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(StreamPoolParams, blocks_per_expert, 240, "StreamPoolParams::blocks_per_expert: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(StreamPoolParams, pool_blocks, 244, "StreamPoolParams::pool_blocks: offset differs from megamoe_rt/kernels/interface");
+
+// One launch that walks every chunk of a streamed call (cuda_src/moe/stream_pool.cu): each
+// block waits for a chunk, claims and copies its share, and the last block done releases the slot.
+struct StreamConsumeParams {
+    StreamPoolParams pool;    // the call's pool; pool.moe is the call (num_tokens: the call's tokens), each chunk's inputs
+                              // come from its ring slot
+    stream::StreamRing ring;  // this rank's input ring
+    u32* slot_done;           // [num_slots]: blocks done with each slot in the call (zeroed per call)
+    u32 num_chunks;           // chunks of the call (the same on every rank: from num_tokens_bound)
+    u32 pad_;
+};
+static_assert(sizeof(StreamConsumeParams) == 352, "StreamConsumeParams: size differs from megamoe_rt/kernels/interface");
+static_assert(alignof(StreamConsumeParams) == 8, "StreamConsumeParams: alignment differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamConsumeParams, pool, 0, "StreamConsumeParams::pool: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamConsumeParams, ring, 248, "StreamConsumeParams::ring: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamConsumeParams, slot_done, 336, "StreamConsumeParams::slot_done: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamConsumeParams, num_chunks, 344, "StreamConsumeParams::num_chunks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamConsumeParams, pad_, 348, "StreamConsumeParams::pad_: offset differs from megamoe_rt/kernels/interface");
 
 }  // namespace megamoe_rt::moe
 // clang-format on

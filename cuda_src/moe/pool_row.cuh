@@ -9,13 +9,20 @@
 namespace megamoe_rt::moe {
 
 // Warp-wide: token `token`'s e4m3 row and scales into data row `data_row` of the pool.
+// kRewritten: the inputs may be rewritten during this launch (a streamed call's ring slots,
+// refilled while one launch walks every chunk), so they are read through L2 instead of the
+// read-only path.
+template <bool kRewritten = false>
 __device__ __forceinline__ void copy_token_row(const MoeParams& p, u32 token, u32 data_row, u32 lane) {
     const u32 sf_cols = p.hidden / 128;
     const ptx::u32x4* src = reinterpret_cast<const ptx::u32x4*>(p.x + static_cast<u64>(token) * p.hidden);
     ptx::u32x4* dst = reinterpret_cast<ptx::u32x4*>(p.pool + static_cast<u64>(data_row) * p.hidden);
-    for (u32 v = lane; v < p.hidden / 16; v += 32) dst[v] = ptx::ld_global_nc_v4_u32(src + v);
-    for (u32 j = lane; j < sf_cols; j += 32)
-        p.pool_sf[static_cast<u64>(j) * p.pool_rows + data_row] = p.x_sf[static_cast<u64>(token) * sf_cols + j];
+    for (u32 v = lane; v < p.hidden / 16; v += 32)
+        dst[v] = kRewritten ? ptx::ld_global_cg_v4_u32(src + v) : ptx::ld_global_nc_v4_u32(src + v);
+    for (u32 j = lane; j < sf_cols; j += 32) {
+        const float* sf = p.x_sf + static_cast<u64>(token) * sf_cols + j;
+        p.pool_sf[static_cast<u64>(j) * p.pool_rows + data_row] = kRewritten ? ptx::ld_global_cg_f32(sf) : *sf;
+    }
 }
 
 }  // namespace megamoe_rt::moe

@@ -19,6 +19,7 @@
 #include "moe/pool_row.cuh"
 #include "moe/route_count.cuh"
 #include "ptx/ld_st.cuh"
+#include "stream/producer.cuh"
 #include "sync/deadline_wait.cuh"
 
 namespace megamoe_rt::moe {
@@ -56,31 +57,85 @@ __device__ __forceinline__ i32 claim_pool_row(const StreamPoolParams& sp, u32 e)
     return static_cast<i32>((seen - 1) * p.pool_align + n % p.pool_align);
 }
 
-// One chunk: one warp per (token, slot) pair of the chunk's slot, as the batch dispatch. Every
-// pair also keeps its expert id for the combine (the slot is reused before the combine runs).
-__global__ void __launch_bounds__(kDispatchThreads) moe_stream_dispatch(const __grid_constant__ StreamPoolParams sp) {
-    const MoeParams& p = sp.moe;
-    const u32 lane = threadIdx.x % 32;
-    const u32 warps = gridDim.x * (kDispatchThreads / 32);
-    const u32 pairs = p.num_tokens * p.num_topk;
-    for (u32 pair = (blockIdx.x * kDispatchThreads + threadIdx.x) / 32; pair < pairs; pair += warps) {
-        const u32 call_pair = p.token_base * p.num_topk + pair;
+// Warps [first_warp, first_warp + num_warps) of the launch, one (token, slot) pair of the chunk
+// `m` describes at a time (m: the chunk as a call of its own, its inputs in its ring slot,
+// token_base its first token of the call). Every pair also keeps its expert id for the combine
+// (the slot is reused before the combine runs).
+__device__ __forceinline__ void dispatch_chunk_pairs(const StreamPoolParams& sp, const MoeParams& m, u32 first_warp,
+                                                     u32 num_warps, u32 lane) {
+    const u32 pairs = m.num_tokens * m.num_topk;
+    for (u32 pair = first_warp; pair < pairs; pair += num_warps) {
+        const u32 call_pair = m.token_base * m.num_topk + pair;
         i32 row = -1;
         if (lane == 0) {
-            sp.call_topk_idx[call_pair] = static_cast<i32>(load_expert_id<i32>(p, pair));
-            const i32 e = local_expert<i32>(p, pair);
+            sp.call_topk_idx[call_pair] = static_cast<i32>(load_expert_id<i32>(m, pair));
+            const i32 e = local_expert<i32>(m, pair);
             if (e >= 0) row = claim_pool_row(sp, static_cast<u32>(e));
         }
         row = __shfl_sync(0xFFFFFFFFu, row, 0);
         if (row < 0) continue;
-        const u32 token = pair / p.num_topk;
-        const u32 slot = pair % p.num_topk;
-        copy_token_row(p, token, static_cast<u32>(row), lane);
+        const u32 token = pair / m.num_topk;
+        const u32 slot = pair % m.num_topk;
+        copy_token_row<true>(m, token, static_cast<u32>(row), lane);  // the slot is rewritten during the launch
         if (lane == 0) {
-            p.pool_src[row] = static_cast<i32>(call_pair);
-            p.pool_weight[row] = p.topk_weights[pair];
-            p.pool_dst[row] = reinterpret_cast<u64>(p.combine) +
-                              (static_cast<u64>(slot) * p.token_capacity + p.token_base + token) * p.hidden * 2ull;
+            m.pool_src[row] = static_cast<i32>(call_pair);
+            m.pool_weight[row] = m.topk_weights[pair];
+            m.pool_dst[row] = reinterpret_cast<u64>(m.combine) +
+                              (static_cast<u64>(slot) * m.token_capacity + m.token_base + token) * m.hidden * 2ull;
+        }
+    }
+}
+
+// Every chunk of a call in one launch, so the host launches nothing per chunk. Each block
+// walks the chunks in order: its thread 0 waits until both halves of the chunk carry the call's
+// generation, the block claims and copies its share of the chunk's pairs, and the last block
+// done with the chunk releases the slot. Blocks never wait for each other (only for the
+// producer and for a block claim, whose claimant is running), so they need not be resident
+// together, and a grid smaller than the GPU leaves the producer room to run.
+//
+// The slots are rewritten by the producer while this launch runs: the rows are read through
+// L2 (ld.global.cg), after each warp's own acquire of the generations.
+__global__ void __launch_bounds__(kDispatchThreads) moe_stream_consume(const __grid_constant__ StreamConsumeParams cp) {
+    const stream::StreamRing& ring = cp.ring;
+    const u32 lane = threadIdx.x % 32;
+    const u32 warps_per_block = kDispatchThreads / 32;
+    const u32 epoch = ptx::ld_acquire_gpu_u32(ring.consumer_epoch);  // counted by stream_begin_consume
+    const u32 call_tokens = cp.pool.moe.num_tokens;
+    for (u32 c = 0; c < cp.num_chunks; ++c) {
+        const u32 first = c * ring.tokens_per_slot;
+        if (first >= call_tokens) break;  // this rank's tokens end here; later chunks carry none
+        const u32 n = min(ring.tokens_per_slot, call_tokens - first);
+        const u32 slot = stream::slot_of(ring, c);
+        const u64 gen = stream::generation(epoch, c);
+        if (threadIdx.x == 0) {
+            sync::wait_ge_acquire_sys_u64(ring.route_ready_gen + slot, gen, sync::WaitSite::kStreamChunkReady,
+                                          cp.pool.wait, slot);
+            sync::wait_ge_acquire_sys_u64(ring.layout_ready_gen + slot, gen, sync::WaitSite::kStreamChunkReady,
+                                          cp.pool.wait, slot);
+        }
+        __syncthreads();
+        if (lane == 0) {  // each warp acquires the published halves itself before reading the slot
+            (void)ptx::ld_acquire_sys_u64(ring.route_ready_gen + slot);
+            (void)ptx::ld_acquire_sys_u64(ring.layout_ready_gen + slot);
+        }
+        __syncwarp();
+        MoeParams m = cp.pool.moe;
+        m.x = stream::chunk_x(ring, c);
+        m.x_sf = stream::chunk_x_sf(ring, c);
+        m.topk_idx = stream::chunk_topk_idx(ring, c);
+        m.topk_weights = stream::chunk_topk_weights(ring, c);
+        m.num_tokens = n;
+        m.token_base = first;
+        dispatch_chunk_pairs(cp.pool, m, blockIdx.x * warps_per_block + threadIdx.x / 32, gridDim.x * warps_per_block,
+                             lane);
+        __syncthreads();  // every warp's reads of the slot are done
+        if (threadIdx.x == 0) {
+            // The slot's k-th use in this call is done once every block has counted it k times.
+            const u32 target = gridDim.x * (c / ring.num_slots + 1);
+            if (ptx::atom_add_acq_rel_gpu_u32(cp.slot_done + slot, 1u) + 1 == target) {
+                ptx::fence_acq_rel_sys();
+                ptx::st_release_sys_u64(ring.consumed_gen + slot, gen);
+            }
         }
     }
 }

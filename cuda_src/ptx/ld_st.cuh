@@ -20,6 +20,20 @@ __device__ __forceinline__ u32x4 ld_global_nc_v4_u32(const void* ptr) {
     return v;
 }
 
+// 16-byte load cached in L2 only (not L1): for data other blocks or a producer may rewrite
+// while this launch runs, once an acquire has ordered the rewrite before it.
+__device__ __forceinline__ u32x4 ld_global_cg_v4_u32(const void* ptr) {
+    u32x4 v;
+    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr));
+    return v;
+}
+
+__device__ __forceinline__ float ld_global_cg_f32(const float* ptr) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(ptr));
+    return v;
+}
+
 __device__ __forceinline__ void st_global_v4_b32(void* ptr, u32x4 v) {
     asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(ptr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                  : "memory");

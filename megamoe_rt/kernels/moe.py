@@ -8,6 +8,7 @@ from typing import Any
 from megamoe_rt.jit import KernelSpec
 from megamoe_rt.kernels.interface import moe as decl
 from megamoe_rt.kernels.interface.structs import MoeParams as MoeParams
+from megamoe_rt.kernels.interface.structs import StreamConsumeParams as StreamConsumeParams
 from megamoe_rt.kernels.interface.structs import StreamPoolParams as StreamPoolParams
 from megamoe_rt.schedule.arith import ceil_div
 
@@ -48,11 +49,10 @@ def combine_spec(idx: str) -> KernelSpec:
     return _spec("combine", "moe/combine.cu", "moe_combine", idx, COMBINE_THREADS)
 
 
-def stream_dispatch_spec() -> KernelSpec:
-    """A streamed call's chunk dispatch into its one pool (the input ring holds int32 ids); the
-    wait for a block's claim prints its report."""
-    spec = _spec("stream_dispatch", "moe/stream_pool.cu", "moe_stream_dispatch", None, DISPATCH_THREADS)
-    return dataclasses.replace(spec, uses_printf=True, params=(StreamPoolParams,))
+def stream_consume_spec() -> KernelSpec:
+    """Every chunk of a streamed call in one launch (waits print their report)."""
+    spec = _spec("stream_consume", "moe/stream_pool.cu", "moe_stream_consume", None, DISPATCH_THREADS)
+    return dataclasses.replace(spec, uses_printf=True, params=(StreamConsumeParams,))
 
 
 def stream_seal_spec() -> KernelSpec:
@@ -61,7 +61,7 @@ def stream_seal_spec() -> KernelSpec:
 
 
 def kernel_specs() -> list[KernelSpec]:
-    out = [offsets_spec(), fill_window_spec(), stream_dispatch_spec(), stream_seal_spec()]
+    out = [offsets_spec(), fill_window_spec(), stream_consume_spec(), stream_seal_spec()]
     for idx in ("int32", "int64"):
         out += [count_spec(idx), dispatch_spec(idx), combine_spec(idx)]
     return out

@@ -1,12 +1,12 @@
 """A streamed call through one call-wide pool (cuda_src/moe/stream_pool.cu): how the unfused
 mode runs ``MegaMoE.consume`` on one rank with a full pool.
 
-Per call: reset the pool's claim state; then per chunk, once the producer has published it,
-one dispatch launch claims rows of the chunk's experts a block at a time and copies the rows
-in, and the chunk's slot is released right away (the producer never waits for the GEMMs);
-after the last chunk the seal lays the experts out over the claimed blocks, both grouped GEMMs
-run once over the whole call through the block map, and the combine reads the call's expert
-ids from the copy the dispatch kept. Each expert's weights are read once per call, as in the
+Per call: reset the pool's claim state; then one launch walks every chunk: once the producer
+has published a chunk, its blocks claim rows of the chunk's experts a pool block at a time and
+copy the rows in, and the last block done releases the slot (the producer never waits for the
+GEMMs, and the host launches nothing per chunk); then the seal lays the experts out over the
+claimed blocks, both grouped GEMMs run once over the whole call through the block map, and the
+combine reads the call's expert ids from the copy the consumer kept. Each expert's weights are read once per call, as in the
 batch call (a chunk run as a call of its own reads all of them again per chunk).
 
 Chunk-local calls (``UnfusedMode._run_chunks``) remain the path across ranks and with a ring
@@ -26,6 +26,13 @@ from megamoe_rt.runtime.deadlines import TimeoutRecord
 from megamoe_rt.schedule.layout import BufferLayout, stream_blocks_per_expert
 
 
+def consume_grid(sm_count: int, pairs: int) -> int:
+    """Blocks of the consumer launch: half the SMs' worth at most, so the producer's kernels always
+    find room next to blocks waiting for their chunks, and no more than a call's pairs need
+    (a warp per pair)."""
+    return max(1, min(max(1, sm_count // 2), -(-pairs // (mk.DISPATCH_THREADS // 32))))
+
+
 class StreamPool:
     """The call-wide pool of a streamed call: its regions in the layer's buffer and kernels."""
 
@@ -35,6 +42,7 @@ class StreamPool:
         b = buffer
         self._counts = b.ptr("expert_recv_counts")
         self._claimed = b.ptr("stream_blocks_claimed")
+        self._slot_done = b.ptr("stream_slot_done")
         self._expert_blocks = b.ptr("stream_expert_blocks")
         self.block_map = b.ptr("stream_block_map")
         self.call_topk_idx = b.ptr("stream_call_topk_idx")
@@ -45,7 +53,7 @@ class StreamPool:
         if not self._kernels:
             dev = self.spec.device
             self._kernels = {
-                "dispatch": get_kernel(mk.stream_dispatch_spec(), dev),
+                "consume": get_kernel(mk.stream_consume_spec(), dev),
                 "seal": get_kernel(mk.stream_seal_spec(), dev),
                 "combine": get_kernel(mk.combine_spec("int32"), dev),
             }
@@ -68,25 +76,23 @@ class StreamPool:
         s, ring, cfg = self.spec, mode.input_ring, self.spec.streaming
         assert ring is not None and cfg is not None
         self.load_kernels()
-        el, c_tokens = s.num_local_experts, cfg.tokens_per_slot
+        el = s.num_local_experts
         driver.memset_d32_async(self._counts, 0, el, stream)
         driver.memset_d32_async(self._claimed, 0, 1, stream)
         driver.memset_d32_async(self._expert_blocks, 0, el * self._blocks_per_expert, stream)
+        driver.memset_d32_async(self._slot_done, 0, cfg.num_slots, stream)
         ring.begin_consume(stream)
         wait = TimeoutRecord.get().context(s.timeout_s, rank=s.rank)  # once a call: it reads the environment
-        for chunk in range(cfg.num_chunks(call.bound)):
-            n = cfg.chunk_tokens(call.num_tokens, chunk)
-            if not n:
-                continue
-            ring.wait_chunk(chunk, stream)
-            at = ring.slot_addresses(chunk % cfg.num_slots)
-            moe = mode.moe_params(Call(at.x, at.x_sf, at.topk_idx, at.topk_weights, call.y, n, "int32", n))
-            moe.token_base = chunk * c_tokens
-            grid = mk.grids(n, s.num_topk, s.sm_count)["dispatch"]
-            self._kernels["dispatch"].launch((grid,), (mk.DISPATCH_THREADS,), [self._params(moe, wait)], stream=stream)
-            ring.release_chunk(chunk, stream)  # the rows are in the pool: the producer may refill the slot
+        whole = mode.moe_params(Call(0, 0, self.call_topk_idx, 0, call.y, call.num_tokens, "int32", call.bound))
         if call.num_tokens:
-            whole = mode.moe_params(Call(0, 0, self.call_topk_idx, 0, call.y, call.num_tokens, "int32", call.bound))
+            params = mk.StreamConsumeParams(
+                pool=self._params(whole, wait),
+                ring=ring.descriptor,
+                slot_done=self._slot_done,
+                num_chunks=cfg.num_chunks(call.bound),
+            )
+            grid = consume_grid(s.sm_count, call.num_tokens * s.num_topk)
+            self._kernels["consume"].launch((grid,), (mk.DISPATCH_THREADS,), [params], stream=stream)
             self._kernels["seal"].launch((1,), (mk.SCAN_THREADS,), [self._params(whole, wait)], stream=stream)
             for gemm in gemms:
                 gemm.run_block_mapped(stream, self.block_map)

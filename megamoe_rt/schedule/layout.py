@@ -304,6 +304,7 @@ def symm_buffer_layout(
         ws.add("stream_epochs", "uint32", (2,), "calls begun by the producer side, by the layer")
         # A streamed call's one pool (one rank): blocks claimed as chunks arrive, laid out at the seal.
         ws.add("stream_blocks_claimed", "uint32", (1,), "streamed call: pool blocks claimed so far")
+        ws.add("stream_slot_done", "uint32", (sl,), "streamed call: consumer blocks done with each slot so far")
         ws.add(
             "stream_expert_blocks",
             "int32",

@@ -313,7 +313,7 @@ def _streamed_mode(monkeypatch, rec, **kw):
     mode = _mode(UnfusedMode, spec)
     pool = mode._stream_pool
     assert pool is not None, "one rank with a full pool streams through the call-wide pool"
-    pool._kernels = {n: rec.kernel(n) for n in ("dispatch", "seal", "combine")}
+    pool._kernels = {n: rec.kernel(n) for n in ("consume", "seal", "combine")}
     ring = mode.input_ring
     monkeypatch.setattr(ring, "_launch", lambda name, params, stream, grid=1: rec.log.append((name, params, stream)))
     monkeypatch.setattr(ring, "note_consumer", lambda stream: rec.log.append(("note_consumer", None, stream)))
@@ -325,54 +325,48 @@ def _streamed_mode(monkeypatch, rec, **kw):
     return mode, pool
 
 
-def test_a_streamed_call_claims_chunk_by_chunk_then_seals_and_runs_each_gemm_once(monkeypatch):
+def test_a_streamed_call_is_one_consumer_launch_then_one_seal_and_each_gemm_once(monkeypatch):
+    from megamoe_rt.modes.stream_pool import consume_grid
+
     rec = _Recorder()
     mode, pool = _streamed_mode(monkeypatch, rec)
     b, lay = mode.buffer, mode.layout
     gemms = (rec.plan("l1"), rec.plan("l2"))
-    # 250 tokens in chunks of 100 with a bound of 400: chunks 0-2 carry 100, 100 and 50 tokens,
-    # chunk 3 none (not waited for, not dispatched).
+    # 250 tokens in chunks of 100 with a bound of 400: the launch walks 4 chunks (the device
+    # stops at the call's last token); the host launches nothing per chunk.
     pool.run(mode, _call(t=250, bound=400), gemms, stream=7)
     names = [e[0] for e in rec.log]
-    chunk = ["stream_wait_chunk", "dispatch", "stream_release_chunk"]
-    assert names == ["memset"] * 3 + ["stream_begin_consume"] + chunk * 3 + [
-        "seal",
-        "l1",
-        "l2",
-        "combine",
-        "note_consumer",
-    ]
+    assert names == ["memset"] * 4 + ["stream_begin_consume", "consume", "seal", "l1", "l2", "combine", "note_consumer"]
     assert all(e[2] == 7 for e in rec.log)
     el, bpe = 16, -(-lay.num_max_tokens_per_rank // 128)
-    resets = [e[1] for e in rec.log[:3]]
-    assert resets == [
+    assert [e[1] for e in rec.log[:4]] == [
         (b.ptr("expert_recv_counts"), 0, el),
         (b.ptr("stream_blocks_claimed"), 0, 1),
         (b.ptr("stream_expert_blocks"), 0, el * bpe),
+        (b.ptr("stream_slot_done"), 0, 3),
     ]
-    dispatches = [e[1] for e in rec.log if e[0] == "dispatch"]
-    waits = [e[1].chunk for e in rec.log if e[0] == "stream_wait_chunk"]
-    releases = [e[1].chunk for e in rec.log if e[0] == "stream_release_chunk"]
-    assert waits == releases == [0, 1, 2]
-    ring = mode.input_ring
-    for c, (p, n) in enumerate(zip(dispatches, (100, 100, 50), strict=True)):
-        at = ring.slot_addresses(c % 3)
-        assert (p.moe.num_tokens, p.moe.token_base) == (n, 100 * c)
-        assert (p.moe.x, p.moe.x_sf, p.moe.topk_idx, p.moe.topk_weights) == tuple(at)
-        assert (p.blocks_per_expert, p.pool_blocks) == (bpe, lay.pool_blocks)
-        assert (p.block_map, p.call_topk_idx) == (b.ptr("stream_block_map"), b.ptr("stream_call_topk_idx"))
+    consume = rec.log[names.index("consume")][1]
+    assert (consume.num_chunks, consume.slot_done) == (4, b.ptr("stream_slot_done"))
+    assert bytes(consume.ring) == bytes(mode.input_ring.descriptor)
+    assert (consume.pool.blocks_per_expert, consume.pool.pool_blocks) == (bpe, lay.pool_blocks)
+    assert (consume.pool.block_map, consume.pool.call_topk_idx) == (
+        b.ptr("stream_block_map"),
+        b.ptr("stream_call_topk_idx"),
+    )
     seal = rec.log[names.index("seal")][1]
     combine = rec.log[names.index("combine")][1]
-    for p in (seal.moe, combine):  # the whole call: its tokens, the ids the dispatch kept
+    for p in (consume.pool.moe, seal.moe, combine):  # the whole call: its tokens, the ids the consumer keeps
         assert (p.num_tokens, p.token_base, p.topk_idx, p.y) == (250, 0, b.ptr("stream_call_topk_idx"), 0x5000)
     assert [e[1] for e in rec.log if e[0] in ("l1", "l2")] == [b.ptr("stream_block_map")] * 2
+    # Half the SMs at most (room for the producer), no more blocks than the call's pairs need.
+    assert consume_grid(132, 250 * 6) == 66 and consume_grid(132, 20) == 3 and consume_grid(1, 10**6) == 1
 
 
 def test_a_streamed_call_without_tokens_only_keeps_the_rings_epoch(monkeypatch):
     rec = _Recorder()
     mode, pool = _streamed_mode(monkeypatch, rec)
     pool.run(mode, _call(t=0, bound=300), (rec.plan("l1"), rec.plan("l2")), stream=3)
-    assert [e[0] for e in rec.log] == ["memset"] * 3 + ["stream_begin_consume", "note_consumer"]
+    assert [e[0] for e in rec.log] == ["memset"] * 4 + ["stream_begin_consume", "note_consumer"]
 
 
 def test_a_ring_pool_or_expert_parallel_layer_streams_chunk_by_chunk(monkeypatch):

@@ -48,13 +48,13 @@ def headers() -> list[Header]:
     return [
         sync.HEADER,
         errors.HEADER,
+        stream.HEADER,  # the ring's descriptor is embedded in the streamed consumer's parameters (moe)
         gemm.HEADER,
         moe.HEADER,
         ep.HEADER,
         fused.HEADER,
         quantize.HEADER,
         probe.HEADER,
-        stream.HEADER,
     ]
 
 

@@ -16,6 +16,7 @@ from megamoe_rt.kernels.interface.decl import (
     Struct,
 )
 from megamoe_rt.kernels.interface.errors import ERROR_REPORT
+from megamoe_rt.kernels.interface.stream import STREAM_RING
 from megamoe_rt.kernels.interface.sync import WAIT_CONTEXT
 
 MAX_LOCAL_EXPERTS = Constant(
@@ -116,6 +117,24 @@ STREAM_POOL_PARAMS = Struct(
     "experts as they arrive, a block at a time, then the seal lays the experts out over the blocks.",
 )
 
+STREAM_CONSUME_PARAMS = Struct(
+    "StreamConsumeParams",
+    [
+        Field(
+            "pool",
+            STREAM_POOL_PARAMS,
+            "the call's pool; pool.moe is the call (num_tokens: the call's tokens), each chunk's inputs\n"
+            "come from its ring slot",
+        ),
+        Field("ring", STREAM_RING, "this rank's input ring"),
+        Field("slot_done", Ptr(U32), "[num_slots]: blocks done with each slot in the call (zeroed per call)"),
+        Field("num_chunks", U32, "chunks of the call (the same on every rank: from num_tokens_bound)"),
+        Field("pad_", U32),
+    ],
+    doc="One launch that walks every chunk of a streamed call (cuda_src/moe/stream_pool.cu): each\n"
+    "block waits for a chunk, claims and copies its share, and the last block done releases the slot.",
+)
+
 HEADER = Header(
     "moe",
     "megamoe_rt::moe",
@@ -128,6 +147,7 @@ HEADER = Header(
         COMBINE_THREADS,
         MOE_PARAMS,
         STREAM_POOL_PARAMS,
+        STREAM_CONSUME_PARAMS,
     ],
     doc="Parameters and limits of the routing, dispatch and combine kernels.",
     module=__name__,

@@ -17,6 +17,7 @@ __all__ = [
     "QuantizeParams",
     "RingChunkParams",
     "SmProbeParams",
+    "StreamConsumeParams",
     "StreamCopyParams",
     "StreamPoolParams",
     "StreamRing",
@@ -102,6 +103,74 @@ class ErrorReport(ctypes.Structure):
 
     _fields_ = [
         ("words", ctypes.c_uint64 * 4),
+    ]
+
+
+class StreamRing(ctypes.Structure):
+    """One rank's ring of num_slots slots of tokens_per_slot tokens. Chunk c of a call lives in
+    slot c % num_slots and holds the call's tokens [c * tokens_per_slot, ...). Addresses are
+    this rank's (megamoe_rt.streaming.StreamRingView resolves them from the layer's buffer).
+
+    ``megamoe_rt::stream::StreamRing``, declared in megamoe_rt/kernels/interface/stream.py.
+    """
+
+    x: int  # [num_slots, tokens_per_slot, hidden] e4m3
+    x_sf: int  # [num_slots, tokens_per_slot, hidden / 128]
+    topk_idx: int  # [num_slots, tokens_per_slot, num_topk] global expert ids, -1 = empty
+    topk_weights: int  # [num_slots, tokens_per_slot, num_topk]
+    route_ready_gen: int  # [num_slots] generation whose topk_idx / topk_weights are in the slot
+    layout_ready_gen: int  # [num_slots] generation whose x / x_sf are in the slot
+    consumed_gen: int  # [num_slots] generation every consumer is done with
+    producer_epoch: int  # calls the producer side has begun (stream_begin_call)
+    consumer_epoch: int  # calls the layer has begun
+    num_slots: int
+    tokens_per_slot: int
+    hidden: int
+    num_topk: int
+
+    _fields_ = [
+        ("x", ctypes.c_uint64),
+        ("x_sf", ctypes.c_uint64),
+        ("topk_idx", ctypes.c_uint64),
+        ("topk_weights", ctypes.c_uint64),
+        ("route_ready_gen", ctypes.c_uint64),
+        ("layout_ready_gen", ctypes.c_uint64),
+        ("consumed_gen", ctypes.c_uint64),
+        ("producer_epoch", ctypes.c_uint64),
+        ("consumer_epoch", ctypes.c_uint64),
+        ("num_slots", ctypes.c_uint32),
+        ("tokens_per_slot", ctypes.c_uint32),
+        ("hidden", ctypes.c_uint32),
+        ("num_topk", ctypes.c_uint32),
+    ]
+
+
+class RingChunkParams(ctypes.Structure):
+    """The ring's kernels (cuda_src/stream/chunk_ring.cu): the host-side chunk writer's (one chunk
+    of a call's inputs copied into its slot and published) and the layer's (wait for a chunk,
+    release its slot); the consumer's leave the input pointers null.
+
+    ``megamoe_rt::stream::RingChunkParams``, declared in megamoe_rt/kernels/interface/stream.py.
+    """
+
+    ring: StreamRing
+    x: int  # the call's [num_tokens, hidden] e4m3
+    x_sf: int  # [num_tokens, hidden / 128]
+    topk_idx: int  # [num_tokens, num_topk] int32
+    topk_weights: int  # [num_tokens, num_topk]
+    wait: WaitContext  # the deadline of the wait for a free slot
+    chunk: int
+    num_tokens: int  # tokens of the whole call (the last chunk may be partial)
+
+    _fields_ = [
+        ("ring", StreamRing),
+        ("x", ctypes.c_uint64),
+        ("x_sf", ctypes.c_uint64),
+        ("topk_idx", ctypes.c_uint64),
+        ("topk_weights", ctypes.c_uint64),
+        ("wait", WaitContext),
+        ("chunk", ctypes.c_uint32),
+        ("num_tokens", ctypes.c_uint32),
     ]
 
 
@@ -252,6 +321,28 @@ class StreamPoolParams(ctypes.Structure):
         ("wait", WaitContext),
         ("blocks_per_expert", ctypes.c_uint32),
         ("pool_blocks", ctypes.c_uint32),
+    ]
+
+
+class StreamConsumeParams(ctypes.Structure):
+    """One launch that walks every chunk of a streamed call (cuda_src/moe/stream_pool.cu): each
+    block waits for a chunk, claims and copies its share, and the last block done releases the slot.
+
+    ``megamoe_rt::moe::StreamConsumeParams``, declared in megamoe_rt/kernels/interface/moe.py.
+    """
+
+    pool: StreamPoolParams  # the call's pool; pool.moe is the call (num_tokens: the call's tokens), each chunk's inputs come from its ring slot
+    ring: StreamRing  # this rank's input ring
+    slot_done: int  # [num_slots]: blocks done with each slot in the call (zeroed per call)
+    num_chunks: int  # chunks of the call (the same on every rank: from num_tokens_bound)
+    pad_: int
+
+    _fields_ = [
+        ("pool", StreamPoolParams),
+        ("ring", StreamRing),
+        ("slot_done", ctypes.c_uint64),
+        ("num_chunks", ctypes.c_uint32),
+        ("pad_", ctypes.c_uint32),
     ]
 
 
@@ -507,72 +598,4 @@ class StreamCopyParams(ctypes.Structure):
         ("src", ctypes.c_uint64),
         ("dst", ctypes.c_uint64),
         ("n16", ctypes.c_uint64),
-    ]
-
-
-class StreamRing(ctypes.Structure):
-    """One rank's ring of num_slots slots of tokens_per_slot tokens. Chunk c of a call lives in
-    slot c % num_slots and holds the call's tokens [c * tokens_per_slot, ...). Addresses are
-    this rank's (megamoe_rt.streaming.StreamRingView resolves them from the layer's buffer).
-
-    ``megamoe_rt::stream::StreamRing``, declared in megamoe_rt/kernels/interface/stream.py.
-    """
-
-    x: int  # [num_slots, tokens_per_slot, hidden] e4m3
-    x_sf: int  # [num_slots, tokens_per_slot, hidden / 128]
-    topk_idx: int  # [num_slots, tokens_per_slot, num_topk] global expert ids, -1 = empty
-    topk_weights: int  # [num_slots, tokens_per_slot, num_topk]
-    route_ready_gen: int  # [num_slots] generation whose topk_idx / topk_weights are in the slot
-    layout_ready_gen: int  # [num_slots] generation whose x / x_sf are in the slot
-    consumed_gen: int  # [num_slots] generation every consumer is done with
-    producer_epoch: int  # calls the producer side has begun (stream_begin_call)
-    consumer_epoch: int  # calls the layer has begun
-    num_slots: int
-    tokens_per_slot: int
-    hidden: int
-    num_topk: int
-
-    _fields_ = [
-        ("x", ctypes.c_uint64),
-        ("x_sf", ctypes.c_uint64),
-        ("topk_idx", ctypes.c_uint64),
-        ("topk_weights", ctypes.c_uint64),
-        ("route_ready_gen", ctypes.c_uint64),
-        ("layout_ready_gen", ctypes.c_uint64),
-        ("consumed_gen", ctypes.c_uint64),
-        ("producer_epoch", ctypes.c_uint64),
-        ("consumer_epoch", ctypes.c_uint64),
-        ("num_slots", ctypes.c_uint32),
-        ("tokens_per_slot", ctypes.c_uint32),
-        ("hidden", ctypes.c_uint32),
-        ("num_topk", ctypes.c_uint32),
-    ]
-
-
-class RingChunkParams(ctypes.Structure):
-    """The ring's kernels (cuda_src/stream/chunk_ring.cu): the host-side chunk writer's (one chunk
-    of a call's inputs copied into its slot and published) and the layer's (wait for a chunk,
-    release its slot); the consumer's leave the input pointers null.
-
-    ``megamoe_rt::stream::RingChunkParams``, declared in megamoe_rt/kernels/interface/stream.py.
-    """
-
-    ring: StreamRing
-    x: int  # the call's [num_tokens, hidden] e4m3
-    x_sf: int  # [num_tokens, hidden / 128]
-    topk_idx: int  # [num_tokens, num_topk] int32
-    topk_weights: int  # [num_tokens, num_topk]
-    wait: WaitContext  # the deadline of the wait for a free slot
-    chunk: int
-    num_tokens: int  # tokens of the whole call (the last chunk may be partial)
-
-    _fields_ = [
-        ("ring", StreamRing),
-        ("x", ctypes.c_uint64),
-        ("x_sf", ctypes.c_uint64),
-        ("topk_idx", ctypes.c_uint64),
-        ("topk_weights", ctypes.c_uint64),
-        ("wait", WaitContext),
-        ("chunk", ctypes.c_uint32),
-        ("num_tokens", ctypes.c_uint32),
     ]

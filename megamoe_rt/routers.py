@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from megamoe_rt.kernels.quantize import quantize_fp8
 from megamoe_rt.kernels.stream import producer_options
 
 ROUTER = r"""
+#include "quantize/group_1x128.cuh"
 #include "stream/producer.cuh"
 using namespace megamoe_rt;
 
@@ -42,12 +42,15 @@ __device__ void route_token(const float* logits, u32 token, u32 experts, u32 k, 
     for (u32 j = 0; j < k; ++j) w[j] /= sum;
 }
 
-// The chunk's tokens into its slot, a thread per token of the slot (`logits`: the chunk's
-// rows, `n` of them; tokens past `n` get empty routes). Every block waits for the slot to be
-// free (the wait only reads), so the routing half is published by `publish_half`, a kernel
-// boundary after the whole grid.
-extern "C" __global__ void route_chunk(const stream::StreamRing* ring_ptr, const float* logits, u32 n, u32 experts,
-                                       u32 chunk) {
+// One launch per chunk: the chunk's routing and its activations quantized straight into its
+// slot, both halves published by the last block done. `logits` are the chunk's rows (`n` of
+// them; tokens past `n` get empty routes, so the slot describes itself), `hidden` its float32
+// activation rows. Every block first waits for the slot to be free (the wait only reads).
+// `slot_done` counts the blocks done with each slot in this call (zeroed at the call's start):
+// a slot's k-th chunk of the call is complete once every block has counted it k times.
+extern "C" __global__ void __launch_bounds__(256) produce_chunk(const stream::StreamRing* ring_ptr, const float* logits,
+                                                                const float* hidden, u32 n, u32 experts, u32 chunk,
+                                                                u32* slot_done) {
     const stream::StreamRing ring = *ring_ptr;
     __shared__ int free_slot;
     if (threadIdx.x == 0) free_slot = stream::wait_slot_free(ring, chunk, 60ull * 1000 * 1000 * 1000);
@@ -58,26 +61,31 @@ extern "C" __global__ void route_chunk(const stream::StreamRing* ring_ptr, const
                    "released by the layer\n", stream::slot_of(ring, chunk), chunk);
         __trap();
     }
-    const u32 t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= ring.tokens_per_slot) return;
-    i32* idx = stream::chunk_topk_idx(ring, chunk) + t * ring.num_topk;
-    float* w = stream::chunk_topk_weights(ring, chunk) + t * ring.num_topk;
-    if (t < n) {
-        route_token(logits, t, experts, ring.num_topk, idx, w);
-    } else {
-        for (u32 j = 0; j < ring.num_topk; ++j) idx[j] = -1, w[j] = 0.0f;
+    for (u32 t = blockIdx.x * blockDim.x + threadIdx.x; t < ring.tokens_per_slot; t += gridDim.x * blockDim.x) {
+        i32* idx = stream::chunk_topk_idx(ring, chunk) + t * ring.num_topk;
+        float* w = stream::chunk_topk_weights(ring, chunk) + t * ring.num_topk;
+        if (t < n) {
+            route_token(logits, t, experts, ring.num_topk, idx, w);
+        } else {
+            for (u32 j = 0; j < ring.num_topk; ++j) idx[j] = -1, w[j] = 0.0f;
+        }
     }
-}
-
-// After the kernels that wrote one half of the chunk (earlier on this stream): publish it,
-// the routing half (`route` nonzero) or the activations half.
-extern "C" __global__ void publish_half(const stream::StreamRing* ring_ptr, u32 chunk, u32 route) {
-    if (threadIdx.x != 0) return;
-    const stream::StreamRing ring = *ring_ptr;
-    if (route) {
-        stream::publish_route(ring, stream::producer_epoch(ring), chunk);
-    } else {
-        stream::publish_layout(ring, stream::producer_epoch(ring), chunk);
+    // The activations: two 128-wide groups per warp and step, the quantizer's own step, so the
+    // slot holds the bytes quantize_fp8 gives the batch call.
+    const u64 groups = static_cast<u64>(n) * (ring.hidden / 128);
+    const u64 warps = static_cast<u64>(gridDim.x) * (blockDim.x / 32);
+    for (u64 pair = (static_cast<u64>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; pair * 2 < groups; pair += warps)
+        quantize_group_pair<false>(hidden, groups, pair, threadIdx.x % 32, stream::chunk_x(ring, chunk),
+                                   stream::chunk_x_sf(ring, chunk));
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();  // the block's payload before its count
+        const u32 target = gridDim.x * (chunk / ring.num_slots + 1);
+        if (atomicAdd(slot_done + stream::slot_of(ring, chunk), 1u) + 1 == target) {
+            const u32 epoch = stream::producer_epoch(ring);
+            stream::publish_route(ring, epoch, chunk);
+            stream::publish_layout(ring, epoch, chunk);
+        }
     }
 }
 
@@ -99,15 +107,14 @@ class Router:
         self.cp, self.num_experts, self.num_topk, self.layer = cp, num_experts, num_topk, layer
         module = cp.RawModule(code=ROUTER, options=tuple(producer_options()))
         # get_function loads each kernel now, not at its first launch (see produce()).
-        self._route_chunk, self._publish_half, self._route_all = (
-            module.get_function(n) for n in ("route_chunk", "publish_half", "route_all")
-        )
+        self._produce_chunk, self._route_all = (module.get_function(n) for n in ("produce_chunk", "route_all"))
         if layer is not None:
             ring = layer.input_ring
             self.config = layer.streaming
             self._ring = ring
             self._ring_dev = cp.asarray(np.frombuffer(bytes(ring.descriptor), dtype=np.uint8))
-            self._x_ring, self._sf_ring = layer.buffer.view("stream_x"), layer.buffer.view("stream_x_sf")
+            self._slot_done = cp.zeros(self.config.num_slots, dtype=cp.uint32)
+            self._sm_count = cp.cuda.Device().attributes["MultiProcessorCount"]
 
     def route_all(self, logits: Any, topk_idx: Any, topk_weights: Any) -> None:
         """Every token of ``logits`` ``[T, E]`` float32 into ``topk_idx`` / ``topk_weights`` ``[T, K]``
@@ -125,27 +132,35 @@ class Router:
         with stream:
             for n in sorted({cfg.chunk_tokens(t, c) for c in range(cfg.num_chunks(t))}):
                 _ = hidden[:n] @ gate  # the product is not needed, the kernel load is
-                quantize_fp8(hidden[:n], stream=stream)
         stream.synchronize()
 
     def produce(self, hidden: Any, gate: Any, stream: Any) -> list[Any]:
         """A streamed call's inputs, chunk by chunk on ``stream``: the gating GEMM of the chunk's
-        ``hidden`` rows (float32 ``[T, H]``) with ``gate`` ``[H, E]``, the routing into the slot,
-        the activations quantized into the slot, each half published. Returns the chunks'
-        logits (for checking against :meth:`route_all`)."""
+        ``hidden`` rows (float32 ``[T, H]``, C-contiguous) with ``gate`` ``[H, E]``, then one launch
+        that routes the chunk into its slot, quantizes its activations there (the bytes
+        ``quantize_fp8`` gives) and publishes both halves. Returns the chunks' logits (for
+        checking against :meth:`route_all`)."""
         cfg, t = self.config, hidden.shape[0]
         out = []
+        c, h = cfg.tokens_per_slot, hidden.shape[1]
+        # Enough blocks for a thread per token of the slot and a warp per two groups of the
+        # chunk's activations, within a few waves.
+        blocks = max(-(-c // 256), min(-(-c * (h // 128) // 16), self._sm_count * 4))
         with stream:
             self._ring.begin_call(stream.ptr)
+            self._slot_done.fill(0)
             for chunk in range(cfg.num_chunks(t)):
-                first, n = chunk * cfg.tokens_per_slot, cfg.chunk_tokens(t, chunk)
+                first, n = chunk * c, cfg.chunk_tokens(t, chunk)
                 logits = hidden[first : first + n] @ gate
                 out.append(logits)
-                args = (self._ring_dev, logits, np.uint32(n), np.uint32(self.num_experts), np.uint32(chunk))
-                self._route_chunk(((cfg.tokens_per_slot + 127) // 128,), (128,), args)
-                self._publish_half((1,), (32,), (self._ring_dev, np.uint32(chunk), np.uint32(1)))
-                row = (chunk % cfg.num_slots) * cfg.tokens_per_slot
-                x, sf = self._x_ring[row : row + n], self._sf_ring[row : row + n]
-                quantize_fp8(hidden[first : first + n], out=x, out_sf=sf, stream=stream)
-                self._publish_half((1,), (32,), (self._ring_dev, np.uint32(chunk), np.uint32(0)))
+                args = (
+                    self._ring_dev,
+                    logits,
+                    hidden[first : first + n],
+                    np.uint32(n),
+                    np.uint32(self.num_experts),
+                    np.uint32(chunk),
+                    self._slot_done,
+                )
+                self._produce_chunk((blocks,), (256,), args)
         return out

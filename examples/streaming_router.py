@@ -1,8 +1,8 @@
-"""A router that streams a layer call's inputs: a CuPy kernel routes each chunk of tokens
-(softmax over the experts, top-k) straight into the layer's input ring and CuPy quantizes its
-activations there, on a producer stream, while the layer consumes the chunks already
-published on its own stream. The result is checked against the same call made the usual way
-(all tokens routed first, then the layer). Run on a Hopper GPU:
+"""A router that streams a layer call's inputs: one CuPy kernel launch per chunk of tokens
+computes the chunk's gating product, routes it (softmax over the experts, top-k) and quantizes
+its activations straight into the layer's input ring, on a producer stream, while the layer
+consumes the chunks already published on its own stream. The result is checked against the
+same call made the usual way (all tokens routed first, then the layer). Run on a Hopper GPU:
 
     python examples/streaming_router.py [--tokens 4096] [--slots 4] [--chunk 512]
 """
@@ -33,30 +33,29 @@ cfg = StreamConfig(num_slots=a.slots, tokens_per_slot=a.chunk)
 producer, consumer = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
 layer = MegaMoE(H, I, E, K, T, streaming=cfg)
 layer.load_weights(w1, w1_sf, w2, w2_sf, stream=consumer)
-# The router's kernels (megamoe_rt/routers.py: a softmax top-k that includes
-# "stream/producer.cuh" and writes each chunk into the ring's slot) load when it is built.
+# The router's kernels (megamoe_rt/routers.py: a gating product, softmax and top-k that
+# includes "stream/producer.cuh" and writes each chunk into the ring's slot) load when it is built.
 router = Router(E, K, layer)
 # Every kernel the producer launches must be loaded before the layer waits on the device
-# (docs/STREAMING.md, "Progress"): the gating GEMM and the quantizer run once beforehand.
+# (docs/STREAMING.md, "Progress"): the router runs once beforehand.
 router.warm(hidden, gate, producer)
 consumer.synchronize()
 
 # Streamed: the layer is enqueued first and waits on the device; the producer follows on its
-# own stream, chunk by chunk: the gating GEMM, the routing into the slot, the activations
-# quantized into the slot, each half published.
+# own stream, one launch per chunk.
 y = layer.consume(T, stream=consumer)
 chunk_logits = router.produce(hidden, gate, producer)
 consumer.synchronize()
 producer.synchronize()
 
-# The same call made the usual way: every token routed (from the same logits), then the layer.
+# The same call made the usual way: every token routed by the same router at once, then the layer.
 batch = MegaMoE(H, I, E, K, T, mode="unfused")
 batch.load_weights(w1, w1_sf, w2, w2_sf)
-logits = cp.concatenate(chunk_logits)
-topk_idx, topk_weights = cp.empty((T, K), cp.int32), cp.empty((T, K), cp.float32)
-router.route_all(logits, topk_idx, topk_weights)
-x, x_sf = quantize_fp8(hidden)
+x, x_sf, topk_idx, topk_weights, logits = router.route_batch(hidden, gate)
 y_batch = batch(x, x_sf, topk_idx, topk_weights)
+q, q_sf = quantize_fp8(hidden)
 cp.cuda.Device().synchronize()
 print(f"{T} tokens in {cfg.num_chunks(T)} chunks through a ring of {cfg.num_slots} x {cfg.tokens_per_slot} tokens")
+print("router's activations == quantize_fp8(hidden):", bool(cp.array_equal(x, q) and cp.array_equal(x_sf, q_sf)))
+print("chunk logits == batch logits:", bool(cp.array_equal(cp.concatenate(chunk_logits), logits)))
 print("streamed == batch, bitwise:", bool(cp.array_equal(y, y_batch)))

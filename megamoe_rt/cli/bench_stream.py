@@ -115,7 +115,6 @@ def _bench_cell(
     ``local`` this rank's."""
     import cupy as cp
 
-    from megamoe_rt.kernels.quantize import quantize_fp8
     from megamoe_rt.layer import MegaMoE
     from megamoe_rt.routers import Router
 
@@ -131,16 +130,13 @@ def _bench_cell(
     for layer in (streamed, *layers.values()):
         layer.load_weights(*weights)
     router = Router(experts, p.num_topk, streamed)
-    idx = cp.empty((t, p.num_topk), cp.int32)
-    w = cp.empty((t, p.num_topk), cp.float32)
     y = cp.empty((t, p.hidden), dtype=cp.uint16)
     producer = cp.cuda.Stream(non_blocking=True)
     router.warm(hidden, gate, producer)  # the producer's kernels loaded before any layer call waits
     fork, join = cp.cuda.Event(disable_timing=True), cp.cuda.Event(disable_timing=True)
 
     def sequential(layer: Any) -> None:
-        router.route_all(hidden @ gate, idx, w)
-        x, x_sf = quantize_fp8(hidden)
+        x, x_sf, idx, w, _ = router.route_batch(hidden, gate)  # the same router, every token in one launch
         layer(x, x_sf, idx, w, out=y, num_tokens_bound=t)
 
     def streamed_call() -> None:
@@ -171,18 +167,16 @@ def _bench_cell(
 def _streamed_is_sequential(
     cp: Any, streamed: Any, batch: Any, router: Any, hidden: Any, gate: Any, producer: Any
 ) -> bool:
-    """One streamed call against the batch call routed from the same logits, bitwise (the timed
-    sequential arm multiplies all tokens at once, which cuBLAS may round differently per shape).
+    """One streamed call against the batch call routed by the same router over every token at
+    once, bitwise (the router gives a token the same logits in a chunk and in the whole call).
     Across ranks both calls are collectives, made in this order on every rank."""
-    from megamoe_rt.kernels.quantize import quantize_fp8
-
-    t, k = hidden.shape[0], router.num_topk
+    t = hidden.shape[0]
     y = streamed.consume(t, num_tokens_bound=t)
-    logits = cp.concatenate(router.produce(hidden, gate, producer))
+    chunk_logits = cp.concatenate(router.produce(hidden, gate, producer))
     cp.cuda.Device().synchronize()
-    idx, w = cp.empty((t, k), cp.int32), cp.empty((t, k), cp.float32)
-    router.route_all(logits, idx, w)
-    x, x_sf = quantize_fp8(hidden)
-    same = bool(cp.array_equal(y, batch(x, x_sf, idx, w, num_tokens_bound=t)))
+    x, x_sf, idx, w, logits = router.route_batch(hidden, gate)
+    same = bool(cp.array_equal(y, batch(x, x_sf, idx, w, num_tokens_bound=t))) and bool(
+        cp.array_equal(chunk_logits, logits)
+    )
     cp.cuda.Device().synchronize()
     return same

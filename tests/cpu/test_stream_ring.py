@@ -44,15 +44,16 @@ def test_the_ring_kernels_are_built_with_every_other_kernel():
     assert {s.name for s in sk.kernel_specs()} <= names
 
 
-@pytest.mark.parametrize("source", ["user", "reference_router"])
-def test_a_producer_kernel_outside_the_package_compiles_against_the_header(source):
-    from megamoe_rt.routers import ROUTER
+@pytest.mark.parametrize("source,experts", [("user", 0), ("reference_router", 16), ("reference_router", 257)])
+def test_a_producer_kernel_outside_the_package_compiles_against_the_header(source, experts):
+    from megamoe_rt.routers import ROUTER, router_options
 
     code = USER_PRODUCER if source == "user" else ROUTER
     nvrtc = _nvrtc()
     err, prog = nvrtc.nvrtcCreateProgram(code.encode(), b"my_router.cu", 0, [], [])
     try:
-        opts = [o.encode() for o in sk.producer_options()]
+        options = sk.producer_options() if source == "user" else router_options(experts)
+        opts = [o.encode() for o in options]
         (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         assert int(result) == 0, _program_log(nvrtc, prog)
     finally:

@@ -61,3 +61,5 @@ def test_streaming_router_example_matches_the_batch_call_bitwise():
     )
     assert out.returncode == 0, out.stderr
     assert "streamed == batch, bitwise: True" in out.stdout, out.stdout
+    assert "chunk logits == batch logits: True" in out.stdout, out.stdout
+    assert "router's activations == quantize_fp8(hidden): True" in out.stdout, out.stdout

@@ -1,0 +1,66 @@
+"""The reference router (megamoe_rt/routers.py) against NumPy: its float32 gating product, its
+top-k (largest first, ties to the lower expert) with renormalised softmax weights, and its
+activations, which must be the bytes quantize_fp8 gives."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+cp = pytest.importorskip("cupy")
+
+
+def _expected_routes(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    t, e = logits.shape
+    idx = np.stack([np.lexsort((np.arange(e), -row))[:k] for row in logits]).astype(np.int32)
+    top = np.take_along_axis(logits, idx, axis=1).astype(np.float64)
+    p = np.exp(top - logits.max(axis=1, keepdims=True))
+    return idx, p / p.sum(axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize(
+    "tokens,hidden,experts,k", [(100, 512, 16, 4), (37, 1024, 40, 6), (64, 256, 256, 8), (9, 128, 3, 1)]
+)
+def test_route_batch_matches_numpy(tokens, hidden, experts, k):
+    from megamoe_rt import quantize_fp8
+    from megamoe_rt.routers import Router
+
+    rs = cp.random.RandomState(tokens * experts)
+    h = rs.standard_normal((tokens, hidden), dtype=cp.float32)
+    gate = rs.standard_normal((hidden, experts), dtype=cp.float32) / 16
+    if experts > 8:  # exact ties: two experts with the same column give the same logits
+        gate[:, 5] = gate[:, 2]
+    router = Router(experts, k)
+    x, x_sf, idx, w, logits = router.route_batch(h, gate)
+    q, q_sf = quantize_fp8(h)
+    want_logits = cp.asnumpy(h).astype(np.float64) @ cp.asnumpy(gate).astype(np.float64)
+    got_logits = cp.asnumpy(logits)
+    np.testing.assert_allclose(got_logits, want_logits, rtol=1e-4, atol=1e-4)
+    want_idx, want_w = _expected_routes(got_logits, k)  # the selection, from the router's own logits
+    np.testing.assert_array_equal(cp.asnumpy(idx), want_idx)
+    np.testing.assert_allclose(cp.asnumpy(w), want_w, rtol=1e-5, atol=1e-7)
+    assert cp.array_equal(x, q) and cp.array_equal(x_sf, q_sf)
+    # Routing alone from the same logits gives the same bits.
+    idx2, w2 = cp.full_like(idx, -7), cp.full_like(w, cp.nan)
+    router.route_all(logits, idx2, w2)
+    assert cp.array_equal(idx2, idx) and cp.array_equal(w2, w)
+
+
+def test_router_inputs_are_checked_before_any_launch():
+    from megamoe_rt.routers import Router
+
+    router = Router(16, 2)
+    h = cp.ones((8, 256), cp.float32)
+    with pytest.raises(ValueError, match=r"gate: shape \[256, 8\], expected \[256, 16\]"):
+        router.route_batch(h, cp.ones((256, 8), cp.float32))
+    with pytest.raises(TypeError, match="hidden: expected a 2-D float32 CuPy array"):
+        router.route_batch(h.astype(cp.float64), cp.ones((256, 16), cp.float32))
+    with pytest.raises(ValueError, match="hidden: expected a C-contiguous"):
+        router.route_batch(cp.ones((256, 8), cp.float32).T, cp.ones((256, 16), cp.float32))
+    with pytest.raises(ValueError, match=r"hidden: shape \[8, 200\]"):
+        router.route_batch(cp.ones((8, 200), cp.float32), cp.ones((200, 16), cp.float32))
+    with pytest.raises(ValueError, match="num_experts=600"):
+        Router(600, 2)
+    with pytest.raises(ValueError, match="num_topk=17"):
+        Router(16, 17)

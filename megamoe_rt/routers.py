@@ -19,10 +19,13 @@ using namespace megamoe_rt;
 
 // Built per router: ROUTER_EXPERTS is its expert count (router_options()).
 constexpr u32 kExperts = ROUTER_EXPERTS;
-constexpr u32 kExpertSlices = (kExperts + 31) / 32;  // a lane holds experts lane, lane + 32, ...
-constexpr u32 kTileTokens = 8;                       // tokens per block
-constexpr u32 kWarps = 8;                            // blockDim 256: each warp a slice of the hidden dimension
-static_assert(kTileTokens == kWarps, "one warp routes each token of the tile");
+constexpr u32 kThreads = 256;
+constexpr u32 kWarps = kThreads / 32;
+constexpr u32 kTileTokens = ROUTER_TILE_TOKENS;          // tokens of a block (TILE_TOKENS)
+constexpr u32 kExpertTile = kExperts <= 32 ? 32 : 64;    // experts per pass of the product
+constexpr u32 kTokensPerThread = kTileTokens * kExpertTile / (kThreads * 4);  // each thread: these x 4 experts
+constexpr u32 kStepK = 32;                               // hidden elements staged in shared memory per step
+static_assert(kTokensPerThread == 1 || kTokensPerThread == 2, "a thread's micro-tile");
 
 // Token `l`'s routing (one warp): softmax over the experts' logits, the top-k picked largest
 // first (ties: the lower expert), their probabilities renormalised. Lane 0 writes `idx` / `w`.
@@ -57,81 +60,122 @@ __device__ void route_row(const float* l, u32 k, i32* idx, float* w, u32 lane) {
         for (u32 j = 0; j < k; ++j) w[j] /= sum;
 }
 
-// The gating product of `rows` (<= kTileTokens) tokens: hidden [rows, hidden_dim] (float32,
-// 16-byte aligned rows) times gate [hidden_dim, kExperts] into `logits` [kTileTokens][kExperts]
-// (shared). Warp w sums its own slice of the hidden dimension; the slices are added in warp
-// order, so a token's logits do not depend on where it sits in a call or chunk.
-__device__ void gate_tile(const float* hidden, u32 rows, u32 hidden_dim, const float* gate, float* logits) {
-    const u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const u32 span = hidden_dim / kWarps;  // hidden_dim is a multiple of 128
-    float acc[kTileTokens][kExpertSlices];
+// What one block of a router launch works on: token tile `tile` (rows [t0, t0 + rows) of the
+// call or chunk) and slice `slice` of the hidden dimension, [k_begin, k_end).
+struct TileSlice {
+    const float* hidden;  // the tile's first row, row stride hidden_dim
+    u32 rows, hidden_dim, k_begin, k_end;
+};
+
+// The slice's share of the tile's gating product, into `partial` [kTileTokens][kExperts]
+// (global): a classic shared-memory tiled product, each thread a kTokensPerThread x 4 micro-tile
+// summed along k in order.
+__device__ void gate_partial(const TileSlice& ts, const float* gate, float* partial) {
+    __shared__ __align__(16) float sh_h[kStepK][kTileTokens];   // transposed: a thread's tokens side by side
+    __shared__ __align__(16) float sh_g[kStepK][kExpertTile];
+    const u32 eg = threadIdx.x % (kExpertTile / 4), tg = threadIdx.x / (kExpertTile / 4);
+    for (u32 e0 = 0; e0 < kExperts; e0 += kExpertTile) {
+        float acc[kTokensPerThread][4] = {};
+        for (u32 k0 = ts.k_begin; k0 < ts.k_end; k0 += kStepK) {
+            for (u32 i = threadIdx.x; i < kStepK * kTileTokens; i += kThreads) {
+                const u32 t = i / kStepK, k = i % kStepK;  // consecutive threads read along a row
+                sh_h[k][t] = t < ts.rows ? __ldg(ts.hidden + static_cast<u64>(t) * ts.hidden_dim + k0 + k) : 0.0f;
+            }
+            for (u32 i = threadIdx.x; i < kStepK * kExpertTile; i += kThreads) {
+                const u32 k = i / kExpertTile, e = e0 + i % kExpertTile;
+                sh_g[k][i % kExpertTile] = e < kExperts ? __ldg(gate + static_cast<u64>(k0 + k) * kExperts + e) : 0.0f;
+            }
+            __syncthreads();
+#pragma unroll 8
+            for (u32 k = 0; k < kStepK; ++k) {
+                const float4 g = *reinterpret_cast<const float4*>(&sh_g[k][eg * 4]);
+                float h[kTokensPerThread];
 #pragma unroll
-    for (u32 t = 0; t < kTileTokens; ++t)
+                for (u32 i = 0; i < kTokensPerThread; ++i) h[i] = sh_h[k][tg * kTokensPerThread + i];
 #pragma unroll
-        for (u32 s = 0; s < kExpertSlices; ++s) acc[t][s] = 0.0f;
-#pragma unroll 2
-    for (u32 k = warp * span; k < (warp + 1) * span; k += 4) {
-        float4 h[kTileTokens];
-#pragma unroll
-        for (u32 t = 0; t < kTileTokens; ++t)
-            h[t] = t < rows ? __ldg(reinterpret_cast<const float4*>(hidden + static_cast<u64>(t) * hidden_dim + k))
-                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-        for (u32 j = 0; j < 4; ++j) {
-#pragma unroll
-            for (u32 s = 0; s < kExpertSlices; ++s) {
-                const u32 e = s * 32 + lane;
-                const float g = e < kExperts ? __ldg(gate + static_cast<u64>(k + j) * kExperts + e) : 0.0f;
-#pragma unroll
-                for (u32 t = 0; t < kTileTokens; ++t) {
-                    const float x = j == 0 ? h[t].x : j == 1 ? h[t].y : j == 2 ? h[t].z : h[t].w;
-                    acc[t][s] = fmaf(x, g, acc[t][s]);
+                for (u32 i = 0; i < kTokensPerThread; ++i) {
+                    acc[i][0] = fmaf(h[i], g.x, acc[i][0]);
+                    acc[i][1] = fmaf(h[i], g.y, acc[i][1]);
+                    acc[i][2] = fmaf(h[i], g.z, acc[i][2]);
+                    acc[i][3] = fmaf(h[i], g.w, acc[i][3]);
                 }
             }
+            __syncthreads();
         }
-    }
-    for (u32 w = 0; w < kWarps; ++w) {
-        if (warp == w) {
 #pragma unroll
-            for (u32 t = 0; t < kTileTokens; ++t)
+        for (u32 i = 0; i < kTokensPerThread; ++i)
 #pragma unroll
-                for (u32 s = 0; s < kExpertSlices; ++s) {
-                    const u32 e = s * 32 + lane;
-                    if (e < kExperts) logits[t * kExperts + e] = w == 0 ? acc[t][s] : logits[t * kExperts + e] + acc[t][s];
-                }
-        }
-        __syncthreads();
+            for (u32 j = 0; j < 4; ++j) {
+                const u32 t = tg * kTokensPerThread + i, e = e0 + eg * 4 + j;
+                if (e < kExperts) partial[t * kExperts + e] = acc[i][j];
+            }
     }
 }
 
-// One block's tokens [t0, t0 + rows): logits, routes and the activations quantized (the
-// quantizer's own step, so they are the bytes quantize_fp8 gives). Outputs are row-indexed from
-// the tile's first token; `logits_out` may be null.
-__device__ void route_tile(const float* hidden, u32 rows, u32 hidden_dim, const float* gate, u32 k, i32* idx, float* w,
-                           u8* x, float* x_sf, float* logits_out) {
-    __shared__ float logits[kTileTokens * kExperts];
-    gate_tile(hidden, rows, hidden_dim, gate, logits);
+// The slice's 1x128 groups of the tile's activations, with the quantizer's own step (the bytes
+// quantize_fp8 gives). x / x_sf: the tile's first row.
+__device__ void quantize_slice(const TileSlice& ts, u8* x, float* x_sf) {
     const u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (warp < rows) {
-        route_row(logits + warp * kExperts, k, idx + warp * k, w + warp * k, lane);
-        if (logits_out != nullptr)
-            for (u32 e = lane; e < kExperts; e += 32) logits_out[warp * kExperts + e] = logits[warp * kExperts + e];
+    const u32 g0 = ts.k_begin / 128, groups = (ts.k_end - ts.k_begin) / 128, pairs = (groups + 1) / 2;
+    for (u32 item = warp; item < ts.rows * pairs; item += kWarps) {
+        const u32 t = item / pairs, pair = item % pairs;
+        const u64 row = static_cast<u64>(t) * ts.hidden_dim;
+        quantize_group_pair<false>(ts.hidden + row + ts.k_begin, groups, pair, lane, x + row + ts.k_begin,
+                                   x_sf + static_cast<u64>(t) * (ts.hidden_dim / 128) + g0);
     }
-    const u64 groups = static_cast<u64>(rows) * (hidden_dim / 128);
-    for (u64 pair = warp; pair * 2 < groups; pair += kWarps)
-        quantize_group_pair<false>(hidden, groups, pair, lane, x, x_sf);
 }
 
-// One launch per chunk (ceil(tokens_per_slot / kTileTokens) blocks of 256 threads): the chunk's
-// gating product, routing and quantized activations straight into its slot, both halves
-// published by the last block done. `hidden` holds the chunk's `n` rows; tokens past `n` get
-// empty routes, so the slot describes itself. Every block first waits for the slot to be free
-// (the wait only reads). `slot_done` counts the blocks done with each slot in this call (zeroed
-// at the call's start): a slot's k-th chunk of the call is complete once every block has counted
-// it k times.
-extern "C" __global__ void __launch_bounds__(256) produce_chunk(const stream::StreamRing* ring_ptr, const float* hidden,
-                                                                const float* gate, u32 n, u32 chunk, u32* slot_done,
-                                                                float* logits_out) {
+// Every block of a tile writes its slice's partial product and counts itself in; the last one
+// adds the slices in slice order (so a token's logits do not depend on where it sits in a call or
+// chunk) into `logits` (the tile's rows), routes the tile's tokens into idx / w (k per token)
+// and gives `empty_rows` tokens past the tile's rows empty routes. Returns in every block once
+// its part is written; `counter` is back at 0 when the last block returns.
+__device__ void gate_route_tile(const TileSlice& ts, u32 slice, u32 num_slices, const float* gate, float* partials,
+                                u32* counter, float* logits, u32 k, i32* idx, float* w, u32 empty_rows) {
+    if (ts.rows > 0) gate_partial(ts, gate, partials + static_cast<u64>(slice) * kTileTokens * kExperts);
+    __shared__ bool last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();  // this block's partial before its count
+        last = atomicAdd(counter, 1u) + 1 == num_slices;
+        if (last) *counter = 0;  // every block of the tile has counted: ready for the next launch
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();  // the other blocks' partials after their counts
+    for (u32 i = threadIdx.x; i < ts.rows * kExperts; i += kThreads) {
+        float sum = 0.0f;
+        for (u32 s = 0; s < num_slices; ++s) sum += __ldcg(partials + static_cast<u64>(s) * kTileTokens * kExperts + i);
+        logits[i] = sum;
+    }
+    __syncthreads();
+    const u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (u32 t = warp; t < ts.rows; t += kWarps) route_row(logits + t * kExperts, k, idx + t * k, w + t * k, lane);
+    for (u32 i = ts.rows * k + threadIdx.x; i < (ts.rows + empty_rows) * k; i += kThreads) idx[i] = -1, w[i] = 0.0f;
+}
+
+__device__ TileSlice tile_slice(const float* hidden, u32 num_rows, u32 hidden_dim, u32 slice_k) {
+    TileSlice ts;
+    const u32 t0 = blockIdx.x * kTileTokens;
+    ts.rows = t0 < num_rows ? min(kTileTokens, num_rows - t0) : 0;
+    ts.hidden = hidden + static_cast<u64>(t0) * hidden_dim;
+    ts.hidden_dim = hidden_dim;
+    ts.k_begin = blockIdx.y * slice_k;
+    ts.k_end = min(hidden_dim, ts.k_begin + slice_k);
+    return ts;
+}
+
+// One launch per chunk, grid (ceil(tokens_per_slot / kTileTokens), slices): the chunk's gating
+// product, routing and quantized activations straight into its slot, both halves published by
+// the last block done. `hidden` holds the chunk's `n` rows; tokens past `n` get empty routes, so
+// the slot describes itself. Every block first waits for the slot to be free (the wait only
+// reads). `slot_done` counts the blocks done with each slot in this call (zeroed at the call's
+// start): a slot's k-th chunk of the call is complete once every block has counted it k times.
+// `partials` / `counters`: the launch's scratch (counters zero, and zero again after it).
+extern "C" __global__ void __launch_bounds__(kThreads) produce_chunk(const stream::StreamRing* ring_ptr,
+                                                                     const float* hidden, const float* gate, u32 n,
+                                                                     u32 chunk, u32 slice_k, u32* slot_done,
+                                                                     float* logits, float* partials, u32* counters) {
     const stream::StreamRing ring = *ring_ptr;
     __shared__ int free_slot;
     if (threadIdx.x == 0) free_slot = stream::wait_slot_free(ring, chunk, 60ull * 1000 * 1000 * 1000);
@@ -142,22 +186,18 @@ extern "C" __global__ void __launch_bounds__(256) produce_chunk(const stream::St
                    "released by the layer\n", stream::slot_of(ring, chunk), chunk);
         __trap();
     }
-    const u32 t0 = blockIdx.x * kTileTokens;
-    const u32 rows = t0 < n ? min(kTileTokens, n - t0) : 0;
-    i32* idx = stream::chunk_topk_idx(ring, chunk) + static_cast<u64>(t0) * ring.num_topk;
-    float* w = stream::chunk_topk_weights(ring, chunk) + static_cast<u64>(t0) * ring.num_topk;
-    if (rows > 0)
-        route_tile(hidden + static_cast<u64>(t0) * ring.hidden, rows, ring.hidden, gate, ring.num_topk, idx, w,
-                   stream::chunk_x(ring, chunk) + static_cast<u64>(t0) * ring.hidden,
-                   stream::chunk_x_sf(ring, chunk) + static_cast<u64>(t0) * (ring.hidden / 128),
-                   logits_out == nullptr ? nullptr : logits_out + static_cast<u64>(t0) * kExperts);
-    const u32 last = min(kTileTokens, ring.tokens_per_slot - min(t0, ring.tokens_per_slot));
-    for (u32 i = rows * ring.num_topk + threadIdx.x; i < last * ring.num_topk; i += blockDim.x)
-        idx[i] = -1, w[i] = 0.0f;
+    const TileSlice ts = tile_slice(hidden, n, ring.hidden, slice_k);
+    const u64 t0 = static_cast<u64>(blockIdx.x) * kTileTokens;
+    quantize_slice(ts, stream::chunk_x(ring, chunk) + t0 * ring.hidden, stream::chunk_x_sf(ring, chunk) + t0 * (ring.hidden / 128));
+    const u32 slot_rows = min(kTileTokens, ring.tokens_per_slot - static_cast<u32>(t0));
+    gate_route_tile(ts, blockIdx.y, gridDim.y, gate, partials + t0 * gridDim.y * kExperts, counters + blockIdx.x,
+                    logits + t0 * kExperts, ring.num_topk, stream::chunk_topk_idx(ring, chunk) + t0 * ring.num_topk,
+                    stream::chunk_topk_weights(ring, chunk) + t0 * ring.num_topk, slot_rows - ts.rows);
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();  // the block's payload before its count
-        const u32 target = gridDim.x * (chunk / ring.num_slots + 1);
+        const u32 blocks = gridDim.x * gridDim.y;
+        const u32 target = blocks * (chunk / ring.num_slots + 1);
         if (atomicAdd(slot_done + stream::slot_of(ring, chunk), 1u) + 1 == target) {
             const u32 epoch = stream::producer_epoch(ring);
             stream::publish_route(ring, epoch, chunk);
@@ -166,22 +206,22 @@ extern "C" __global__ void __launch_bounds__(256) produce_chunk(const stream::St
     }
 }
 
-// The batch call's inputs, every token at once (ceil(T / kTileTokens) blocks of 256 threads):
-// the same logits, routes and quantized activations the chunks of a streamed call get.
-extern "C" __global__ void __launch_bounds__(256) route_batch(const float* hidden, const float* gate, u32 num_tokens,
-                                                              u32 hidden_dim, u32 k, i32* idx, float* w, u8* x,
-                                                              float* x_sf, float* logits_out) {
-    const u32 t0 = blockIdx.x * kTileTokens;
-    if (t0 >= num_tokens) return;
-    route_tile(hidden + static_cast<u64>(t0) * hidden_dim, min(kTileTokens, num_tokens - t0), hidden_dim, gate, k,
-               idx + static_cast<u64>(t0) * k, w + static_cast<u64>(t0) * k, x + static_cast<u64>(t0) * hidden_dim,
-               x_sf + static_cast<u64>(t0) * (hidden_dim / 128),
-               logits_out == nullptr ? nullptr : logits_out + static_cast<u64>(t0) * kExperts);
+// The batch call's inputs, every token at once, grid (ceil(T / kTileTokens), slices): the same
+// logits, routes and quantized activations the chunks of a streamed call get.
+extern "C" __global__ void __launch_bounds__(kThreads) route_batch(const float* hidden, const float* gate,
+                                                                   u32 num_tokens, u32 hidden_dim, u32 slice_k, u32 k,
+                                                                   i32* idx, float* w, u8* x, float* x_sf,
+                                                                   float* logits, float* partials, u32* counters) {
+    const TileSlice ts = tile_slice(hidden, num_tokens, hidden_dim, slice_k);
+    const u64 t0 = static_cast<u64>(blockIdx.x) * kTileTokens;
+    quantize_slice(ts, x + t0 * hidden_dim, x_sf + t0 * (hidden_dim / 128));
+    gate_route_tile(ts, blockIdx.y, gridDim.y, gate, partials + t0 * gridDim.y * kExperts, counters + blockIdx.x,
+                    logits + t0 * kExperts, k, idx + t0 * k, w + t0 * k, 0);
 }
 
 // Routing only, from given logits [T, kExperts]: a warp per token.
-extern "C" __global__ void __launch_bounds__(256) route_all(const float* logits, u32 num_tokens, u32 k, i32* idx,
-                                                            float* w) {
+extern "C" __global__ void __launch_bounds__(kThreads) route_all(const float* logits, u32 num_tokens, u32 k, i32* idx,
+                                                                 float* w) {
     const u32 token = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
     if (token < num_tokens)
         route_row(logits + static_cast<u64>(token) * kExperts, k, idx + static_cast<u64>(token) * k,
@@ -190,28 +230,38 @@ extern "C" __global__ void __launch_bounds__(256) route_all(const float* logits,
 """
 
 
-# Logits a router kernel keeps in registers per token tile (8 tokens x experts / 32 per lane).
-MAX_EXPERTS = 512
+def slice_k(hidden: int) -> int:
+    """Hidden elements per slice of the router's gating product (at most 8 slices, whole
+    128-element groups): a function of the hidden size only, so a token's logits are summed the
+    same way in a chunk and in a whole call."""
+    groups = hidden // 128
+    return -(-groups // 8) * 128
+
+
+# Tokens of a router block's tile (the kernels' kTileTokens, set through router_options()).
+TILE_TOKENS = 32
 
 
 def router_options(num_experts: int) -> list[str]:
     """NVRTC options of the router module built for ``num_experts`` logits per token."""
-    return [*producer_options(), f"-DROUTER_EXPERTS={num_experts}"]
+    return [*producer_options(), f"-DROUTER_EXPERTS={num_experts}", f"-DROUTER_TILE_TOKENS={TILE_TOKENS}"]
 
 
 class Router:
     """The router of ``layer`` (a streamed layer, or None for whole-call routing only):
     ``num_experts`` logits per token from a float32 gating product, the top ``num_topk``.
 
-    The gating product runs inside the router's own kernels (a tile of 8 tokens per block, the
-    hidden dimension split over its warps and summed in a fixed order), so a chunk costs one
-    launch, and a token's logits are the same bits in a streamed chunk and in the batch call."""
+    The gating product runs inside the router's own kernels (tiles of 32 tokens, the hidden
+    dimension cut into at most 8 slices, one block per tile and slice; the last block of a tile
+    adds the slices in order, routes the tile and the blocks quantize their slices), so a chunk
+    costs one launch, and a token's logits are the same bits in a streamed chunk and in the
+    batch call. A Router's launches on one stream at a time (each call takes its own scratch)."""
 
     def __init__(self, num_experts: int, num_topk: int, layer: Any = None):
         import cupy as cp
 
-        if not 1 <= num_experts <= MAX_EXPERTS:
-            raise ValueError(f"num_experts={num_experts}: expected 1..{MAX_EXPERTS} (a lane holds one logit per 32)")
+        if num_experts < 1:
+            raise ValueError(f"num_experts={num_experts}: expected at least 1")
         if not 1 <= num_topk <= num_experts:
             raise ValueError(f"num_topk={num_topk}: expected 1..num_experts={num_experts}")
         self.cp, self.num_experts, self.num_topk, self.layer = cp, num_experts, num_topk, layer
@@ -246,9 +296,8 @@ class Router:
         (on CuPy's current stream)."""
         t = logits.shape[0]
         if t:
-            self._route_all(
-                (-(-t // 8),), (256,), (logits, np.uint32(t), np.uint32(self.num_topk), topk_idx, topk_weights)
-            )
+            args = (logits, np.uint32(t), np.uint32(self.num_topk), topk_idx, topk_weights)
+            self._route_all((-(-t // 8),), (256,), args)
 
     def route_batch(self, hidden: Any, gate: Any) -> tuple[Any, Any, Any, Any, Any]:
         """A whole call's layer inputs in one launch on CuPy's current stream: ``(x, x_sf,
@@ -263,9 +312,34 @@ class Router:
         idx, w = cp.empty((t, k), cp.int32), cp.empty((t, k), cp.float32)
         logits = cp.empty((t, self.num_experts), cp.float32)
         if t:
-            args = (hidden, gate, np.uint32(t), np.uint32(h), np.uint32(k), idx, w, x, x_sf, logits)
-            self._route_batch((-(-t // 8),), (256,), args)
+            grid, partials, counters = self._scratch(t, h)
+            sk = np.uint32(slice_k(h))
+            args = (
+                hidden,
+                gate,
+                np.uint32(t),
+                np.uint32(h),
+                sk,
+                np.uint32(k),
+                idx,
+                w,
+                x,
+                x_sf,
+                logits,
+                partials,
+                counters,
+            )
+            self._route_batch(grid, (256,), args)
         return x, x_sf, idx, w, logits
+
+    def _scratch(self, rows: int, hidden: int) -> tuple[tuple[int, int], Any, Any]:
+        """A launch's grid over ``rows`` tokens (token tiles x slices of the hidden dimension),
+        with its partial products and per-tile counters (zero; the kernels leave them zero), from
+        CuPy's pool on the current stream."""
+        cp = self.cp
+        tiles, slices = -(-rows // TILE_TOKENS), -(-hidden // slice_k(hidden))
+        partials = cp.empty(tiles * slices * TILE_TOKENS * self.num_experts, cp.float32)
+        return (tiles, slices), partials, cp.zeros(tiles, cp.uint32)
 
     def warm(self, hidden: Any, gate: Any, stream: Any) -> None:
         """Run the router once on ``stream`` over a few of ``hidden``'s tokens and wait. A kernel
@@ -288,13 +362,16 @@ class Router:
         if t > self.layer.num_max_tokens_per_rank:
             raise ValueError(f"hidden: {t} tokens, more than the layer's capacity {self.layer.num_max_tokens_per_rank}")
         out = []
+        h = hidden.shape[1]
+        sk = np.uint32(slice_k(h))
         with stream:
             logits = cp.empty((t, self.num_experts), cp.float32)
+            grid, partials, counters = self._scratch(c, h)  # shared by the chunks: they run in turn
             self._ring.begin_call(stream.ptr)
             self._slot_done.fill(0)
             for chunk in range(cfg.num_chunks(t)):
                 first, n = chunk * c, cfg.chunk_tokens(t, chunk)
                 out.append(logits[first : first + n])
-                args = (self._ring_dev, hidden[first:], gate, np.uint32(n), np.uint32(chunk), self._slot_done, out[-1])
-                self._produce_chunk((-(-c // 8),), (256,), args)
+                args = (self._ring_dev, hidden[first:], gate, np.uint32(n), np.uint32(chunk), sk, self._slot_done)
+                self._produce_chunk(grid, (256,), (*args, out[-1], partials, counters))
         return out

@@ -71,7 +71,9 @@ struct TileSlice {
 // (global): a classic shared-memory tiled product, each thread a kTokensPerThread x 4 micro-tile
 // summed along k in order.
 __device__ void gate_partial(const TileSlice& ts, const float* gate, float* partial) {
-    __shared__ __align__(16) float sh_h[kStepK][kTileTokens];   // transposed: a thread's tokens side by side
+    // Transposed, so a thread's tokens sit side by side; the pad column keeps the transposing
+    // stores (a warp writes one token's 32 consecutive k) on 32 different banks.
+    __shared__ __align__(16) float sh_h[kStepK][kTileTokens + 1];
     __shared__ __align__(16) float sh_g[kStepK][kExpertTile];
     const u32 eg = threadIdx.x % (kExpertTile / 4), tg = threadIdx.x / (kExpertTile / 4);
     for (u32 e0 = 0; e0 < kExperts; e0 += kExpertTile) {

@@ -67,42 +67,74 @@ struct TileSlice {
     u32 rows, hidden_dim, k_begin, k_end;
 };
 
+constexpr u32 kPadK = 4;  // keeps the rows of the staged hidden tile 16-byte aligned and off each other's banks
+constexpr u32 kStageHBytes = kTileTokens * (kStepK + kPadK) * 4;
+constexpr u32 kStageGBytes = kStepK * kExpertTile * 4;
+constexpr u32 kPipelineBytes = 2 * (kStageHBytes + kStageGBytes);
+constexpr u32 kRouteRowBytes = kWarps * kExperts * 4;  // the last block: a warp's token's logits
+constexpr u32 kSmemBytes = kPipelineBytes > kRouteRowBytes ? kPipelineBytes : kRouteRowBytes;
+static_assert(kSmemBytes <= 48 * 1024, "static shared memory");
+
+__device__ __forceinline__ void cp_async_zfill(void* dst, const void* src, u32 bytes, bool valid) {
+    const u32 d = static_cast<u32>(__cvta_generic_to_shared(dst));
+    if (bytes == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16u : 0u) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(valid ? 4u : 0u) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+
 // The slice's share of the tile's gating product, into `partial` [kTileTokens][kExperts]
-// (global): a classic shared-memory tiled product, each thread a kTokensPerThread x 4 micro-tile
-// summed along k in order.
-__device__ void gate_partial(const TileSlice& ts, const float* gate, float* partial) {
-    // Transposed, so a thread's tokens sit side by side; the pad column keeps the transposing
-    // stores (a warp writes one token's 32 consecutive k) on 32 different banks.
-    __shared__ __align__(16) float sh_h[kStepK][kTileTokens + 1];
-    __shared__ __align__(16) float sh_g[kStepK][kExpertTile];
+// (global): a shared-memory tiled product with the next k-step's tiles loaded (cp.async) while
+// this one is multiplied, each thread a kTokensPerThread x 4 micro-tile summed along k in order.
+__device__ void gate_partial(const TileSlice& ts, const float* gate, float* partial, u8* smem) {
+    auto sh_h = [&](u32 buf) { return reinterpret_cast<float(*)[kStepK + kPadK]>(smem + buf * kStageHBytes); };
+    auto sh_g = [&](u32 buf) {
+        return reinterpret_cast<float(*)[kExpertTile]>(smem + 2 * kStageHBytes + buf * kStageGBytes);
+    };
     const u32 eg = threadIdx.x % (kExpertTile / 4), tg = threadIdx.x / (kExpertTile / 4);
     for (u32 e0 = 0; e0 < kExperts; e0 += kExpertTile) {
-        float acc[kTokensPerThread][4] = {};
-        for (u32 k0 = ts.k_begin; k0 < ts.k_end; k0 += kStepK) {
-            for (u32 i = threadIdx.x; i < kStepK * kTileTokens; i += kThreads) {
-                const u32 t = i / kStepK, k = i % kStepK;  // consecutive threads read along a row
-                sh_h[k][t] = t < ts.rows ? __ldg(ts.hidden + static_cast<u64>(t) * ts.hidden_dim + k0 + k) : 0.0f;
+        auto load = [&](u32 buf, u32 k0) {
+            for (u32 i = threadIdx.x; i < kTileTokens * (kStepK / 4); i += kThreads) {
+                const u32 t = i / (kStepK / 4), c = i % (kStepK / 4);
+                const bool valid = t < ts.rows;
+                cp_async_zfill(&sh_h(buf)[t][c * 4], ts.hidden + (valid ? static_cast<u64>(t) * ts.hidden_dim + k0 + c * 4 : 0),
+                               16, valid);
             }
             for (u32 i = threadIdx.x; i < kStepK * kExpertTile; i += kThreads) {
                 const u32 k = i / kExpertTile, e = e0 + i % kExpertTile;
-                sh_g[k][i % kExpertTile] = e < kExperts ? __ldg(gate + static_cast<u64>(k0 + k) * kExperts + e) : 0.0f;
+                const bool valid = e < kExperts;
+                cp_async_zfill(&sh_g(buf)[k][i % kExpertTile], gate + (valid ? static_cast<u64>(k0 + k) * kExperts + e : 0), 4,
+                               valid);
             }
+            cp_async_commit();
+        };
+        float acc[kTokensPerThread][4] = {};
+        load(0, ts.k_begin);
+        u32 buf = 0;
+        for (u32 k0 = ts.k_begin; k0 < ts.k_end; k0 += kStepK, buf ^= 1) {
+            if (k0 + kStepK < ts.k_end)
+                load(buf ^ 1, k0 + kStepK);
+            else
+                cp_async_commit();  // an empty group keeps the wait below at "all but the newest"
+            cp_async_wait_one();
             __syncthreads();
+            const auto h_tile = sh_h(buf);
+            const auto g_tile = sh_g(buf);
 #pragma unroll 8
             for (u32 k = 0; k < kStepK; ++k) {
-                const float4 g = *reinterpret_cast<const float4*>(&sh_g[k][eg * 4]);
-                float h[kTokensPerThread];
-#pragma unroll
-                for (u32 i = 0; i < kTokensPerThread; ++i) h[i] = sh_h[k][tg * kTokensPerThread + i];
+                const float4 g = *reinterpret_cast<const float4*>(&g_tile[k][eg * 4]);
 #pragma unroll
                 for (u32 i = 0; i < kTokensPerThread; ++i) {
-                    acc[i][0] = fmaf(h[i], g.x, acc[i][0]);
-                    acc[i][1] = fmaf(h[i], g.y, acc[i][1]);
-                    acc[i][2] = fmaf(h[i], g.z, acc[i][2]);
-                    acc[i][3] = fmaf(h[i], g.w, acc[i][3]);
+                    const float h = h_tile[tg * kTokensPerThread + i][k];
+                    acc[i][0] = fmaf(h, g.x, acc[i][0]);
+                    acc[i][1] = fmaf(h, g.y, acc[i][1]);
+                    acc[i][2] = fmaf(h, g.z, acc[i][2]);
+                    acc[i][3] = fmaf(h, g.w, acc[i][3]);
                 }
             }
-            __syncthreads();
+            __syncthreads();  // the buffer is refilled two steps on
         }
 #pragma unroll
         for (u32 i = 0; i < kTokensPerThread; ++i)
@@ -134,7 +166,8 @@ __device__ void quantize_slice(const TileSlice& ts, u8* x, float* x_sf) {
 // its part is written; `counter` is back at 0 when the last block returns.
 __device__ void gate_route_tile(const TileSlice& ts, u32 slice, u32 num_slices, const float* gate, float* partials,
                                 u32* counter, float* logits, u32 k, i32* idx, float* w, u32 empty_rows) {
-    if (ts.rows > 0) gate_partial(ts, gate, partials + static_cast<u64>(slice) * kTileTokens * kExperts);
+    __shared__ __align__(16) u8 smem[kSmemBytes];
+    if (ts.rows > 0) gate_partial(ts, gate, partials + static_cast<u64>(slice) * kTileTokens * kExperts, smem);
     __shared__ bool last;
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -145,14 +178,20 @@ __device__ void gate_route_tile(const TileSlice& ts, u32 slice, u32 num_slices, 
     __syncthreads();
     if (!last) return;
     __threadfence();  // the other blocks' partials after their counts
-    for (u32 i = threadIdx.x; i < ts.rows * kExperts; i += kThreads) {
-        float sum = 0.0f;
-        for (u32 s = 0; s < num_slices; ++s) sum += __ldcg(partials + static_cast<u64>(s) * kTileTokens * kExperts + i);
-        logits[i] = sum;
-    }
-    __syncthreads();
     const u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (u32 t = warp; t < ts.rows; t += kWarps) route_row(logits + t * kExperts, k, idx + t * k, w + t * k, lane);
+    float* row = reinterpret_cast<float*>(smem) + warp * kExperts;
+    for (u32 t = warp; t < ts.rows; t += kWarps) {
+        for (u32 e = lane; e < kExperts; e += 32) {
+            float sum = 0.0f;
+            for (u32 s = 0; s < num_slices; ++s)
+                sum += __ldcg(partials + (static_cast<u64>(s) * kTileTokens + t) * kExperts + e);
+            row[e] = sum;
+            logits[t * kExperts + e] = sum;
+        }
+        __syncwarp();
+        route_row(row, k, idx + t * k, w + t * k, lane);
+        __syncwarp();
+    }
     for (u32 i = ts.rows * k + threadIdx.x; i < (ts.rows + empty_rows) * k; i += kThreads) idx[i] = -1, w[i] = 0.0f;
 }
 
@@ -233,12 +272,15 @@ extern "C" __global__ void __launch_bounds__(kThreads) route_all(const float* lo
 
 
 def slice_k(hidden: int) -> int:
-    """Hidden elements per slice of the router's gating product (at most 8 slices, whole
+    """Hidden elements per slice of the router's gating product (at most 16 slices, whole
     128-element groups): a function of the hidden size only, so a token's logits are summed the
     same way in a chunk and in a whole call."""
     groups = hidden // 128
-    return -(-groups // 8) * 128
+    return -(-groups // 16) * 128
 
+
+# Experts a router routes: the last block of a tile holds a token's logits per warp in shared memory.
+MAX_EXPERTS = 1024
 
 # Tokens of a router block's tile (the kernels' kTileTokens, set through router_options()).
 TILE_TOKENS = 32
@@ -254,7 +296,7 @@ class Router:
     ``num_experts`` logits per token from a float32 gating product, the top ``num_topk``.
 
     The gating product runs inside the router's own kernels (tiles of 32 tokens, the hidden
-    dimension cut into at most 8 slices, one block per tile and slice; the last block of a tile
+    dimension cut into at most 16 slices, one block per tile and slice; the last block of a tile
     adds the slices in order, routes the tile and the blocks quantize their slices), so a chunk
     costs one launch, and a token's logits are the same bits in a streamed chunk and in the
     batch call. A Router's launches on one stream at a time (each call takes its own scratch)."""
@@ -262,8 +304,10 @@ class Router:
     def __init__(self, num_experts: int, num_topk: int, layer: Any = None):
         import cupy as cp
 
-        if num_experts < 1:
-            raise ValueError(f"num_experts={num_experts}: expected at least 1")
+        if not 1 <= num_experts <= MAX_EXPERTS:
+            raise ValueError(
+                f"num_experts={num_experts}: expected 1..{MAX_EXPERTS} (a token's logits are routed from shared memory)"
+            )
         if not 1 <= num_topk <= num_experts:
             raise ValueError(f"num_topk={num_topk}: expected 1..num_experts={num_experts}")
         self.cp, self.num_experts, self.num_topk, self.layer = cp, num_experts, num_topk, layer

@@ -63,5 +63,7 @@ def test_router_inputs_are_checked_before_any_launch():
         router.route_batch(cp.ones((8, 200), cp.float32), cp.ones((200, 16), cp.float32))
     with pytest.raises(ValueError, match="num_experts=0"):
         Router(0, 2)
+    with pytest.raises(ValueError, match="num_experts=1025"):
+        Router(1025, 2)
     with pytest.raises(ValueError, match="num_topk=17"):
         Router(16, 17)

@@ -24,6 +24,7 @@ constexpr u32 kWarps = kThreads / 32;
 constexpr u32 kTileTokens = ROUTER_TILE_TOKENS;          // tokens of a block (TILE_TOKENS)
 constexpr u32 kExpertTile = kExperts <= 32 ? 32 : 64;    // experts per pass of the product
 constexpr u32 kTokensPerThread = kTileTokens * kExpertTile / (kThreads * 4);  // each thread: these x 4 experts
+constexpr u32 kMaxSlices = ROUTER_MAX_SLICES;            // slices of the hidden dimension (MAX_SLICES)
 constexpr u32 kStepK = 32;                               // hidden elements staged in shared memory per step
 static_assert(kTokensPerThread == 1 || kTokensPerThread == 2, "a thread's micro-tile");
 
@@ -182,9 +183,14 @@ __device__ void gate_route_tile(const TileSlice& ts, u32 slice, u32 num_slices, 
     float* row = reinterpret_cast<float*>(smem) + warp * kExperts;
     for (u32 t = warp; t < ts.rows; t += kWarps) {
         for (u32 e = lane; e < kExperts; e += 32) {
+            float part[kMaxSlices];  // every load issued before the first add: one latency, not a chain
+#pragma unroll
+            for (u32 s = 0; s < kMaxSlices; ++s)
+                part[s] = s < num_slices ? __ldcg(partials + (static_cast<u64>(s) * kTileTokens + t) * kExperts + e) : 0.0f;
             float sum = 0.0f;
-            for (u32 s = 0; s < num_slices; ++s)
-                sum += __ldcg(partials + (static_cast<u64>(s) * kTileTokens + t) * kExperts + e);
+#pragma unroll
+            for (u32 s = 0; s < kMaxSlices; ++s)
+                if (s < num_slices) sum += part[s];
             row[e] = sum;
             logits[t * kExperts + e] = sum;
         }
@@ -276,8 +282,11 @@ def slice_k(hidden: int) -> int:
     128-element groups): a function of the hidden size only, so a token's logits are summed the
     same way in a chunk and in a whole call."""
     groups = hidden // 128
-    return -(-groups // 16) * 128
+    return -(-groups // MAX_SLICES) * 128
 
+
+# Slices of the hidden dimension in the router's gating product (the kernels' kMaxSlices).
+MAX_SLICES = 16
 
 # Experts a router routes: the last block of a tile holds a token's logits per warp in shared memory.
 MAX_EXPERTS = 1024
@@ -288,7 +297,12 @@ TILE_TOKENS = 32
 
 def router_options(num_experts: int) -> list[str]:
     """NVRTC options of the router module built for ``num_experts`` logits per token."""
-    return [*producer_options(), f"-DROUTER_EXPERTS={num_experts}", f"-DROUTER_TILE_TOKENS={TILE_TOKENS}"]
+    return [
+        *producer_options(),
+        f"-DROUTER_EXPERTS={num_experts}",
+        f"-DROUTER_TILE_TOKENS={TILE_TOKENS}",
+        f"-DROUTER_MAX_SLICES={MAX_SLICES}",
+    ]
 
 
 class Router:

@@ -57,31 +57,39 @@ __device__ __forceinline__ i32 claim_pool_row(const StreamPoolParams& sp, u32 e)
     return static_cast<i32>((seen - 1) * p.pool_align + n % p.pool_align);
 }
 
-// Warps [first_warp, first_warp + num_warps) of the launch, one (token, slot) pair of the chunk
-// `m` describes at a time (m: the chunk as a call of its own, its inputs in its ring slot,
-// token_base its first token of the call). Every pair also keeps its expert id for the combine
-// (the slot is reused before the combine runs).
-__device__ __forceinline__ void dispatch_chunk_pairs(const StreamPoolParams& sp, const MoeParams& m, u32 first_warp,
+// Warp `warp` of the launch's `num_warps`, over the (token, slot) pairs of the chunk `m` describes
+// (m: the chunk as a call of its own, its inputs in its ring slot, token_base its first token of
+// the call). Pairs are dealt out a lane at a time across every warp (pair base + lane * num_warps
+// + warp), so a chunk smaller than the launch still keeps every warp copying. Every lane
+// classifies its own pair and claims its row, so the claims' atomics are in flight together,
+// and writes the row's metadata; then the warp copies its lanes' rows one by one. Every pair also
+// keeps its expert id for the combine (the slot is reused before the combine runs).
+__device__ __forceinline__ void dispatch_chunk_pairs(const StreamPoolParams& sp, const MoeParams& m, u32 warp,
                                                      u32 num_warps, u32 lane) {
     const u32 pairs = m.num_tokens * m.num_topk;
-    for (u32 pair = first_warp; pair < pairs; pair += num_warps) {
-        const u32 call_pair = m.token_base * m.num_topk + pair;
+    for (u32 base = 0; base < pairs; base += num_warps * 32) {
+        const u32 pair = base + lane * num_warps + warp;
         i32 row = -1;
-        if (lane == 0) {
+        if (pair < pairs) {
+            const u32 call_pair = m.token_base * m.num_topk + pair;
             sp.call_topk_idx[call_pair] = static_cast<i32>(load_expert_id<i32>(m, pair));
             const i32 e = local_expert<i32>(m, pair);
+            // A lane may wait here for a block another lane of this warp opens: the opener took its
+            // row first and does not wait, and diverged lanes make progress independently (sm_70+).
             if (e >= 0) row = claim_pool_row(sp, static_cast<u32>(e));
         }
-        row = __shfl_sync(0xFFFFFFFFu, row, 0);
-        if (row < 0) continue;
-        const u32 token = pair / m.num_topk;
-        const u32 slot = pair % m.num_topk;
-        copy_token_row<true>(m, token, static_cast<u32>(row), lane);  // the slot is rewritten during the launch
-        if (lane == 0) {
-            m.pool_src[row] = static_cast<i32>(call_pair);
+        if (row >= 0) {
+            const u32 token = pair / m.num_topk, slot = pair % m.num_topk;
+            m.pool_src[row] = static_cast<i32>(m.token_base * m.num_topk + pair);
             m.pool_weight[row] = m.topk_weights[pair];
             m.pool_dst[row] = reinterpret_cast<u64>(m.combine) +
                               (static_cast<u64>(slot) * m.token_capacity + m.token_base + token) * m.hidden * 2ull;
+        }
+        for (u32 todo = __ballot_sync(0xFFFFFFFFu, row >= 0); todo != 0; todo &= todo - 1) {
+            const u32 j = __ffs(todo) - 1;
+            const u32 r = static_cast<u32>(__shfl_sync(0xFFFFFFFFu, row, j));
+            // The slot is rewritten during the launch: copy_token_row<true> reads it through L2.
+            copy_token_row<true>(m, (base + j * num_warps + warp) / m.num_topk, r, lane);
         }
     }
 }

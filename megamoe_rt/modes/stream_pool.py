@@ -28,8 +28,8 @@ from megamoe_rt.schedule.layout import BufferLayout, stream_blocks_per_expert
 
 def consume_grid(sm_count: int, pairs: int) -> int:
     """Blocks of the consumer launch: half the SMs' worth at most, so the producer's kernels always
-    find room next to blocks waiting for their chunks, and no more than a call's pairs need
-    (a warp per pair)."""
+    find room next to blocks waiting for their chunks, and no more than give every warp at least
+    one of a call's pairs."""
     return max(1, min(max(1, sm_count // 2), -(-pairs // (mk.DISPATCH_THREADS // 32))))
 
 

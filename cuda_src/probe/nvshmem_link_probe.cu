@@ -9,9 +9,7 @@
 // the device archive was built with (unsigned long), so the C++-mangled helper those calls reach
 // does not resolve at link time (megamoe_rt/jit/link.py).
 
-#include <nvshmem.h>
-#include <nvshmemx.h>
-
+#include "common/nvshmem_device_api.cuh"
 #include "common/types.cuh"
 
 namespace megamoe_rt::probe {

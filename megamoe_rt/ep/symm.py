@@ -106,6 +106,31 @@ class NvshmemRuntime:
             raise RuntimeError(f"NVSHMEM is already initialized as rank {cls._active.rank} of {cls._active.world_size}")
         return cls._active
 
+    @classmethod
+    def require_device_api(cls, name: str, device: int) -> NvshmemRuntime:
+        """The runtime a kernel calling NVSHMEM's device API runs under, or a RuntimeError
+        naming the kernel: NVSHMEM must be initialised in this process, on ``device``."""
+        rt = cls._active
+        if rt is None:
+            raise RuntimeError(
+                f"kernel {name} calls NVSHMEM's device API: initialise NVSHMEM in this process first "
+                "(NvshmemRuntime.initialize, as a layer built with group= does)"
+            )
+        if rt.device != device:
+            raise RuntimeError(
+                f"kernel {name} is loaded on GPU {device}, but NVSHMEM runs this process on GPU {rt.device}"
+            )
+        return rt
+
+    def init_device_library(self, library: Any, name: str) -> None:
+        """Hand NVSHMEM's device state to a loaded CUlibrary whose kernels call the device API
+        (``nvshmemx_culibrary_init``): once per load, before its first launch."""
+        from nvshmem import bindings
+
+        status = bindings.culibrary_init(int(library))
+        if status:
+            raise RuntimeError(f"nvshmemx_culibrary_init failed for kernel {name}: status {status}")
+
     def barrier(self, stream: Any = None) -> None:
         """All ranks reach this point on ``stream`` (any stream :func:`driver.stream_handle`
         accepts; None: CuPy's current stream, else the legacy default stream).

@@ -155,6 +155,11 @@ def build_options(spec: KernelSpec, *, lineinfo: bool) -> tuple[list[str], dict[
         external[need] = header_set_version(need)
     if spec.device_libraries:
         opts.append("--relocatable-device-code=true")
+    if "nvshmem" in spec.device_libraries:
+        # NVSHMEM's device headers before 3.8 declare a constructor with no execution space
+        # (nvshmem_tensor.h), which NVRTC refuses unless unannotated functions are __device__;
+        # every function of ours is annotated (common/nvshmem_device_api.cuh).
+        opts.append("-default-device")
     if lineinfo:
         opts.append("-lineinfo")
     opts.extend(f"--pre-include={inc}" for inc in spec.includes)

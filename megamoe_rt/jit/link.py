@@ -21,8 +21,16 @@ tests/cpu/test_device_link.py on every CI run):
   ``nvshmem_signal_wait_until``, ``nvshmem_fence`` and ``nvshmem_quiet`` link; a put followed
   by ``nvshmem_fence`` and ``nvshmemx_signal_op`` to the same PE gives put-with-signal's order.
 
+- NVSHMEM 3.4 (the version on the H200 test machines) compiles under NVRTC only with
+  common/nvshmem_device_api.cuh (CCCL's type traits in std for one reduction header) and
+  ``-default-device`` (one constructor without an execution space); 3.8 needs neither, and both
+  link the same way (tests/cpu/test_device_link.py on CI's 3.8; on the GPU,
+  tests/gpu/test_nvshmem_device_api_gpu.py with 3.4.5).
+
 A module linked this way must be initialised by NVSHMEM after it is loaded (the device-side
-NVSHMEM state it reads), before its first launch.
+NVSHMEM state it reads), before its first launch: megamoe_rt.kernels.loader hands each such
+CUlibrary to ``nvshmemx_culibrary_init`` right after loading it, and refuses to load one in a
+process where NVSHMEM does not run.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """Compiled-and-loaded kernels, one per (variant, device), loaded on first use.
 
+A kernel linked with NVSHMEM's device library is loaded only where NVSHMEM runs in the process,
+and its library is handed NVSHMEM's device state (nvshmemx_culibrary_init) right after the load.
+
 Loading also checks the kernel's parameters against its KernelSpec's declared list (once
 per load, never per launch): the driver reports each parameter's size in the compiled
 kernel, and a ctypes value of another size would be read as garbage by the device.
@@ -36,9 +39,16 @@ def get_kernel(spec: KernelSpec, device: int) -> driver.LoadedKernel:
     with _lock:
         k = _loaded.get(key)
         if k is None:
+            nvshmem_rt = None
+            if "nvshmem" in spec.device_libraries:  # checked before anything is built or loaded
+                from megamoe_rt.ep.symm import NvshmemRuntime
+
+                nvshmem_rt = NvshmemRuntime.require_device_api(spec.name, device)
             compiled = compile_kernel(spec)
             driver.ensure_context(device)
             k = driver.LoadedKernel(compiled.cubin, compiled.lowered_name, dynamic_smem_bytes=spec.dynamic_smem_bytes)
+            if nvshmem_rt is not None:
+                nvshmem_rt.init_device_library(k.library, spec.name)
             if spec.params:
                 info = driver_param_info(k)
                 if info is not None:

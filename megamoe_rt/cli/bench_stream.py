@@ -1,8 +1,9 @@
 """``megamoe-rt bench stream``: a router and the layer end to end, streamed against sequential.
 
-Sequential is what a pipeline does without the input ring: the gating GEMM and the routing of
-every token, the activations quantized, then the layer's call (unfused, the streamed call's
-path; fused as well, for reference). Streamed: the layer's call is enqueued first on its stream
+Sequential is what a pipeline does without the input ring: the same router over every token at
+once (its gating product, routing and quantized activations in one launch,
+``Router.route_batch``), then the layer's call (unfused, the streamed call's path; fused as
+well, for reference). Streamed: the layer's call is enqueued first on its stream
 and consumes chunks while the router (megamoe_rt/routers.py) produces them on another stream,
 chunk by chunk. Both arms are timed between CUDA events on the timer's stream (the producer
 stream forks from it and joins it), so each covers router and layer. Target (docs/STREAMING.md):

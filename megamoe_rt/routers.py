@@ -291,6 +291,9 @@ MAX_SLICES = 16
 # Experts a router routes: the last block of a tile holds a token's logits per warp in shared memory.
 MAX_EXPERTS = 1024
 
+# Tokens of one batch-routing launch (Router.route_batch): bounds its scratch.
+BATCH_TOKENS = 8192
+
 # Tokens of a router block's tile (the kernels' kTileTokens, set through router_options()).
 TILE_TOKENS = 32
 
@@ -360,10 +363,11 @@ class Router:
             self._route_all((-(-t // 8),), (256,), args)
 
     def route_batch(self, hidden: Any, gate: Any) -> tuple[Any, Any, Any, Any, Any]:
-        """A whole call's layer inputs in one launch on CuPy's current stream: ``(x, x_sf,
-        topk_idx, topk_weights, logits)`` for ``hidden`` (float32 ``[T, H]``) and ``gate``
-        (float32 ``[H, E]``), the bits a streamed call's chunks get (``x`` / ``x_sf`` are what
-        ``quantize_fp8(hidden)`` gives)."""
+        """A whole call's layer inputs on CuPy's current stream: ``(x, x_sf, topk_idx,
+        topk_weights, logits)`` for ``hidden`` (float32 ``[T, H]``) and ``gate`` (float32
+        ``[H, E]``), the bits a streamed call's chunks get (``x`` / ``x_sf`` are what
+        ``quantize_fp8(hidden)`` gives). One launch per BATCH_TOKENS tokens, which bounds the
+        scratch of partial products (16 x E floats a token at most)."""
         cp = self.cp
         self._check_inputs(hidden, gate)
         t, h = hidden.shape
@@ -372,32 +376,25 @@ class Router:
         idx, w = cp.empty((t, k), cp.int32), cp.empty((t, k), cp.float32)
         logits = cp.empty((t, self.num_experts), cp.float32)
         if t:
-            grid, partials, counters = self._scratch(t, h)
+            rows = min(t, BATCH_TOKENS)
+            _, partials, counters = self._scratch(rows, h)  # shared by the launches: they run in turn
             sk = np.uint32(slice_k(h))
-            args = (
-                hidden,
-                gate,
-                np.uint32(t),
-                np.uint32(h),
-                sk,
-                np.uint32(k),
-                idx,
-                w,
-                x,
-                x_sf,
-                logits,
-                partials,
-                counters,
-            )
-            self._route_batch(grid, (256,), args)
+            for t0 in range(0, t, rows):
+                n = min(rows, t - t0)
+                grid, _, _ = self._scratch(n, h, allocate=False)
+                outs = (idx[t0:], w[t0:], x[t0:], x_sf[t0:], logits[t0:])
+                args = (hidden[t0:], gate, np.uint32(n), np.uint32(h), sk, np.uint32(k), *outs, partials, counters)
+                self._route_batch(grid, (256,), args)
         return x, x_sf, idx, w, logits
 
-    def _scratch(self, rows: int, hidden: int) -> tuple[tuple[int, int], Any, Any]:
+    def _scratch(self, rows: int, hidden: int, *, allocate: bool = True) -> tuple[tuple[int, int], Any, Any]:
         """A launch's grid over ``rows`` tokens (token tiles x slices of the hidden dimension),
         with its partial products and per-tile counters (zero; the kernels leave them zero), from
-        CuPy's pool on the current stream."""
+        CuPy's pool on the current stream (None, None without ``allocate``)."""
         cp = self.cp
         tiles, slices = -(-rows // TILE_TOKENS), -(-hidden // slice_k(hidden))
+        if not allocate:
+            return (tiles, slices), None, None
         partials = cp.empty(tiles * slices * TILE_TOKENS * self.num_experts, cp.float32)
         return (tiles, slices), partials, cp.zeros(tiles, cp.uint32)
 

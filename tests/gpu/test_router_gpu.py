@@ -67,3 +67,16 @@ def test_router_inputs_are_checked_before_any_launch():
         Router(1025, 2)
     with pytest.raises(ValueError, match="num_topk=17"):
         Router(16, 17)
+
+
+def test_route_batch_in_several_launches_gives_the_same_bits(monkeypatch):
+    import megamoe_rt.routers as routers
+
+    rs = cp.random.RandomState(3)
+    h = rs.standard_normal((203, 512), dtype=cp.float32)
+    gate = rs.standard_normal((512, 24), dtype=cp.float32) / 16
+    router = routers.Router(24, 5)
+    whole = router.route_batch(h, gate)
+    monkeypatch.setattr(routers, "BATCH_TOKENS", 40)  # 6 launches, the last one partial
+    for a, b in zip(whole, router.route_batch(h, gate)):
+        assert cp.array_equal(a, b)

@@ -316,7 +316,8 @@ class Router:
     dimension cut into at most 16 slices, one block per tile and slice; the last block of a tile
     adds the slices in order, routes the tile and the blocks quantize their slices), so a chunk
     costs one launch, and a token's logits are the same bits in a streamed chunk and in the
-    batch call. A Router's launches on one stream at a time (each call takes its own scratch)."""
+    batch call. Each call takes its own scratch from CuPy's pool on the stream it runs on, so
+    calls on different streams do not share it."""
 
     def __init__(self, num_experts: int, num_topk: int, layer: Any = None):
         import cupy as cp

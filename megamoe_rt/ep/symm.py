@@ -63,6 +63,9 @@ class NvshmemRuntime:
         self._nvshmem = nvshmem
         self._buffers: list[SymmetricBuffer] = []
         self._last_barrier: driver.Event | None = None
+        # Loaded libraries handed NVSHMEM's device state (init_device_library), with the kernel
+        # each was loaded for: finalize() takes the state back before NVSHMEM ends.
+        self._device_libraries: list[tuple[Any, str]] = []
 
     def _init_from_unique_id(self, nvshmem: Any, dev: Any, np: Any) -> None:
         """NVSHMEM's unique-id bootstrap, retried with a fresh id while it fails on every rank.
@@ -130,6 +133,7 @@ class NvshmemRuntime:
         status = bindings.culibrary_init(int(library))
         if status:
             raise RuntimeError(f"nvshmemx_culibrary_init failed for kernel {name}: status {status}")
+        self._device_libraries.append((library, name))
 
     def barrier(self, stream: Any = None) -> None:
         """All ranks reach this point on ``stream`` (any stream :func:`driver.stream_handle`
@@ -156,6 +160,16 @@ class NvshmemRuntime:
         if self._last_barrier is not None:
             self._last_barrier.close()
             self._last_barrier = None
+        if self._device_libraries:
+            from nvshmem import bindings
+
+            from megamoe_rt.kernels import loader
+
+            for library, _ in self._device_libraries:
+                bindings.culibrary_finalize(int(library))
+            # Loaded again (and initialised under the next runtime) if a later layer needs them.
+            loader.forget({name for _, name in self._device_libraries}, self.device)
+            self._device_libraries.clear()
         self._nvshmem.finalize()
         if NvshmemRuntime._active is self:
             NvshmemRuntime._active = None

@@ -57,6 +57,14 @@ def get_kernel(spec: KernelSpec, device: int) -> driver.LoadedKernel:
     return k
 
 
+def forget(names: set[str], device: int) -> None:
+    """Drop the loaded kernels ``names`` on ``device``: the next get_kernel loads them again
+    (kernels whose library was handed NVSHMEM's device state, once NVSHMEM ends)."""
+    with _lock:
+        for name in names:
+            _loaded.pop((name, device), None)
+
+
 def _type_name(t: type) -> str:
     if issubclass(t, ctypes.Array):
         arr: Any = t  # a ctypes array type: its element type and length

@@ -1,7 +1,8 @@
 """A kernel that calls NVSHMEM's device API, end to end on one GPU: NVRTC's relocatable code
 linked with NVSHMEM's device library by nvJitLink, loaded, handed NVSHMEM's device state
 (nvshmemx_culibrary_init) and launched on a one-PE world, where its put, fence, signal and
-nvshmem_ptr act on this PE's own symmetric memory. Loading it before NVSHMEM runs is refused.
+nvshmem_ptr act on this PE's own symmetric memory. Loading it before NVSHMEM runs, or after
+it has ended, is refused.
 
 The check runs in a child process: NVSHMEM's initialisation and finalisation stay out of the
 test session's process."""
@@ -63,7 +64,12 @@ SCRIPT = textwrap.dedent(
     print("out:", out.tolist())
     print("dst:", int(words[0]), "signal:", int(words[2:4].view(cp.uint64)[0]))
     rt._nvshmem.free(buf)
-    rt.finalize()
+    rt.finalize()  # takes the library's NVSHMEM state back and forgets the loaded kernel
+    try:
+        get_kernel(NVSHMEM_LINK_SPEC, 0)
+        print("after finalize: loaded")
+    except RuntimeError as exc:
+        print("after finalize:", exc)
     """
 )
 
@@ -80,3 +86,7 @@ def test_a_device_api_kernel_is_linked_initialised_and_runs_on_one_pe():
     assert "out: [1, 0, 1]" in lines, out.stdout
     # the put wrote my_pe (0) over the poison; two launches added 1 to the signal twice
     assert "dst: 0 signal: 2" in lines, out.stdout
+    # once NVSHMEM has ended, the kernel is not handed out from the cache: loading is refused again
+    assert any(
+        line.startswith("after finalize: kernel nvshmem_link_probe calls NVSHMEM's device API") for line in lines
+    )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Callable
 from typing import Any
 
 from megamoe_rt.ep.group import RankGroup
@@ -63,9 +64,9 @@ class NvshmemRuntime:
         self._nvshmem = nvshmem
         self._buffers: list[SymmetricBuffer] = []
         self._last_barrier: driver.Event | None = None
-        # Loaded libraries handed NVSHMEM's device state (init_device_library), with the kernel
-        # each was loaded for: finalize() takes the state back before NVSHMEM ends.
-        self._device_libraries: list[tuple[Any, str]] = []
+        # Loaded libraries handed NVSHMEM's device state (init_device_library), each with what
+        # forgets its kernel: finalize() takes the state back before NVSHMEM ends.
+        self._device_libraries: list[tuple[Any, Callable[[], None]]] = []
 
     def _init_from_unique_id(self, nvshmem: Any, dev: Any, np: Any) -> None:
         """NVSHMEM's unique-id bootstrap, retried with a fresh id while it fails on every rank.
@@ -125,15 +126,17 @@ class NvshmemRuntime:
             )
         return rt
 
-    def init_device_library(self, library: Any, name: str) -> None:
+    def init_device_library(self, library: Any, name: str, forget: Callable[[], None]) -> None:
         """Hand NVSHMEM's device state to a loaded CUlibrary whose kernels call the device API
-        (``nvshmemx_culibrary_init``): once per load, before its first launch."""
+        (``nvshmemx_culibrary_init``): once per load, before its first launch. ``forget`` drops
+        the loaded kernel (the loader's), called when NVSHMEM ends, so that a later runtime
+        loads and initialises it again."""
         from nvshmem import bindings
 
         status = bindings.culibrary_init(int(library))
         if status:
             raise RuntimeError(f"nvshmemx_culibrary_init failed for kernel {name}: status {status}")
-        self._device_libraries.append((library, name))
+        self._device_libraries.append((library, forget))
 
     def barrier(self, stream: Any = None) -> None:
         """All ranks reach this point on ``stream`` (any stream :func:`driver.stream_handle`
@@ -163,12 +166,9 @@ class NvshmemRuntime:
         if self._device_libraries:
             from nvshmem import bindings
 
-            from megamoe_rt.kernels import loader
-
-            for library, _ in self._device_libraries:
+            for library, forget in self._device_libraries:
                 bindings.culibrary_finalize(int(library))
-            # Loaded again (and initialised under the next runtime) if a later layer needs them.
-            loader.forget({name for _, name in self._device_libraries}, self.device)
+                forget()  # loaded again (and initialised under the next runtime) if needed later
             self._device_libraries.clear()
         self._nvshmem.finalize()
         if NvshmemRuntime._active is self:

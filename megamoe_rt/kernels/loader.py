@@ -48,7 +48,7 @@ def get_kernel(spec: KernelSpec, device: int) -> driver.LoadedKernel:
             driver.ensure_context(device)
             k = driver.LoadedKernel(compiled.cubin, compiled.lowered_name, dynamic_smem_bytes=spec.dynamic_smem_bytes)
             if nvshmem_rt is not None:
-                nvshmem_rt.init_device_library(k.library, spec.name)
+                nvshmem_rt.init_device_library(k.library, spec.name, lambda: forget({spec.name}, device))
             if spec.params:
                 info = driver_param_info(k)
                 if info is not None:

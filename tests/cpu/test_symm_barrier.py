@@ -52,6 +52,7 @@ def runtime(monkeypatch):
     )
     rt = object.__new__(symm.NvshmemRuntime)
     rt._nvshmem, rt._buffers, rt._last_barrier, rt.device = nvshmem, [], None, 0
+    rt._device_libraries = []
     return rt, log
 
 
@@ -91,3 +92,42 @@ def test_finalize_closes_the_barrier_event(runtime, monkeypatch):
     rt.finalize()
     assert log.ops[-2:] == [("close", 1), ("finalize",)]
     assert rt._last_barrier is None and symm.NvshmemRuntime._active is None
+
+
+def test_finalize_takes_back_the_device_state_of_loaded_libraries_first(runtime, monkeypatch):
+    import sys
+
+    rt, log = runtime
+    bindings = SimpleNamespace(
+        culibrary_init=lambda lib: log.ops.append(("culibrary_init", lib)) or 0,
+        culibrary_finalize=lambda lib: log.ops.append(("culibrary_finalize", lib)) or 0,
+    )
+    monkeypatch.setitem(sys.modules, "nvshmem", SimpleNamespace(bindings=bindings))
+    monkeypatch.setitem(sys.modules, "nvshmem.bindings", bindings)
+    monkeypatch.setattr(symm.NvshmemRuntime, "_active", rt)
+    rt.init_device_library(0xAB, "k1", lambda: log.ops.append(("forget", "k1")))
+    rt.init_device_library(0xCD, "k2", lambda: log.ops.append(("forget", "k2")))
+    rt.finalize()
+    assert log.ops == [
+        ("culibrary_init", 0xAB),
+        ("culibrary_init", 0xCD),
+        ("culibrary_finalize", 0xAB),
+        ("forget", "k1"),
+        ("culibrary_finalize", 0xCD),
+        ("forget", "k2"),
+        ("finalize",),
+    ]
+    assert rt._device_libraries == []
+
+
+def test_a_device_api_kernel_needs_nvshmem_running_on_its_gpu(monkeypatch):
+    monkeypatch.setattr(symm.NvshmemRuntime, "_active", None)
+    with pytest.raises(RuntimeError, match="kernel probe calls NVSHMEM's device API: initialise NVSHMEM"):
+        symm.NvshmemRuntime.require_device_api("probe", 0)
+    rt = object.__new__(symm.NvshmemRuntime)
+    rt.device = 1
+    monkeypatch.setattr(symm.NvshmemRuntime, "_active", rt)
+    with pytest.raises(RuntimeError, match="kernel probe is loaded on GPU 0, but NVSHMEM runs this process on GPU 1"):
+        symm.NvshmemRuntime.require_device_api("probe", 0)
+    rt.device = 0
+    assert symm.NvshmemRuntime.require_device_api("probe", 0) is rt

@@ -298,6 +298,11 @@ BATCH_TOKENS = 8192
 TILE_TOKENS = 32
 
 
+def launch_grid(rows: int, hidden: int) -> tuple[int, int]:
+    """A router launch's grid over ``rows`` tokens: token tiles x slices of the hidden dimension."""
+    return -(-rows // TILE_TOKENS), -(-hidden // slice_k(hidden))
+
+
 def router_options(num_experts: int) -> list[str]:
     """NVRTC options of the router module built for ``num_experts`` logits per token."""
     return [
@@ -378,26 +383,23 @@ class Router:
         logits = cp.empty((t, self.num_experts), cp.float32)
         if t:
             rows = min(t, BATCH_TOKENS)
-            _, partials, counters = self._scratch(rows, h)  # shared by the launches: they run in turn
+            partials, counters = self._scratch(rows, h)  # shared by the launches: they run in turn
             sk = np.uint32(slice_k(h))
             for t0 in range(0, t, rows):
                 n = min(rows, t - t0)
-                grid, _, _ = self._scratch(n, h, allocate=False)
+                grid = launch_grid(n, h)
                 outs = (idx[t0:], w[t0:], x[t0:], x_sf[t0:], logits[t0:])
                 args = (hidden[t0:], gate, np.uint32(n), np.uint32(h), sk, np.uint32(k), *outs, partials, counters)
                 self._route_batch(grid, (256,), args)
         return x, x_sf, idx, w, logits
 
-    def _scratch(self, rows: int, hidden: int, *, allocate: bool = True) -> tuple[tuple[int, int], Any, Any]:
-        """A launch's grid over ``rows`` tokens (token tiles x slices of the hidden dimension),
-        with its partial products and per-tile counters (zero; the kernels leave them zero), from
-        CuPy's pool on the current stream (None, None without ``allocate``)."""
+    def _scratch(self, rows: int, hidden: int) -> tuple[Any, Any]:
+        """Partial products and per-tile counters (zero; the kernels leave them zero) of a launch
+        over ``rows`` tokens, from CuPy's pool on the current stream."""
         cp = self.cp
-        tiles, slices = -(-rows // TILE_TOKENS), -(-hidden // slice_k(hidden))
-        if not allocate:
-            return (tiles, slices), None, None
+        tiles, slices = launch_grid(rows, hidden)
         partials = cp.empty(tiles * slices * TILE_TOKENS * self.num_experts, cp.float32)
-        return (tiles, slices), partials, cp.zeros(tiles, cp.uint32)
+        return partials, cp.zeros(tiles, cp.uint32)
 
     def warm(self, hidden: Any, gate: Any, stream: Any) -> None:
         """Run the router once on ``stream`` over a few of ``hidden``'s tokens and wait. A kernel
@@ -424,7 +426,8 @@ class Router:
         sk = np.uint32(slice_k(h))
         with stream:
             logits = cp.empty((t, self.num_experts), cp.float32)
-            grid, partials, counters = self._scratch(c, h)  # shared by the chunks: they run in turn
+            grid = launch_grid(c, h)
+            partials, counters = self._scratch(c, h)  # shared by the chunks: they run in turn
             self._ring.begin_call(stream.ptr)
             self._slot_done.fill(0)
             for chunk in range(cfg.num_chunks(t)):

@@ -29,10 +29,13 @@ constexpr u32 kStepK = 32;                               // hidden elements stag
 static_assert(kTokensPerThread == 1 || kTokensPerThread == 2, "a thread's micro-tile");
 
 // Token `l`'s routing (one warp): softmax over the experts' logits, the top-k picked largest
-// first (ties: the lower expert), their probabilities renormalised. Lane 0 writes `idx` / `w`.
-// Every router entry point routes through this, so the streamed chunks and the batch call get
-// the same bits from the same logits.
-__device__ void route_row(const float* l, u32 k, i32* idx, float* w, u32 lane) {
+// first (ties: the lower expert), their probabilities renormalised. Every router entry point
+// routes through this, so the streamed chunks and the batch call get the same bits from the
+// same logits. The butterfly leaves every lane with each round's winner, so every lane sums the
+// probabilities (in pick order) in a register and lane j % 32 writes pick j: no store is read
+// back until the last division, which each lane makes on its own picks. Not inlined, so every
+// kernel runs one copy of it (and produce_chunks stays within its register budget).
+__device__ __noinline__ void route_row(const float* l, u32 k, i32* idx, float* w, u32 lane) {
     float top = -3.0e38f;
     for (u32 e = lane; e < kExperts; e += 32) top = fmaxf(top, l[e]);
     for (u32 off = 16; off > 0; off /= 2) top = fmaxf(top, __shfl_xor_sync(0xFFFFFFFFu, top, off));
@@ -50,15 +53,12 @@ __device__ void route_row(const float* l, u32 k, i32* idx, float* w, u32 lane) {
             const int oe = __shfl_xor_sync(0xFFFFFFFFu, best_e, off);
             if (oe >= 0 && (best_e < 0 || ob > best || (ob == best && oe < best_e))) best = ob, best_e = oe;
         }
-        if (lane == 0) {
-            idx[j] = best_e;
-            w[j] = __expf(best - top);
-            sum += w[j];
-        }
+        const float p = __expf(best - top);
+        sum += p;
+        if (j % 32 == lane) idx[j] = best_e, w[j] = p;
         prev = best, prev_e = best_e;
     }
-    if (lane == 0)
-        for (u32 j = 0; j < k; ++j) w[j] /= sum;
+    for (u32 j = lane; j < k; j += 32) w[j] /= sum;
 }
 
 // What one block of a router launch works on: token tile `tile` (rows [t0, t0 + rows) of the
@@ -201,44 +201,59 @@ __device__ void gate_route_tile(const TileSlice& ts, u32 slice, u32 num_slices, 
     for (u32 i = ts.rows * k + threadIdx.x; i < (ts.rows + empty_rows) * k; i += kThreads) idx[i] = -1, w[i] = 0.0f;
 }
 
-__device__ TileSlice tile_slice(const float* hidden, u32 num_rows, u32 hidden_dim, u32 slice_k) {
+__device__ TileSlice tile_slice(const float* hidden, u32 num_rows, u32 hidden_dim, u32 slice_k, u32 tile, u32 slice) {
     TileSlice ts;
-    const u32 t0 = blockIdx.x * kTileTokens;
+    const u32 t0 = tile * kTileTokens;
     ts.rows = t0 < num_rows ? min(kTileTokens, num_rows - t0) : 0;
     ts.hidden = hidden + static_cast<u64>(t0) * hidden_dim;
     ts.hidden_dim = hidden_dim;
-    ts.k_begin = blockIdx.y * slice_k;
+    ts.k_begin = slice * slice_k;
     ts.k_end = min(hidden_dim, ts.k_begin + slice_k);
     return ts;
 }
 
-// One launch per chunk, grid (ceil(tokens_per_slot / kTileTokens), slices): the chunk's gating
-// product, routing and quantized activations straight into its slot, both halves published by
-// the last block done. `hidden` holds the chunk's `n` rows; tokens past `n` get empty routes, so
-// the slot describes itself. Every block first waits for the slot to be free (the wait only
-// reads). `slot_done` counts the blocks done with each slot in this call (zeroed at the call's
-// start): a slot's k-th chunk of the call is complete once every block has counted it k times.
-// `partials` / `counters`: the launch's scratch (counters zero, and zero again after it).
-extern "C" __global__ void __launch_bounds__(kThreads) produce_chunk(const stream::StreamRing* ring_ptr,
-                                                                     const float* hidden, const float* gate, u32 n,
-                                                                     u32 chunk, u32 slice_k, u32* slot_done,
-                                                                     float* logits, float* partials, u32* counters) {
+// One thread per chunk of [first, first + count): wait until every consumer is done with the
+// chunk's slot. A one-block launch ahead of each produce_chunks launch on the producer's stream,
+// so the blocks that write slots never wait: a consumer that needs whole SMs (GEMMs) always
+// finds them, and the wait holds one block, not a launch's worth.
+extern "C" __global__ void wait_slots_free(const stream::StreamRing* ring_ptr, u32 first, u32 count) {
     const stream::StreamRing ring = *ring_ptr;
-    __shared__ int free_slot;
-    if (threadIdx.x == 0) free_slot = stream::wait_slot_free(ring, chunk, 60ull * 1000 * 1000 * 1000);
-    __syncthreads();
-    if (!free_slot) {  // the layer never released the slot: say which wait, then stop
-        if (threadIdx.x == 0)
+    for (u32 i = threadIdx.x; i < count; i += blockDim.x) {
+        const u32 chunk = first + i;
+        if (!stream::wait_slot_free(ring, chunk, 60ull * 1000 * 1000 * 1000)) {
             printf("megamoe_rt.routers: wait 'stream slot free' timed out after 60 s: slot %u (chunk %u) was never "
                    "released by the layer\n", stream::slot_of(ring, chunk), chunk);
-        __trap();
+            __trap();
+        }
     }
-    const TileSlice ts = tile_slice(hidden, n, ring.hidden, slice_k);
+}
+
+// Chunks [first_chunk, first_chunk + gridDim.z) of a call in one launch, grid
+// (ceil(tokens_per_slot / kTileTokens), slices, chunks), after wait_slots_free for the same
+// chunks: each chunk's gating product, routing and quantized activations straight into its
+// slot, both halves published by the chunk's last block done. Blocks are dispatched in chunk
+// order (z is the slowest grid dimension), so the first chunks publish while later ones are
+// still being routed. `hidden` holds the launch's `n` rows from its first chunk's first token;
+// a chunk's tokens past them get empty routes, so the slot describes itself. `slot_done`
+// counts the blocks done with each slot in this call (zeroed at the call's start): a slot's
+// k-th chunk of the call is complete once every block of a chunk has counted it k times.
+// `partials` / `counters`: the launch's scratch (counters zero, and zero again after it).
+// Four blocks an SM (64 registers): unbounded, ptxas spilled at some expert counts.
+extern "C" __global__ void __launch_bounds__(kThreads, 4) produce_chunks(const stream::StreamRing* ring_ptr,
+                                                                      const float* hidden, const float* gate, u32 n,
+                                                                      u32 first_chunk, u32 slice_k, u32* slot_done,
+                                                                      float* logits, float* partials, u32* counters) {
+    const stream::StreamRing ring = *ring_ptr;
+    const u32 chunk = first_chunk + blockIdx.z;
+    const u64 c0 = static_cast<u64>(blockIdx.z) * ring.tokens_per_slot;  // the chunk's first row in the launch
+    const u32 chunk_rows = min(static_cast<u64>(ring.tokens_per_slot), n - c0);
+    const TileSlice ts = tile_slice(hidden + c0 * ring.hidden, chunk_rows, ring.hidden, slice_k, blockIdx.x, blockIdx.y);
     const u64 t0 = static_cast<u64>(blockIdx.x) * kTileTokens;
+    const u32 tile = blockIdx.z * gridDim.x + blockIdx.x;  // the tile's scratch in the launch
     quantize_slice(ts, stream::chunk_x(ring, chunk) + t0 * ring.hidden, stream::chunk_x_sf(ring, chunk) + t0 * (ring.hidden / 128));
     const u32 slot_rows = min(kTileTokens, ring.tokens_per_slot - static_cast<u32>(t0));
-    gate_route_tile(ts, blockIdx.y, gridDim.y, gate, partials + t0 * gridDim.y * kExperts, counters + blockIdx.x,
-                    logits + t0 * kExperts, ring.num_topk, stream::chunk_topk_idx(ring, chunk) + t0 * ring.num_topk,
+    gate_route_tile(ts, blockIdx.y, gridDim.y, gate, partials + static_cast<u64>(tile) * kTileTokens * gridDim.y * kExperts, counters + tile,
+                    logits + (c0 + t0) * kExperts, ring.num_topk, stream::chunk_topk_idx(ring, chunk) + t0 * ring.num_topk,
                     stream::chunk_topk_weights(ring, chunk) + t0 * ring.num_topk, slot_rows - ts.rows);
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -259,7 +274,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) route_batch(const float* 
                                                                    u32 num_tokens, u32 hidden_dim, u32 slice_k, u32 k,
                                                                    i32* idx, float* w, u8* x, float* x_sf,
                                                                    float* logits, float* partials, u32* counters) {
-    const TileSlice ts = tile_slice(hidden, num_tokens, hidden_dim, slice_k);
+    const TileSlice ts = tile_slice(hidden, num_tokens, hidden_dim, slice_k, blockIdx.x, blockIdx.y);
     const u64 t0 = static_cast<u64>(blockIdx.x) * kTileTokens;
     quantize_slice(ts, x + t0 * hidden_dim, x_sf + t0 * (hidden_dim / 128));
     gate_route_tile(ts, blockIdx.y, gridDim.y, gate, partials + t0 * gridDim.y * kExperts, counters + blockIdx.x,
@@ -296,6 +311,12 @@ BATCH_TOKENS = 8192
 
 # Tokens of a router block's tile (the kernels' kTileTokens, set through router_options()).
 TILE_TOKENS = 32
+
+
+def chunks_per_launch(num_slots: int, tokens_per_slot: int) -> int:
+    """Chunks a streaming router launch covers: a round of the ring (no chunk of a launch waits
+    for another's slot), at most BATCH_TOKENS tokens (the scratch) unless one chunk is more."""
+    return max(1, min(num_slots, BATCH_TOKENS // tokens_per_slot))
 
 
 def launch_grid(rows: int, hidden: int) -> tuple[int, int]:
@@ -336,8 +357,9 @@ class Router:
         self.cp, self.num_experts, self.num_topk, self.layer = cp, num_experts, num_topk, layer
         module = cp.RawModule(code=ROUTER, options=tuple(router_options(num_experts)))
         # get_function loads each kernel now, not at its first launch (see produce()).
-        names = ("produce_chunk", "route_batch", "route_all")
-        self._produce_chunk, self._route_batch, self._route_all = (module.get_function(n) for n in names)
+        names = ("wait_slots_free", "produce_chunks", "route_batch", "route_all")
+        kernels = [module.get_function(n) for n in names]
+        self._wait_slots_free, self._produce_chunks, self._route_batch, self._route_all = kernels
         if layer is not None:
             ring = layer.input_ring
             self.config = layer.streaming
@@ -383,7 +405,7 @@ class Router:
         logits = cp.empty((t, self.num_experts), cp.float32)
         if t:
             rows = min(t, BATCH_TOKENS)
-            partials, counters = self._scratch(rows, h)  # shared by the launches: they run in turn
+            partials, counters = self._scratch(*launch_grid(rows, h))  # shared by the launches: they run in turn
             sk = np.uint32(slice_k(h))
             for t0 in range(0, t, rows):
                 n = min(rows, t - t0)
@@ -393,11 +415,10 @@ class Router:
                 self._route_batch(grid, (256,), args)
         return x, x_sf, idx, w, logits
 
-    def _scratch(self, rows: int, hidden: int) -> tuple[Any, Any]:
+    def _scratch(self, tiles: int, slices: int) -> tuple[Any, Any]:
         """Partial products and per-tile counters (zero; the kernels leave them zero) of a launch
-        over ``rows`` tokens, from CuPy's pool on the current stream."""
+        over ``tiles`` token tiles, from CuPy's pool on the current stream."""
         cp = self.cp
-        tiles, slices = launch_grid(rows, hidden)
         partials = cp.empty(tiles * slices * TILE_TOKENS * self.num_experts, cp.float32)
         return partials, cp.zeros(tiles, cp.uint32)
 
@@ -410,29 +431,47 @@ class Router:
         stream.synchronize()
 
     def produce(self, hidden: Any, gate: Any, stream: Any) -> list[Any]:
-        """A streamed call's inputs, chunk by chunk on ``stream``: one launch per chunk computes
-        the gating product of the chunk's ``hidden`` rows (float32 ``[T, H]``, C-contiguous) with
-        ``gate`` (float32 ``[H, E]``), routes the chunk into its slot, quantizes its activations
-        there (the bytes ``quantize_fp8`` gives) and publishes both halves. Returns the chunks'
-        logits (for checking against :meth:`route_all`)."""
+        """A streamed call's inputs, chunk by chunk on ``stream``: the gating product of the call's
+        ``hidden`` rows (float32 ``[T, H]``, C-contiguous) with ``gate`` (float32 ``[H, E]``), each
+        chunk routed into its slot, its activations quantized there (the bytes ``quantize_fp8``
+        gives) and both halves published as soon as the chunk is done. Returns the chunks'
+        logits (for checking against :meth:`route_all`).
+
+        One launch covers a round of the ring (``num_slots`` chunks, at most BATCH_TOKENS tokens),
+        so no chunk of a launch waits for another chunk of it, and each launch's fixed cost (the
+        last tiles' reduction and routing) overlaps the next chunks' products instead of adding up
+        chunk by chunk. A one-block launch ahead of each round waits for the round's slots: the
+        blocks that write slots never wait, so they never hold SMs a consumer needs."""
         cp = self.cp
         cfg, t = self.config, hidden.shape[0]
         self._check_inputs(hidden, gate, self._ring.layout.hidden)
         c = cfg.tokens_per_slot
         if t > self.layer.num_max_tokens_per_rank:
             raise ValueError(f"hidden: {t} tokens, more than the layer's capacity {self.layer.num_max_tokens_per_rank}")
-        out = []
         h = hidden.shape[1]
         sk = np.uint32(slice_k(h))
+        num_chunks = cfg.num_chunks(t)
+        per_launch = chunks_per_launch(cfg.num_slots, c)
+        tiles, slices = launch_grid(c, h)
         with stream:
             logits = cp.empty((t, self.num_experts), cp.float32)
-            grid = launch_grid(c, h)
-            partials, counters = self._scratch(c, h)  # shared by the chunks: they run in turn
+            partials, counters = self._scratch(
+                min(per_launch, max(num_chunks, 1)) * tiles, slices
+            )  # launches run in turn
             self._ring.begin_call(stream.ptr)
             self._slot_done.fill(0)
-            for chunk in range(cfg.num_chunks(t)):
-                first, n = chunk * c, cfg.chunk_tokens(t, chunk)
-                out.append(logits[first : first + n])
-                args = (self._ring_dev, hidden[first:], gate, np.uint32(n), np.uint32(chunk), sk, self._slot_done)
-                self._produce_chunk(grid, (256,), (*args, out[-1], partials, counters))
-        return out
+            for first in range(0, num_chunks, per_launch):
+                count = min(per_launch, num_chunks - first)
+                self._wait_slots_free((1,), (32,), (self._ring_dev, np.uint32(first), np.uint32(count)))
+                rows = min(t - first * c, count * c)
+                args = (
+                    self._ring_dev,
+                    hidden[first * c :],
+                    gate,
+                    np.uint32(rows),
+                    np.uint32(first),
+                    sk,
+                    self._slot_done,
+                )
+                self._produce_chunks((tiles, slices, count), (256,), (*args, logits[first * c :], partials, counters))
+        return [logits[i * c : i * c + cfg.chunk_tokens(t, i)] for i in range(num_chunks)]

@@ -111,14 +111,16 @@ MEGAMOE_RT_ASSERT_OFFSET(StreamPoolParams, blocks_per_expert, 240, "StreamPoolPa
 MEGAMOE_RT_ASSERT_OFFSET(StreamPoolParams, pool_blocks, 244, "StreamPoolParams::pool_blocks: offset differs from megamoe_rt/kernels/interface");
 
 // One launch that walks every chunk of a streamed call (cuda_src/moe/stream_pool.cu): each
-// block waits for a chunk, claims and copies its share, and the last block done releases the slot.
+// group of blocks waits for its chunks, claims and copies them, and the last block done with a
+// chunk releases its slot.
 struct StreamConsumeParams {
     StreamPoolParams pool;    // the call's pool; pool.moe is the call (num_tokens: the call's tokens), each chunk's inputs
                               // come from its ring slot
     stream::StreamRing ring;  // this rank's input ring
     u32* slot_done;           // [num_slots]: blocks done with each slot in the call (zeroed per call)
     u32 num_chunks;           // chunks of the call (the same on every rank: from num_tokens_bound)
-    u32 pad_;
+    u32 chunk_groups;         // chunks consumed at once: block b takes the chunks c with c % chunk_groups == b % chunk_groups
+                              // (the grid is a multiple of it)
 };
 static_assert(sizeof(StreamConsumeParams) == 352, "StreamConsumeParams: size differs from megamoe_rt/kernels/interface");
 static_assert(alignof(StreamConsumeParams) == 8, "StreamConsumeParams: alignment differs from megamoe_rt/kernels/interface");
@@ -126,7 +128,7 @@ MEGAMOE_RT_ASSERT_OFFSET(StreamConsumeParams, pool, 0, "StreamConsumeParams::poo
 MEGAMOE_RT_ASSERT_OFFSET(StreamConsumeParams, ring, 248, "StreamConsumeParams::ring: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(StreamConsumeParams, slot_done, 336, "StreamConsumeParams::slot_done: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(StreamConsumeParams, num_chunks, 344, "StreamConsumeParams::num_chunks: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(StreamConsumeParams, pad_, 348, "StreamConsumeParams::pad_: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamConsumeParams, chunk_groups, 348, "StreamConsumeParams::chunk_groups: offset differs from megamoe_rt/kernels/interface");
 
 }  // namespace megamoe_rt::moe
 // clang-format on

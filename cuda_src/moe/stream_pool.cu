@@ -94,22 +94,30 @@ __device__ __forceinline__ void dispatch_chunk_pairs(const StreamPoolParams& sp,
     }
 }
 
-// Every chunk of a call in one launch, so the host launches nothing per chunk. Each block
-// walks the chunks in order: its thread 0 waits until both halves of the chunk carry the call's
-// generation, the block claims and copies its share of the chunk's pairs, and the last block
-// done with the chunk releases the slot. Blocks never wait for each other (only for the
-// producer and for a block claim, whose claimant is running), so they need not be resident
-// together, and a grid smaller than the GPU leaves the producer room to run.
+// Every chunk of a call in one launch, so the host launches nothing per chunk. The blocks form
+// cp.chunk_groups groups that take the chunks in turn (group g: chunks g, g + groups, ...), so
+// that many chunks are consumed at once: one chunk's chain of waits, claims and copies is
+// latency, not work, and a producer that publishes several chunks together would otherwise
+// wait on them one after another. In each group, thread 0 of a block waits until both halves
+// of the chunk carry the call's generation, the group's blocks claim and copy their shares of
+// the chunk's pairs, and the last block done releases the slot. Blocks never wait for each
+// other (only for the producer and for a block claim, whose claimant is running), so they need
+// not be resident together, and a grid smaller than the GPU leaves the producer room to run.
 //
 // The slots are rewritten by the producer while this launch runs: the rows are read through
-// L2 (ld.global.cg), after each warp's own acquire of the generations.
-__global__ void __launch_bounds__(kDispatchThreads) moe_stream_consume(const __grid_constant__ StreamConsumeParams cp) {
+// L2 (ld.global.cg), after each warp's own acquire of the generations. The bound of three blocks
+// an SM (at most 80 registers) is there because, without it, ptxas held the kernel to 32 and spilled.
+__global__ void __launch_bounds__(kDispatchThreads, 3)
+    moe_stream_consume(const __grid_constant__ StreamConsumeParams cp) {
     const stream::StreamRing& ring = cp.ring;
     const u32 lane = threadIdx.x % 32;
     const u32 warps_per_block = kDispatchThreads / 32;
+    const u32 groups = cp.chunk_groups;
+    const u32 group_blocks = gridDim.x / groups;  // blocks of each group
+    const u32 group_warp = blockIdx.x / groups * warps_per_block + threadIdx.x / 32;
     const u32 epoch = ptx::ld_acquire_gpu_u32(ring.consumer_epoch);  // counted by stream_begin_consume
     const u32 call_tokens = cp.pool.moe.num_tokens;
-    for (u32 c = 0; c < cp.num_chunks; ++c) {
+    for (u32 c = blockIdx.x % groups; c < cp.num_chunks; c += groups) {
         const u32 first = c * ring.tokens_per_slot;
         if (first >= call_tokens) break;  // this rank's tokens end here; later chunks carry none
         const u32 n = min(ring.tokens_per_slot, call_tokens - first);
@@ -134,12 +142,13 @@ __global__ void __launch_bounds__(kDispatchThreads) moe_stream_consume(const __g
         m.topk_weights = stream::chunk_topk_weights(ring, c);
         m.num_tokens = n;
         m.token_base = first;
-        dispatch_chunk_pairs(cp.pool, m, blockIdx.x * warps_per_block + threadIdx.x / 32, gridDim.x * warps_per_block,
-                             lane);
+        dispatch_chunk_pairs(cp.pool, m, group_warp, group_blocks * warps_per_block, lane);
         __syncthreads();  // every warp's reads of the slot are done
         if (threadIdx.x == 0) {
-            // The slot's k-th use in this call is done once every block has counted it k times.
-            const u32 target = gridDim.x * (c / ring.num_slots + 1);
+            // The slot's k-th use in this call is done once every block of a group has counted it
+            // k times. Uses complete in order: the next chunk in the slot is published only after
+            // this one is released.
+            const u32 target = group_blocks * (c / ring.num_slots + 1);
             if (ptx::atom_add_acq_rel_gpu_u32(cp.slot_done + slot, 1u) + 1 == target) {
                 ptx::fence_acq_rel_sys();
                 ptx::st_release_sys_u64(ring.consumed_gen + slot, gen);

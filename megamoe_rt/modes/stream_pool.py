@@ -26,11 +26,18 @@ from megamoe_rt.runtime.deadlines import TimeoutRecord
 from megamoe_rt.schedule.layout import BufferLayout, stream_blocks_per_expert
 
 
-def consume_grid(sm_count: int, pairs: int) -> int:
-    """Blocks of the consumer launch: half the SMs' worth at most, so the producer's kernels always
-    find room next to blocks waiting for their chunks, and no more than give every warp at least
-    one of a call's pairs."""
-    return max(1, min(max(1, sm_count // 2), -(-pairs // (mk.DISPATCH_THREADS // 32))))
+def consume_grid(sm_count: int, pairs: int, num_slots: int, num_chunks: int) -> tuple[int, int]:
+    """Blocks of the consumer launch and the groups they form (chunks consumed at once).
+
+    One block an SM at most: a block holds under a third of its SM's registers and no shared
+    memory, and the kernel asks for the SMs' full shared memory (prefer_max_shared_memory), so
+    the producer's blocks always find room next to blocks waiting for their chunks. No more
+    blocks than give every warp at least one of a call's pairs. One group per slot (as many
+    chunks as the ring can hold published at once), at most one per chunk and per block; the
+    grid is cut to a multiple of the groups."""
+    grid = max(1, min(sm_count, -(-pairs // (mk.DISPATCH_THREADS // 32))))
+    groups = max(1, min(num_slots, num_chunks, grid))
+    return grid // groups * groups, groups
 
 
 class StreamPool:
@@ -57,6 +64,9 @@ class StreamPool:
                 "seal": get_kernel(mk.stream_seal_spec(), dev),
                 "combine": get_kernel(mk.combine_spec("int32"), dev),
             }
+            # Its blocks wait for the producer's kernels: the SMs they sit on must keep room for
+            # producer blocks that use shared memory.
+            self._kernels["consume"].prefer_max_shared_memory()
 
     def _params(self, moe: mk.MoeParams, wait: Any) -> mk.StreamPoolParams:
         return mk.StreamPoolParams(
@@ -91,7 +101,9 @@ class StreamPool:
                 slot_done=self._slot_done,
                 num_chunks=cfg.num_chunks(call.bound),
             )
-            grid = consume_grid(s.sm_count, call.num_tokens * s.num_topk)
+            grid, params.chunk_groups = consume_grid(
+                s.sm_count, call.num_tokens * s.num_topk, cfg.num_slots, cfg.num_chunks(call.num_tokens)
+            )
             self._kernels["consume"].launch((grid,), (mk.DISPATCH_THREADS,), [params], stream=stream)
             self._kernels["seal"].launch((1,), (mk.SCAN_THREADS,), [self._params(whole, wait)], stream=stream)
             for gemm in gemms:

@@ -753,6 +753,21 @@ class LoadedKernel:
                 self.dynamic_smem_bytes,
             )
 
+    def prefer_max_shared_memory(self) -> None:
+        """Ask for the SM configuration with the most shared memory whenever this kernel runs.
+
+        A kernel using little shared memory otherwise lets the driver shrink the shared
+        memory of the SMs it runs on, and a block of another kernel that needs more cannot join
+        them until they drain: a kernel whose blocks wait for such a kernel's work (a streamed
+        call's consumer, waiting on the producer's kernels) must not do that to every SM."""
+        cu = _cu()
+        call(
+            cu.cuFuncSetAttribute,
+            self.function,
+            cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+            int(cu.CUshared_carveout.CU_SHAREDMEM_CARVEOUT_MAX_SHARED),
+        )
+
     def attribute(self, name: str) -> int:
         cu = _cu()
         attr = getattr(cu.CUfunction_attribute, f"CU_FUNC_ATTRIBUTE_{name.upper()}")

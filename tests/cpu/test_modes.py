@@ -358,8 +358,12 @@ def test_a_streamed_call_is_one_consumer_launch_then_one_seal_and_each_gemm_once
     for p in (consume.pool.moe, seal.moe, combine):  # the whole call: its tokens, the ids the consumer keeps
         assert (p.num_tokens, p.token_base, p.topk_idx, p.y) == (250, 0, b.ptr("stream_call_topk_idx"), 0x5000)
     assert [e[1] for e in rec.log if e[0] in ("l1", "l2")] == [b.ptr("stream_block_map")] * 2
-    # Half the SMs at most (room for the producer), no more blocks than the call's pairs need.
-    assert consume_grid(132, 250 * 6) == 66 and consume_grid(132, 20) == 3 and consume_grid(1, 10**6) == 1
+    assert consume.chunk_groups == 3  # one group per slot
+    # One block an SM at most, no more blocks than the call's pairs need; a group per slot, at
+    # most one per chunk and per block, the grid a multiple of the groups.
+    assert consume_grid(132, 250 * 6, 4, 16) == (132, 4) and consume_grid(132, 20, 4, 16) == (3, 3)
+    assert consume_grid(1, 10**6, 4, 16) == (1, 1) and consume_grid(132, 10**6, 16, 3) == (132, 3)
+    assert consume_grid(132, 10**6, 1, 16) == (132, 1) and consume_grid(132, 10**6, 5, 16) == (130, 5)
 
 
 def test_a_streamed_call_without_tokens_only_keeps_the_rings_epoch(monkeypatch):

@@ -129,10 +129,16 @@ STREAM_CONSUME_PARAMS = Struct(
         Field("ring", STREAM_RING, "this rank's input ring"),
         Field("slot_done", Ptr(U32), "[num_slots]: blocks done with each slot in the call (zeroed per call)"),
         Field("num_chunks", U32, "chunks of the call (the same on every rank: from num_tokens_bound)"),
-        Field("pad_", U32),
+        Field(
+            "chunk_groups",
+            U32,
+            "chunks consumed at once: block b takes the chunks c with c % chunk_groups == b % chunk_groups\n"
+            "(the grid is a multiple of it)",
+        ),
     ],
     doc="One launch that walks every chunk of a streamed call (cuda_src/moe/stream_pool.cu): each\n"
-    "block waits for a chunk, claims and copies its share, and the last block done releases the slot.",
+    "group of blocks waits for its chunks, claims and copies them, and the last block done with a\n"
+    "chunk releases its slot.",
 )
 
 HEADER = Header(

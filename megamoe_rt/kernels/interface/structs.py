@@ -326,7 +326,8 @@ class StreamPoolParams(ctypes.Structure):
 
 class StreamConsumeParams(ctypes.Structure):
     """One launch that walks every chunk of a streamed call (cuda_src/moe/stream_pool.cu): each
-    block waits for a chunk, claims and copies its share, and the last block done releases the slot.
+    group of blocks waits for its chunks, claims and copies them, and the last block done with a
+    chunk releases its slot.
 
     ``megamoe_rt::moe::StreamConsumeParams``, declared in megamoe_rt/kernels/interface/moe.py.
     """
@@ -335,14 +336,14 @@ class StreamConsumeParams(ctypes.Structure):
     ring: StreamRing  # this rank's input ring
     slot_done: int  # [num_slots]: blocks done with each slot in the call (zeroed per call)
     num_chunks: int  # chunks of the call (the same on every rank: from num_tokens_bound)
-    pad_: int
+    chunk_groups: int  # chunks consumed at once: block b takes the chunks c with c % chunk_groups == b % chunk_groups (the grid is a multiple of it)
 
     _fields_ = [
         ("pool", StreamPoolParams),
         ("ring", StreamRing),
         ("slot_done", ctypes.c_uint64),
         ("num_chunks", ctypes.c_uint32),
-        ("pad_", ctypes.c_uint32),
+        ("chunk_groups", ctypes.c_uint32),
     ]
 
 

@@ -1,7 +1,8 @@
-"""A router that streams a layer call's inputs: one CuPy kernel launch per chunk of tokens
-computes the chunk's gating product, routes it (softmax over the experts, top-k) and quantizes
-its activations straight into the layer's input ring, on a producer stream, while the layer
-consumes the chunks already published on its own stream. The result is checked against the
+"""A router that streams a layer call's inputs: CuPy kernels compute each chunk's gating
+product, route it (softmax over the experts, top-k) and quantize its activations straight into
+the layer's input ring, one launch per round of the ring, publishing each chunk as soon as it is
+done, on a producer stream, while the layer consumes the chunks already published on its own
+stream. The result is checked against the
 same call made the usual way (all tokens routed first, then the layer). Run on a Hopper GPU:
 
     python examples/streaming_router.py [--tokens 4096] [--slots 4] [--chunk 512]
@@ -42,7 +43,7 @@ router.warm(hidden, gate, producer)
 consumer.synchronize()
 
 # Streamed: the layer is enqueued first and waits on the device; the producer follows on its
-# own stream, one launch per chunk.
+# own stream, one launch per round of the ring.
 y = layer.consume(T, stream=consumer)
 chunk_logits = router.produce(hidden, gate, producer)
 consumer.synchronize()

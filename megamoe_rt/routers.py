@@ -340,9 +340,9 @@ class Router:
 
     The gating product runs inside the router's own kernels (tiles of 32 tokens, the hidden
     dimension cut into at most 16 slices, one block per tile and slice; the last block of a tile
-    adds the slices in order, routes the tile and the blocks quantize their slices), so a chunk
-    costs one launch, and a token's logits are the same bits in a streamed chunk and in the
-    batch call. Each call takes its own scratch from CuPy's pool on the stream it runs on, so
+    adds the slices in order, routes the tile and the blocks quantize their slices), so a round
+    of the ring costs one launch (and a one-block wait for its slots), and a token's logits are
+    the same bits in a streamed chunk and in the batch call. Each call takes its own scratch from CuPy's pool on the stream it runs on, so
     calls on different streams do not share it."""
 
     def __init__(self, num_experts: int, num_topk: int, layer: Any = None):

@@ -5,7 +5,7 @@ once (its gating product, routing and quantized activations in one launch,
 ``Router.route_batch``), then the layer's call (unfused, the streamed call's path; fused as
 well, for reference). Streamed: the layer's call is enqueued first on its stream
 and consumes chunks while the router (megamoe_rt/routers.py) produces them on another stream,
-chunk by chunk. Both arms are timed between CUDA events on the timer's stream (the producer
+a round of the ring per launch, each chunk published as soon as it is done. Both arms are timed between CUDA events on the timer's stream (the producer
 stream forks from it and joins it), so each covers router and layer. Target (docs/STREAMING.md):
 streamed faster than sequential at >= 2048 tokens.
 

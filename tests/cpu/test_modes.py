@@ -366,6 +366,29 @@ def test_a_streamed_call_is_one_consumer_launch_then_one_seal_and_each_gemm_once
     assert consume_grid(132, 10**6, 1, 16) == (132, 1) and consume_grid(132, 10**6, 5, 16) == (130, 5)
 
 
+def test_the_streamed_consumer_keeps_its_sms_open_to_producer_blocks_with_shared_memory(monkeypatch):
+    # A consumer block on every SM, using no shared memory, let the driver give those SMs the
+    # least shared memory: the producer's blocks then fit on none of them, and the call hangs.
+    from megamoe_rt.modes import stream_pool
+
+    rec = _Recorder()
+    _, pool = _streamed_mode(monkeypatch, rec)
+    asked = []
+
+    class Loaded:
+        def __init__(self, name):
+            self.name = name
+
+        def prefer_max_shared_memory(self):
+            asked.append(self.name)
+
+    monkeypatch.setattr(stream_pool, "get_kernel", lambda spec, dev: Loaded(spec.name))
+    pool._kernels = {}
+    pool.load_kernels()
+    assert asked == ["moe_stream_consume"]
+    assert set(pool._kernels) == {"consume", "seal", "combine"}
+
+
 def test_a_streamed_call_without_tokens_only_keeps_the_rings_epoch(monkeypatch):
     rec = _Recorder()
     mode, pool = _streamed_mode(monkeypatch, rec)

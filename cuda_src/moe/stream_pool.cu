@@ -102,7 +102,8 @@ __device__ __forceinline__ void dispatch_chunk_pairs(const StreamPoolParams& sp,
 // of the chunk carry the call's generation, the group's blocks claim and copy their shares of
 // the chunk's pairs, and the last block done releases the slot. Blocks never wait for each
 // other (only for the producer and for a block claim, whose claimant is running), so they need
-// not be resident together, and a grid smaller than the GPU leaves the producer room to run.
+// not be resident together. The host puts at most one block on an SM and asks for the SMs' full
+// shared memory, so the producer's blocks find room beside blocks waiting for their chunks.
 //
 // The slots are rewritten by the producer while this launch runs: the rows are read through
 // L2 (ld.global.cg), after each warp's own acquire of the generations. The bound of three blocks

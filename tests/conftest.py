@@ -1,6 +1,8 @@
 """Markers `gpu` and `multigpu` skip cleanly where no Hopper GPU (or too few) is present.
 
-The multi-GPU tests run at MEGAMOE_RT_TEST_RANKS ranks (default 2; bench/ep8.sh sets 4 or 8)."""
+The multi-GPU tests run at MEGAMOE_RT_TEST_RANKS ranks (default 2; bench/ep8.sh sets 4 or 8).
+With MEGAMOE_RT_RANK_DEVICES set (e.g. ``0``: every rank on GPU 0) they need only the GPUs it
+names: ranks sharing a GPU run the same cross-rank paths, time-sharing it."""
 
 from __future__ import annotations
 
@@ -22,10 +24,20 @@ def hopper_gpu_count() -> int:
         return 0
 
 
+def multigpu_need() -> int:
+    """GPUs the multi-GPU tests need: one per rank, or those MEGAMOE_RT_RANK_DEVICES names."""
+    from megamoe_rt.ep.env import assigned_device
+
+    world = max(2, TEST_RANKS)
+    if os.environ.get("MEGAMOE_RT_RANK_DEVICES", "").strip():
+        return 1 + max(assigned_device(r) or 0 for r in range(world))
+    return world
+
+
 def pytest_collection_modifyitems(config, items):
     n = None
     for item in items:
-        need = max(2, TEST_RANKS) if "multigpu" in item.keywords else 1 if "gpu" in item.keywords else 0
+        need = multigpu_need() if "multigpu" in item.keywords else 1 if "gpu" in item.keywords else 0
         if not need:
             continue
         if n is None:

@@ -22,3 +22,31 @@ def rank_env(base: dict[str, str]) -> dict[str, str]:
     env = {**LOCAL_BOOTSTRAP_ENV, **base}
     env.update(SAFE_ENV)
     return env
+
+
+# Which GPU each locally started rank uses, when not its local rank: a comma list with one
+# ordinal per rank ("0,0" puts two ranks on GPU 0), or one ordinal for every rank. Ranks that
+# share a GPU time-share it (without MPS their kernels take turns): the cross-rank paths are
+# exercised exactly as across GPUs, so the multi-GPU tests run on one GPU, but the timings
+# mean nothing. See docs/ARCHITECTURE.md, "Launchers".
+RANK_DEVICES_ENV = "MEGAMOE_RT_RANK_DEVICES"
+
+
+def assigned_device(rank: int, env: dict[str, str] | None = None) -> int | None:
+    """The GPU ordinal ``$MEGAMOE_RT_RANK_DEVICES`` gives ``rank``, or None when it is unset."""
+    import os
+
+    text = (os.environ if env is None else env).get(RANK_DEVICES_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        ordinals = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"${RANK_DEVICES_ENV}={text!r}: expected GPU ordinals separated by commas") from None
+    if any(o < 0 for o in ordinals):
+        raise ValueError(f"${RANK_DEVICES_ENV}={text!r}: GPU ordinals must be >= 0")
+    if len(ordinals) == 1:
+        return ordinals[0]
+    if not 0 <= rank < len(ordinals):
+        raise ValueError(f"${RANK_DEVICES_ENV}={text!r} names {len(ordinals)} GPUs; rank {rank} has none")
+    return ordinals[rank]

@@ -27,7 +27,7 @@ from multiprocessing.connection import Client, Listener
 from typing import Any
 
 from megamoe_rt.ep import board as status_board
-from megamoe_rt.ep.env import rank_env
+from megamoe_rt.ep.env import assigned_device, rank_env
 from megamoe_rt.ep.group import RankGroup, frame, unframe
 from megamoe_rt.runtime.deadlines import env_seconds
 
@@ -219,8 +219,12 @@ class RankContext:
     @property
     def device(self) -> int:
         """This rank's GPU ordinal: ranks map onto the visible devices in order, unless the
-        launcher gave each rank its own (``device_ordinal``)."""
-        return self.rank if self.device_ordinal is None else self.device_ordinal
+        launcher gave each rank its own (``device_ordinal``) or ``$MEGAMOE_RT_RANK_DEVICES``
+        assigns them (megamoe_rt/ep/env.py)."""
+        if self.device_ordinal is not None:
+            return self.device_ordinal
+        assigned = assigned_device(self.rank)
+        return self.rank if assigned is None else assigned
 
     def _call(self, msg, what: str):
         timeout = hub_timeout_s()

@@ -45,7 +45,11 @@ class MpiRankContext:
 
     @property
     def device(self) -> int:
-        return self._local_rank
+        """Its rank on this host, or 0 when the launcher gave each rank one GPU; see
+        :func:`megamoe_rt.ep.rendezvous.visible_device`."""
+        from megamoe_rt.ep.rendezvous import visible_device
+
+        return visible_device(self._local_rank)
 
     def broadcast(self, value: bytes | None, *, key: str = "default", root: int = 0) -> bytes:
         """``root`` passes bytes, every rank gets them. ``key`` names the exchange for the

@@ -24,7 +24,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from megamoe_rt.ep.env import LOCAL_BOOTSTRAP_ENV, SAFE_ENV
+from megamoe_rt.ep.env import LOCAL_BOOTSTRAP_ENV, SAFE_ENV, assigned_device
 from megamoe_rt.runtime.file_trust import untrusted_reason
 
 RENDEZVOUS_DIR_ENV = "MEGAMOE_RT_RENDEZVOUS_DIR"
@@ -121,8 +121,12 @@ def check_single_node(ranks: LauncherRanks) -> None:
 
 def visible_device(local_rank: int, env: dict[str, str] | None = None) -> int:
     """The rank's GPU ordinal: its local rank, or 0 when the launcher gave each rank one GPU
-    (``CUDA_VISIBLE_DEVICES`` naming a single device, as ``srun --gpus-per-task=1`` does)."""
+    (``CUDA_VISIBLE_DEVICES`` naming a single device, as ``srun --gpus-per-task=1`` does);
+    ``$MEGAMOE_RT_RANK_DEVICES`` overrides both."""
     env = dict(os.environ) if env is None else env
+    assigned = assigned_device(local_rank, env)
+    if assigned is not None:
+        return assigned
     visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     return 0 if len(visible) == 1 else local_rank
 

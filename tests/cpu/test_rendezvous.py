@@ -76,6 +76,30 @@ def test_a_rank_with_one_visible_gpu_uses_device_0():
     assert rdzv.visible_device(2, {}) == 2
 
 
+def test_rank_devices_put_ranks_on_the_gpus_named():
+    from megamoe_rt.ep.env import assigned_device
+    from megamoe_rt.ep.launch import RankContext
+
+    assert assigned_device(1, {}) is None
+    assert assigned_device(1, {"MEGAMOE_RT_RANK_DEVICES": " 0 "}) == 0  # one ordinal: every rank
+    assert assigned_device(1, {"MEGAMOE_RT_RANK_DEVICES": "2,0"}) == 0
+    assert rdzv.visible_device(3, {"MEGAMOE_RT_RANK_DEVICES": "0", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}) == 0
+    for bad, match in [("0,x", "ordinals separated"), ("-1", ">= 0"), ("0,0", "rank 2 has none")]:
+        with pytest.raises(ValueError, match=match):
+            assigned_device(2, {"MEGAMOE_RT_RANK_DEVICES": bad})
+    ctx = RankContext(1, 2, "unused", b"k")
+    old = os.environ.pop("MEGAMOE_RT_RANK_DEVICES", None)
+    try:
+        assert ctx.device == 1
+        os.environ["MEGAMOE_RT_RANK_DEVICES"] = "0,0"
+        assert ctx.device == 0
+        assert RankContext(1, 2, "unused", b"k", device_ordinal=3).device == 3  # the launcher's choice wins
+    finally:
+        os.environ.pop("MEGAMOE_RT_RANK_DEVICES", None)
+        if old is not None:
+            os.environ["MEGAMOE_RT_RANK_DEVICES"] = old
+
+
 def test_a_rendezvous_directory_open_to_others_is_refused(tmp_path, monkeypatch):
     d = tmp_path / "open"
     d.mkdir(mode=0o755)

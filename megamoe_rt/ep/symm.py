@@ -62,6 +62,10 @@ class NvshmemRuntime:
         else:
             self._init_from_unique_id(nvshmem, dev, np)
         self._nvshmem = nvshmem
+        # Ranks on one GPU (MEGAMOE_RT_RANK_DEVICES) run NVSHMEM in its limited multi-process-
+        # per-GPU mode, whose on-stream collectives abort the process: barrier() refuses them.
+        uuids = ctx.allgather(str(dev.uuid).encode(), key="nvshmem-gpus")
+        self.shares_gpu: bool = len(set(uuids)) < self.world_size
         self._buffers: list[SymmetricBuffer] = []
         self._last_barrier: driver.Event | None = None
         # Loaded libraries handed NVSHMEM's device state (init_device_library), each with what
@@ -146,6 +150,11 @@ class NvshmemRuntime:
         barriers on unordered streams would run at once and deadlock. So outside a graph
         capture each barrier waits on the device for the previous one, whatever its stream.
         In a capture the caller orders them (a captured wait on uncaptured work is refused)."""
+        if self.shares_gpu:
+            raise RuntimeError(
+                "NvshmemRuntime.barrier: ranks share a GPU (MEGAMOE_RT_RANK_DEVICES), where NVSHMEM has no "
+                "on-stream barrier; use the rank group's host barrier (ctx.barrier())"
+            )
         sh = driver.stream_handle(stream)
         capturing = driver.stream_is_capturing(sh)
         if self._last_barrier is not None and not capturing:

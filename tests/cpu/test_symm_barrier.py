@@ -52,8 +52,16 @@ def runtime(monkeypatch):
     )
     rt = object.__new__(symm.NvshmemRuntime)
     rt._nvshmem, rt._buffers, rt._last_barrier, rt.device = nvshmem, [], None, 0
-    rt._device_libraries = []
+    rt._device_libraries, rt.shares_gpu = [], False
     return rt, log
+
+
+def test_ranks_sharing_a_gpu_get_an_error_not_nvshmems_abort(runtime):
+    rt, log = runtime
+    rt.shares_gpu = True
+    with pytest.raises(RuntimeError, match="ranks share a GPU"):
+        rt.barrier(11)
+    assert log.ops == []
 
 
 def test_each_barrier_waits_for_the_previous_one_whatever_its_stream(runtime):

@@ -20,7 +20,8 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "two_rank_ep.py"
 
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="needs torchrun (PyTorch)")
 def test_the_two_rank_example_under_torchrun(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MEGAMOE_RT_RANK", "MEGAMOE_RT_HUB"))}
+    launched = {"MEGAMOE_RT_RANK", "MEGAMOE_RT_WORLD_SIZE", "MEGAMOE_RT_HUB", "MEGAMOE_RT_HUB_KEY"}
+    env = {k: v for k, v in os.environ.items() if k not in launched}  # not a rank of an outer launch
     env["MEGAMOE_RT_RENDEZVOUS_DIR"] = str(tmp_path / "rdzv")
     cmd = [shutil.which("torchrun") or "torchrun", "--standalone", f"--nproc-per-node={WORLD}", str(EXAMPLE)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)

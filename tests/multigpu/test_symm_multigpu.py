@@ -108,6 +108,11 @@ def _barrier_on_any_stream(ctx):
 
     cp.cuda.Device(ctx.device).use()
     rt = NvshmemRuntime.initialize(ctx)
+    if rt.shares_gpu:  # NVSHMEM has no on-stream barrier there: refused on every rank, no abort
+        with pytest.raises(RuntimeError, match="ranks share a GPU"):
+            rt.barrier()
+        rt.finalize()
+        return True
     cps = cp.cuda.Stream(non_blocking=True)
     ours = driver.Stream()
     # None (CuPy's current stream), a CuPy stream, a raw handle, ours and its cuda.core stream.

@@ -126,16 +126,30 @@ class GraphBuilder:
             self.instantiate()
         driver.call(_cu().cuGraphLaunch, self.exec, driver.stream_handle(stream))
 
-    def set_kernel_args(self, node: KernelNode, args: Sequence) -> None:
-        """Replace a kernel node's arguments (same kernel and shape) in the executable graph and
-        in the graph it was built from (which :meth:`add_to_capture` copies)."""
+    def update_kernel(self, node: KernelNode, args: Sequence, *, grid=None, template: bool = True) -> None:
+        """Rewrite a kernel node's arguments, and its grid when given, in the executable graph
+        (launches already enqueued keep what they had); with ``template`` also in the graph it
+        was built from, else later through :meth:`update_template` (only a capture copies it).
+        The arguments are copied, so the caller may change its ctypes objects afterwards."""
         cu = _cu()
         p = node.params
-        ptrs = (ctypes.c_void_p * max(len(args), 1))(*[ctypes.addressof(a) for a in args])
+        if grid is not None:
+            g = tuple(grid) + (1,) * (3 - len(tuple(grid)))
+            p.gridDimX, p.gridDimY, p.gridDimZ = g
+        node.args = [type(a).from_buffer_copy(a) for a in args]
+        ptrs = (ctypes.c_void_p * max(len(node.args), 1))(*[ctypes.addressof(a) for a in node.args])
         p.kernelParams = ctypes.addressof(ptrs)
-        driver.call(cu.cuGraphExecKernelNodeSetParams, self.exec, node.node, p)  # copies the arguments
+        driver.call(cu.cuGraphExecKernelNodeSetParams, self.exec, node.node, p)
+        if template:
+            driver.call(cu.cuGraphKernelNodeSetParams, node.node, p)
+
+    def update_template(self, node: KernelNode) -> None:
+        """Bring the built-from graph's copy of ``node`` up to :meth:`update_kernel`'s last write."""
+        cu = _cu()
+        p = node.params
+        ptrs = (ctypes.c_void_p * max(len(node.args), 1))(*[ctypes.addressof(a) for a in node.args])
+        p.kernelParams = ctypes.addressof(ptrs)
         driver.call(cu.cuGraphKernelNodeSetParams, node.node, p)
-        node.args = list(args)
 
     def close(self) -> None:
         cu = _cu()

@@ -9,6 +9,7 @@ from megamoe_rt.jit import KernelSpec
 from megamoe_rt.kernels.interface import ep as decl
 from megamoe_rt.kernels.interface.structs import EpBankLayout as EpBankLayout
 from megamoe_rt.kernels.interface.structs import EpParams as EpParams
+from megamoe_rt.runtime.launches import Launches
 from megamoe_rt.schedule.arith import ceil_div
 
 SOURCE = "ep/ep_unfused.cu"
@@ -62,23 +63,23 @@ def kernel_specs() -> list[KernelSpec]:
     return list(out.values())
 
 
-def launch_routing(kernels: dict[str, Any], params: EpParams, *, pairs: int, sm_count: int, stream: int) -> None:
+def launch_routing(kernels: dict[str, Any], params: EpParams, *, pairs: int, sm_count: int, q: Launches) -> None:
     """Everything up to the pool being laid out: parity, send list, publish, receive."""
     one = [params]
     grid_pairs = max(1, min(ceil_div(pairs, THREADS), sm_count * 4))
-    kernels["begin"].launch((1,), (THREADS,), one, stream=stream)
-    kernels["count"].launch((grid_pairs,), (THREADS,), one, stream=stream)
-    kernels["send_scan"].launch((1,), (SCAN_THREADS,), one, stream=stream)
-    kernels["claim"].launch((grid_pairs,), (THREADS,), one, stream=stream)
-    kernels["publish"].launch((1,), (THREADS,), one, stream=stream)
-    kernels["recv_layout"].launch((1,), (SCAN_THREADS,), one, stream=stream)
+    q.kernel(kernels["begin"], (1,), (THREADS,), one)
+    q.kernel(kernels["count"], (grid_pairs,), (THREADS,), one)
+    q.kernel(kernels["send_scan"], (1,), (SCAN_THREADS,), one)
+    q.kernel(kernels["claim"], (grid_pairs,), (THREADS,), one)
+    q.kernel(kernels["publish"], (1,), (THREADS,), one)
+    q.kernel(kernels["recv_layout"], (1,), (SCAN_THREADS,), one)
 
 
-def launch_pull(kernels: dict[str, Any], params: EpParams, *, sm_count: int, stream: int) -> None:
+def launch_pull(kernels: dict[str, Any], params: EpParams, *, sm_count: int, q: Launches) -> None:
     """Pull the pool rows of the window at ``params.moe.row_base`` (the whole pool without a ring)."""
     grid_rows = max(1, min(ceil_div(params.moe.pool_rows, THREADS // 32), sm_count * 16))
-    kernels["dispatch"].launch((grid_rows,), (THREADS,), [params], stream=stream)
+    q.kernel(kernels["dispatch"], (grid_rows,), (THREADS,), [params])
 
 
-def launch_finish(kernels: dict[str, Any], params: EpParams, stream: int) -> None:
-    kernels["finish"].launch((1,), (THREADS,), [params], stream=stream)
+def launch_finish(kernels: dict[str, Any], params: EpParams, q: Launches) -> None:
+    q.kernel(kernels["finish"], (1,), (THREADS,), [params])

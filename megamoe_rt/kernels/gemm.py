@@ -20,6 +20,7 @@ from megamoe_rt.kernels.interface.decl import TMA_DESCRIPTOR
 from megamoe_rt.kernels.interface.structs import GemmParams as GemmParams
 from megamoe_rt.kernels.operands import BLOCK_K as BLOCK_K
 from megamoe_rt.kernels.operands import Fp8Operand
+from megamoe_rt.runtime.launches import Launches
 from megamoe_rt.runtime.tma import TensorMap2D
 
 SOURCE = "gemm/sm90_fp8_grouped_gemm.cu"
@@ -176,6 +177,14 @@ class PreparedGemm:
     def run(self, stream: Any = None) -> None:
         if self.grid:
             self.kernel.launch((self.grid,), (self.block,), self.args, stream=stream, cluster=self.cluster)
+
+    def enqueue(self, launches: Launches) -> None:
+        """The launch into ``launches`` (a stream, or a graph being recorded or replayed)."""
+        if not self.grid:
+            return
+        if tuple(self.cluster) not in ((1,), (1, 1, 1)):
+            raise NotImplementedError("enqueue: clustered GEMM launches go through run()")
+        launches.kernel(self.kernel, (self.grid,), (self.block,), self.args)
 
 
 def prepare_gemm(launch: GemmLaunch, *, device: int, sm_count: int) -> PreparedGemm:

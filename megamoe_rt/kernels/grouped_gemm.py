@@ -29,6 +29,7 @@ from megamoe_rt.runtime import driver
 from megamoe_rt.runtime.arrays import DeviceArray, as_device_array, check_array, cupy_stream, require_cupy
 from megamoe_rt.runtime.error_report import ErrorReport
 from megamoe_rt.runtime.errors import DeviceInputError
+from megamoe_rt.runtime.launches import Launches
 
 GROUP_ALIGN = 128  # contiguous-layout group starts; valid for every tile shape
 
@@ -96,7 +97,7 @@ def _set_groups(
 
 def _per_row_array(arr: Any, name: str, dtype: str, rows: int, device: int | None, sh: int) -> DeviceArray:
     """A per-row array of the group layout: ``[rows]``, or longer when A is a window of a larger
-    row space (a ring's pool: :meth:`GroupedGemmPlan.run_window` reads the rows past ``rows``)."""
+    row space (a ring's pool: :meth:`GroupedGemmPlan.enqueue_window` reads the rows past ``rows``)."""
     d = as_device_array(arr, name, stream=sh)
     check_array(d, name, dtypes=(dtype,), ndim=1, device=device, align=d.itemsize)
     if d.shape[0] < rows:
@@ -148,23 +149,23 @@ class GroupedGemmPlan:
         if self.layout_check is not None:
             self.layout_check.run(sh)
         if self.gemm.args:
-            # The whole of A, in place (run_window / run_block_mapped may have changed them).
+            # The whole of A, in place (enqueue_window / run_block_mapped may have changed them).
             self.gemm.args[0].row_base = 0
             self.gemm.args[0].block_map = 0
         self.gemm.run(sh)
         return self.result
 
-    def run_window(self, stream: int, row_base: int) -> None:
-        """Enqueue the GEMM over a ring: A and D hold the rows ``[row_base, row_base + rows of
-        A)`` of the group layout (group offsets, counts and per-row metadata stay in layout
-        rows). For the unfused layer's cycles; plans with a layout check or a scale re-layout
-        do not take windows."""
+    def enqueue_window(self, launches: Launches, row_base: int = 0) -> None:
+        """Enqueue the GEMM into ``launches`` (a stream or a graph being recorded): A and D hold
+        the rows ``[row_base, row_base + rows of A)`` of the group layout (group offsets, counts
+        and per-row metadata stay in layout rows; 0 without a ring). For the unfused layer;
+        plans with a layout check or a scale re-layout are run with :meth:`run`."""
         assert self.layout_check is None and self.refresh_scales is None and self.layout == "contiguous"
         assert row_base >= 0 and row_base % GROUP_ALIGN == 0, f"row_base={row_base}: a multiple of {GROUP_ALIGN}"
         if self.gemm.args:
             self.gemm.args[0].row_base = row_base
             self.gemm.args[0].block_map = 0
-        self.gemm.run(stream)
+        self.gemm.enqueue(launches)
 
     def run_block_mapped(self, stream: int, block_map: int) -> None:
         """Enqueue the GEMM over a pool whose blocks were handed out out of order: ``block_map``

@@ -10,6 +10,7 @@ from megamoe_rt.kernels.interface import moe as decl
 from megamoe_rt.kernels.interface.structs import MoeParams as MoeParams
 from megamoe_rt.kernels.interface.structs import StreamConsumeParams as StreamConsumeParams
 from megamoe_rt.kernels.interface.structs import StreamPoolParams as StreamPoolParams
+from megamoe_rt.runtime.launches import Launches
 from megamoe_rt.schedule.arith import ceil_div
 
 COUNT_THREADS = decl.COUNT_THREADS.value
@@ -76,18 +77,18 @@ def grids(num_tokens: int, num_topk: int, sm_count: int) -> dict[str, int]:
     }
 
 
-def launch_route_dispatch(kernels: dict[str, Any], params: MoeParams, grid: dict[str, int], stream: int) -> None:
-    kernels["count"].launch((grid["count"],), (COUNT_THREADS,), [params], stream=stream)
-    kernels["offsets"].launch((1,), (SCAN_THREADS,), [params], stream=stream)
-    kernels["dispatch"].launch((grid["dispatch"],), (DISPATCH_THREADS,), [params], stream=stream)
+def launch_route_dispatch(kernels: dict[str, Any], params: MoeParams, grid: dict[str, int], q: Launches) -> None:
+    q.kernel(kernels["count"], (grid["count"],), (COUNT_THREADS,), [params])
+    q.kernel(kernels["offsets"], (1,), (SCAN_THREADS,), [params])
+    q.kernel(kernels["dispatch"], (grid["dispatch"],), (DISPATCH_THREADS,), [params])
 
 
-def launch_fill_window(kernel: Any, params: MoeParams, sm_count: int, stream: int) -> None:
+def launch_fill_window(kernel: Any, params: MoeParams, sm_count: int, q: Launches) -> None:
     """Copy the pool rows of the window at ``params.row_base`` into the ring (one rank)."""
     warps = DISPATCH_THREADS // 32
     grid = max(1, min(ceil_div(params.pool_rows, warps), sm_count * 16))
-    kernel.launch((grid,), (DISPATCH_THREADS,), [params], stream=stream)
+    q.kernel(kernel, (grid,), (DISPATCH_THREADS,), [params])
 
 
-def launch_combine(kernels: dict[str, Any], params: MoeParams, grid: dict[str, int], stream: int) -> None:
-    kernels["combine"].launch((grid["combine"],), (COMBINE_THREADS,), [params], stream=stream)
+def launch_combine(kernels: dict[str, Any], params: MoeParams, grid: dict[str, int], q: Launches) -> None:
+    q.kernel(kernels["combine"], (grid["combine"],), (COMBINE_THREADS,), [params])

@@ -211,7 +211,7 @@ class SplitMode(FusedMode):
             maps = self.plan.tensor_map_args if self.plan is not None else []
             for node, p, old, new in zip((g.k1, g.k2, g.k3), params, g.args, raw):
                 if old != new:
-                    g.builder.set_kernel_args(node, [p, *maps] if node is not g.k3 else [p])
+                    g.builder.update_kernel(node, [p, *maps] if node is not g.k3 else [p])
             g.args = raw  # type: ignore[assignment]
         if driver.stream_is_capturing(stream):
             g.builder.add_to_capture(stream)

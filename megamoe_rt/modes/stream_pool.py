@@ -23,6 +23,7 @@ from megamoe_rt.modes.base import Call, LayerSpec
 from megamoe_rt.runtime import driver
 from megamoe_rt.runtime.buffer import LayerBuffer
 from megamoe_rt.runtime.deadlines import TimeoutRecord
+from megamoe_rt.runtime.launches import StreamLaunches
 from megamoe_rt.schedule.layout import BufferLayout, stream_blocks_per_expert
 
 
@@ -108,5 +109,6 @@ class StreamPool:
             self._kernels["seal"].launch((1,), (mk.SCAN_THREADS,), [self._params(whole, wait)], stream=stream)
             for gemm in gemms:
                 gemm.run_block_mapped(stream, self.block_map)
-            mk.launch_combine(self._kernels, whole, mk.grids(call.num_tokens, s.num_topk, s.sm_count), stream)
+            grids = mk.grids(call.num_tokens, s.num_topk, s.sm_count)
+            mk.launch_combine(self._kernels, whole, grids, StreamLaunches(stream))
         ring.note_consumer(stream)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from megamoe_rt.graph.launches import GraphLaunches
 from megamoe_rt.kernels import ep as ek
 from megamoe_rt.kernels import moe as mk
 from megamoe_rt.kernels.grouped_gemm import plan_grouped_gemm_fp8, plan_grouped_gemm_swiglu_fp8
@@ -30,9 +31,9 @@ from megamoe_rt.kernels.loader import get_kernel
 from megamoe_rt.modes.base import Call, LayerSpec, LayoutNeeds, Mode, Weights, buffer_layout, pool_memory_line
 from megamoe_rt.modes.peers import stage_inputs
 from megamoe_rt.modes.stream_pool import StreamPool
-from megamoe_rt.runtime import driver
 from megamoe_rt.runtime.buffer import LayerBuffer
 from megamoe_rt.runtime.deadlines import TimeoutRecord
+from megamoe_rt.runtime.launches import Launches, StreamLaunches
 from megamoe_rt.schedule.arith import ceil_div
 from megamoe_rt.schedule.layout import BufferLayout
 from megamoe_rt.schedule.plan import cycles_to_launch
@@ -89,6 +90,7 @@ class UnfusedMode(Mode):
         self._ep_fixed: dict[str, Any] = {}
         self._fill_window: Any = None
         self._stream_pool: StreamPool | None = None  # one rank, full pool, streaming: bound in bind
+        self._graphs: dict[tuple[str, int, bool], GraphLaunches] = {}
 
     def bind(self, buffer: LayerBuffer, *, expert_recv_stats: int = 0, error_report: int = 0) -> None:
         super().bind(buffer, expert_recv_stats=expert_recv_stats, error_report=error_report)
@@ -180,37 +182,49 @@ class UnfusedMode(Mode):
             bound, s.num_ranks, s.num_topk, s.num_local_experts, self.layout.pool_blocks, POOL_ALIGN
         )
 
-    def _gemms_over_window(self, row_base: int, stream: int) -> None:
+    def _gemms_over_window(self, row_base: int, q: Launches) -> None:
         assert self.gemms is not None, "run before load"
         for gemm in self.gemms:
-            if self.ring:
-                gemm.run_window(stream, row_base)
-            else:
-                gemm.run(stream)
+            gemm.enqueue_window(q, row_base)
 
     def run(self, call: Call, stream: int) -> None:
         if self.expert_parallel:
             stage_inputs(self.bound_buffer(), call.x, call.x_sf, call.num_tokens, stream)
-            self._run_across_ranks(call, stream, self._staged_inputs)
+            graph = self._call_graph(call)
+            graph.begin()
+            self._run_across_ranks(call, graph, self._staged_inputs)
+            graph.end(stream)
         elif call.num_tokens:
-            self._run_one_rank(call, stream)
+            self._run_one_rank(call, StreamLaunches(stream))
 
-    def _run_one_rank(self, call: Call, stream: int) -> None:
+    def _call_graph(self, call: Call) -> GraphLaunches:
+        """The graph a call across ranks replays: one per launch sequence (id dtype, cycles,
+        whether this rank has tokens). Across ranks a call is a dozen small launches whose host
+        cost would exceed a small call's device time (graph/launches.py)."""
+        key = (call.idx, self.cycles_to_launch(call.bound), call.num_tokens > 0)
+        graph = self._graphs.get(key)
+        if graph is None:
+            self.ep_kernels(call.idx)  # loaded before recording: a lazy load mid-sequence would sync
+            self.moe_kernels(call.idx)
+            graph = self._graphs[key] = GraphLaunches()
+        return graph
+
+    def _run_one_rank(self, call: Call, q: Launches) -> None:
         moe = self.moe_params(call)
         s, t = self.spec, call.num_tokens
         ring_rows = self.layout.pool_rows
         kernels = self.moe_kernels(call.idx)
         grid = mk.grids(t, s.num_topk, s.sm_count)
-        driver.memset_d32_async(self._recv_counts, 0, s.num_local_experts, stream)
-        mk.launch_route_dispatch(kernels, moe, grid, stream)  # fills the first window
+        q.memset_u32(self._recv_counts, 0, s.num_local_experts)
+        mk.launch_route_dispatch(kernels, moe, grid, q)  # fills the first window
         for c in range(self.cycles_to_launch(call.bound)):
             if c:
                 moe.row_base = c * ring_rows
-                mk.launch_fill_window(self._fill_window_kernel(), moe, s.sm_count, stream)
-            self._gemms_over_window(c * ring_rows, stream)
-        mk.launch_combine(kernels, moe, grid, stream)
+                mk.launch_fill_window(self._fill_window_kernel(), moe, s.sm_count, q)
+            self._gemms_over_window(c * ring_rows, q)
+        mk.launch_combine(kernels, moe, grid, q)
 
-    def _run_across_ranks(self, call: Call, stream: int, inputs_at: tuple[int, int]) -> None:
+    def _run_across_ranks(self, call: Call, q: Launches, inputs_at: tuple[int, int]) -> None:
         """``inputs_at``: where every rank's x and x_sf rows of this call are, as byte offsets
         into the buffer (the same on every rank): the staging regions, or a ring slot."""
         moe = self.moe_params(call)
@@ -219,17 +233,17 @@ class UnfusedMode(Mode):
         fixed = dict(self._ep_fixed, off_x=inputs_at[0], off_x_sf=inputs_at[1])
         params = ek.EpParams(moe=moe, wait=TimeoutRecord.get().context(s.timeout_s, rank=s.rank), **fixed)
         kernels = self.ep_kernels(call.idx)
-        driver.memset_d32_async(self._send_counts, 0, s.num_experts, stream)
-        driver.memset_d32_async(self._send_cursors, 0, s.num_experts, stream)
-        ek.launch_routing(kernels, params, pairs=t * s.num_topk, sm_count=s.sm_count, stream=stream)
+        q.memset_u32(self._send_counts, 0, s.num_experts)
+        q.memset_u32(self._send_cursors, 0, s.num_experts)
+        ek.launch_routing(kernels, params, pairs=t * s.num_topk, sm_count=s.sm_count, q=q)
         for c in range(self.cycles_to_launch(call.bound)):
             params.moe.row_base = c * ring_rows
-            ek.launch_pull(kernels, params, sm_count=s.sm_count, stream=stream)
-            self._gemms_over_window(c * ring_rows, stream)
+            ek.launch_pull(kernels, params, sm_count=s.sm_count, q=q)
+            self._gemms_over_window(c * ring_rows, q)
         params.moe.row_base = 0
-        ek.launch_finish(kernels, params, stream)
+        ek.launch_finish(kernels, params, q)
         if t:  # across ranks a rank without tokens still serves its experts, but combines nothing
-            mk.launch_combine(self.moe_kernels(call.idx), moe, mk.grids(t, s.num_topk, s.sm_count), stream)
+            mk.launch_combine(self.moe_kernels(call.idx), moe, mk.grids(t, s.num_topk, s.sm_count), q)
 
     def run_streamed(self, call: Call, stream: int) -> None:
         """A call whose inputs come from the input ring (``spec.streaming``). One rank with a
@@ -261,9 +275,9 @@ class UnfusedMode(Mode):
             y = call.y + chunk * c_tokens * h * 2
             part = Call(at.x, at.x_sf, at.topk_idx, at.topk_weights, y, n, "int32", c_tokens)
             if self.expert_parallel:
-                self._run_across_ranks(part, stream, ring.slot_offsets(slot))
+                self._run_across_ranks(part, StreamLaunches(stream), ring.slot_offsets(slot))
             elif n:
-                self._run_one_rank(part, stream)
+                self._run_one_rank(part, StreamLaunches(stream))
             if n:  # across ranks after the chunk's closing barrier: every peer's pulls are done
                 ring.release_chunk(chunk, stream)
         ring.note_consumer(stream)
@@ -290,5 +304,8 @@ class UnfusedMode(Mode):
         return line + f"; a call runs at most {self.cycles_to_launch(self.layout.num_max_tokens_per_rank)} cycles"
 
     def close(self) -> None:
+        for graph in self._graphs.values():
+            graph.close()
+        self._graphs.clear()
         self.gemms = None
         super().close()

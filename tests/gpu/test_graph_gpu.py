@@ -91,7 +91,7 @@ def test_dependency_serialises_and_params_update_between_replays():
         g.launch()
         cp.cuda.Device().synchronize()
         assert int(cp.asnumpy(second[1]).min()) >= int(cp.asnumpy(first[2]).max())
-        g.set_kernel_args(n1, _args(other, 10_000))
+        g.update_kernel(n1, _args(other, 10_000))
         g.launch()
         cp.cuda.Device().synchronize()
         g.close()

@@ -1,0 +1,140 @@
+"""GraphLaunches on the CPU, the driver stood in for: the first call records the launches as a
+chain of graph nodes; later calls rewrite only nodes whose grid or arguments changed, bring the
+built-from graph up to date only when a capture copies it, and refuse a different sequence."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+
+from megamoe_rt.graph import launches as gl
+
+
+class _Builder:
+    def __init__(self, log):
+        self.log, self.n = log, 0
+
+    def _node(self):
+        self.n += 1
+        return gl.KernelNode(self.n, None, None, [])
+
+    def add_kernel(self, kernel, grid, block, args, *, deps=()):
+        node = self._node()
+        self.log.append(("add", kernel, grid, [bytes(a) for a in args], [d for d in deps]))
+        return node
+
+    def add_memset_u32(self, ptr, value, count, *, deps=()):
+        self.n += 1
+        self.log.append(("memset", ptr, value, count, list(deps)))
+        return self.n
+
+    def instantiate(self):
+        self.log.append(("instantiate",))
+
+    def update_kernel(self, node, args, *, grid=None, template=True):
+        self.log.append(("update", node.node, grid, [bytes(a) for a in args], template))
+
+    def update_template(self, node):
+        self.log.append(("template", node.node))
+
+    def launch(self, stream):
+        self.log.append(("launch", stream))
+
+    def add_to_capture(self, stream):
+        self.log.append(("capture", stream))
+
+
+@pytest.fixture
+def graph(monkeypatch):
+    log: list = []
+    capturing: set[int] = set()
+    monkeypatch.setattr(gl, "GraphBuilder", lambda: _Builder(log))
+    monkeypatch.setattr(gl.driver, "stream_is_capturing", lambda s: s in capturing)
+    return gl.GraphLaunches(), log, capturing
+
+
+A, B = object(), object()
+
+
+def _call(g, x, grid=2, stream=7):
+    g.begin()
+    g.memset_u32(0x1000, 0, 16)
+    g.kernel(A, (grid,), (128,), [ctypes.c_uint64(x)])
+    g.kernel(B, (1,), (32,), [ctypes.c_uint32(5)])
+    g.end(stream)
+
+
+def test_the_first_call_records_a_chain_and_launches_it(graph):
+    g, log, _ = graph
+    _call(g, 11)
+    assert [e[0] for e in log] == ["memset", "add", "add", "instantiate", "launch"]
+    assert log[0][4] == [] and log[1][4] == [1] and log[2][4] == [2]  # each node after the one before
+
+
+def test_a_call_with_the_same_arguments_is_one_graph_launch(graph):
+    g, log, _ = graph
+    _call(g, 11)
+    log.clear()
+    _call(g, 11)
+    assert log == [("launch", 7)]
+
+
+def test_changed_arguments_or_grid_rewrite_only_that_node(graph):
+    g, log, _ = graph
+    _call(g, 11)
+    log.clear()
+    _call(g, 12)
+    assert log == [("update", 2, (2, 1, 1), [bytes(ctypes.c_uint64(12))], False), ("launch", 7)]
+    log.clear()
+    _call(g, 12, grid=3)
+    assert [e[0] for e in log] == ["update", "launch"] and log[0][2] == (3, 1, 1)
+    log.clear()
+    _call(g, 12, grid=3)
+    assert log == [("launch", 7)]
+
+
+def test_a_capture_gets_the_built_from_graph_brought_up_to_date_first(graph):
+    g, log, capturing = graph
+    _call(g, 11)
+    _call(g, 12)
+    log.clear()
+    capturing.add(9)
+    _call(g, 12, stream=9)
+    assert log == [("template", 2), ("capture", 9)]
+    log.clear()
+    _call(g, 12, stream=9)
+    assert log == [("capture", 9)]  # nothing stale any more
+
+
+def test_a_different_sequence_is_refused(graph):
+    g, _, _ = graph
+    _call(g, 11)
+    g.begin()
+    g.memset_u32(0x1000, 0, 16)
+    with pytest.raises(gl.SequenceChanged):
+        g.kernel(B, (1,), (32,), [ctypes.c_uint32(5)])
+    g.begin()
+    g.memset_u32(0x1000, 0, 16)
+    g.kernel(A, (2,), (128,), [ctypes.c_uint64(11)])
+    with pytest.raises(gl.SequenceChanged):
+        g.end(7)  # one launch short
+    g.begin()
+    with pytest.raises(gl.SequenceChanged):
+        g.memset_u32(0x2000, 0, 16)
+
+
+def test_stream_launches_go_straight_to_the_stream(monkeypatch):
+    from megamoe_rt.runtime import launches as rl
+
+    seen = []
+
+    class K:
+        def launch(self, grid, block, args, *, stream):
+            seen.append(("kernel", grid, block, stream))
+
+    monkeypatch.setattr(rl.driver, "memset_d32_async", lambda p, v, n, s: seen.append(("memset", p, v, n, s)))
+    q = rl.StreamLaunches(5)
+    q.memset_u32(0x10, 0, 4)
+    q.kernel(K(), (3,), (64,), [])
+    assert seen == [("memset", 0x10, 0, 4, 5), ("kernel", (3,), (64,), 5)]

@@ -75,7 +75,13 @@ class GraphLaunches:
         self._pos += 1
         return rec
 
-    def kernel(self, kernel: Any, grid: Sequence[int], block: Sequence[int], args: Sequence[Any]) -> None:
+    def kernel(
+        self, kernel: Any, grid: Sequence[int], block: Sequence[int], args: Sequence[Any], *, cluster: Any = None
+    ) -> None:
+        if cluster is not None and _dims(cluster) != (1, 1, 1):
+            raise NotImplementedError(
+                "a clustered launch in a recorded graph (no cluster-dimension node attribute yet)"
+            )
         g, b = _dims(grid), _dims(block)
         raw = b"".join(bytes(a) for a in args)
         if self._recording:
@@ -97,10 +103,15 @@ class GraphLaunches:
         if rec.raw != raw:
             raise SequenceChanged(f"launch {self._pos - 1}: a memset of another region than the recorded one")
 
+    @property
+    def recording(self) -> bool:
+        """True until the first call's launches are instantiated as a graph."""
+        return self._recording
+
     def end(self, stream: int) -> None:
         if self._recording:
-            self._recording = False
             self.builder.instantiate()
+            self._recording = False
         elif self._pos != len(self._nodes):
             raise SequenceChanged(f"{self._pos} launches, the recorded call had {len(self._nodes)}")
         if driver.stream_is_capturing(stream):

@@ -180,11 +180,8 @@ class PreparedGemm:
 
     def enqueue(self, launches: Launches) -> None:
         """The launch into ``launches`` (a stream, or a graph being recorded or replayed)."""
-        if not self.grid:
-            return
-        if tuple(self.cluster) not in ((1,), (1, 1, 1)):
-            raise NotImplementedError("enqueue: clustered GEMM launches go through run()")
-        launches.kernel(self.kernel, (self.grid,), (self.block,), self.args)
+        if self.grid:
+            launches.kernel(self.kernel, (self.grid,), (self.block,), self.args, cluster=self.cluster)
 
 
 def prepare_gemm(launch: GemmLaunch, *, device: int, sm_count: int) -> PreparedGemm:

@@ -190,14 +190,20 @@ class UnfusedMode(Mode):
     def run(self, call: Call, stream: int) -> None:
         if self.expert_parallel:
             stage_inputs(self.bound_buffer(), call.x, call.x_sf, call.num_tokens, stream)
-            graph = self._call_graph(call)
-            graph.begin()
-            self._run_across_ranks(call, graph, self._staged_inputs)
-            graph.end(stream)
+            key, graph = self._call_graph(call)
+            try:
+                graph.begin()
+                self._run_across_ranks(call, graph, self._staged_inputs)
+                graph.end(stream)
+            except BaseException:
+                if graph.recording:  # half recorded: never replay it
+                    self._graphs.pop(key, None)
+                    graph.close()
+                raise
         elif call.num_tokens:
             self._run_one_rank(call, StreamLaunches(stream))
 
-    def _call_graph(self, call: Call) -> GraphLaunches:
+    def _call_graph(self, call: Call) -> tuple[tuple[str, int, bool], GraphLaunches]:
         """The graph a call across ranks replays: one per launch sequence (id dtype, cycles,
         whether this rank has tokens). Across ranks a call is a dozen small launches whose host
         cost would exceed a small call's device time (graph/launches.py)."""
@@ -207,7 +213,7 @@ class UnfusedMode(Mode):
             self.ep_kernels(call.idx)  # loaded before recording: a lazy load mid-sequence would sync
             self.moe_kernels(call.idx)
             graph = self._graphs[key] = GraphLaunches()
-        return graph
+        return key, graph
 
     def _run_one_rank(self, call: Call, q: Launches) -> None:
         moe = self.moe_params(call)

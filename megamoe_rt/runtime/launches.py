@@ -13,7 +13,9 @@ from megamoe_rt.runtime import driver
 class Launches(Protocol):
     """The launches of one call, in order."""
 
-    def kernel(self, kernel: Any, grid: Sequence[int], block: Sequence[int], args: Sequence[Any]) -> None: ...
+    def kernel(
+        self, kernel: Any, grid: Sequence[int], block: Sequence[int], args: Sequence[Any], *, cluster: Any = None
+    ) -> None: ...
 
     def memset_u32(self, ptr: int, value: int, count: int) -> None: ...
 
@@ -24,8 +26,10 @@ class StreamLaunches:
     def __init__(self, stream: int):
         self.stream = stream
 
-    def kernel(self, kernel: Any, grid: Sequence[int], block: Sequence[int], args: Sequence[Any]) -> None:
-        kernel.launch(grid, block, args, stream=self.stream)
+    def kernel(
+        self, kernel: Any, grid: Sequence[int], block: Sequence[int], args: Sequence[Any], *, cluster: Any = None
+    ) -> None:
+        kernel.launch(grid, block, args, stream=self.stream, cluster=cluster)
 
     def memset_u32(self, ptr: int, value: int, count: int) -> None:
         driver.memset_d32_async(ptr, value, count, self.stream)

@@ -130,7 +130,7 @@ def test_stream_launches_go_straight_to_the_stream(monkeypatch):
     seen = []
 
     class K:
-        def launch(self, grid, block, args, *, stream):
+        def launch(self, grid, block, args, *, stream, cluster=None):
             seen.append(("kernel", grid, block, stream))
 
     monkeypatch.setattr(rl.driver, "memset_d32_async", lambda p, v, n, s: seen.append(("memset", p, v, n, s)))
@@ -138,3 +138,50 @@ def test_stream_launches_go_straight_to_the_stream(monkeypatch):
     q.memset_u32(0x10, 0, 4)
     q.kernel(K(), (3,), (64,), [])
     assert seen == [("memset", 0x10, 0, 4, 5), ("kernel", (3,), (64,), 5)]
+
+
+def test_a_clustered_launch_is_refused_by_a_recorded_graph(graph):
+    g, _, _ = graph
+    g.begin()
+    with pytest.raises(NotImplementedError, match="clustered"):
+        g.kernel(A, (2,), (128,), [ctypes.c_uint64(1)], cluster=(2, 1, 1))
+    g.kernel(A, (2,), (128,), [ctypes.c_uint64(1)], cluster=(1, 1, 1))  # a trivial cluster is a plain launch
+
+
+def test_a_graph_whose_recording_failed_is_dropped(monkeypatch):
+    """UnfusedMode.run drops a half-recorded graph, so the next call records afresh."""
+    from megamoe_rt.modes import unfused
+
+    closed = []
+
+    class FakeGraph:
+        recording = True
+
+        def begin(self):
+            pass
+
+        def end(self, stream):
+            raise AssertionError("not reached")
+
+        def close(self):
+            closed.append(self)
+
+    mode = object.__new__(unfused.UnfusedMode)
+    mode.expert_parallel = True
+    mode._graphs = {}
+    fake = FakeGraph()
+    monkeypatch.setattr(unfused, "stage_inputs", lambda *a: None)
+    monkeypatch.setattr(mode, "bound_buffer", lambda: None, raising=False)
+    monkeypatch.setattr(
+        mode, "_call_graph", lambda call: (("int32", 1, True), mode._graphs.setdefault(("int32", 1, True), fake))
+    )
+    mode._staged_inputs = (0, 0)
+
+    def boom(call, q, at):
+        raise RuntimeError("a driver error mid-recording")
+
+    monkeypatch.setattr(mode, "_run_across_ranks", boom)
+    call = unfused.Call(0, 0, 0, 0, 0, 8, "int32", 8)
+    with pytest.raises(RuntimeError, match="mid-recording"):
+        mode.run(call, 7)
+    assert mode._graphs == {} and closed == [fake]

@@ -286,7 +286,7 @@ class _Recorder:
         rec = self
 
         class K:
-            def launch(self, grid, block, args, stream=None):
+            def launch(self, grid, block, args, stream=None, cluster=None):
                 rec.log.append((name, args[0], stream))
 
         return K()

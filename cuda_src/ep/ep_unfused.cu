@@ -10,7 +10,9 @@
 //   ep_recv_layout  wait for every source's count_ready; lay out the pool by (expert, source)
 //   ep_dispatch     pull each pool row from its source rank: the send-list entry, the x row
 //                   and its scales, over NVLink; the row's combine slot is in the source's buffer
-//   (L1 and L2 grouped GEMMs; the L2 epilogue scatters into the sources' combine buffers)
+//   (L1 and L2 grouped GEMMs; the L2 epilogue scatters into the sources' combine buffers, or,
+//   with the NVSHMEM transport, into this rank's staging rows)
+//   ep_push         NVSHMEM transport only: put each staged partial into its source's combine buffer
 //   ep_finish       tell every rank its partials are in, wait until every rank did the same,
 //                   record the most pool cycles of any rank, bump the launch epoch
 //   (combine over this rank's tokens)
@@ -22,6 +24,9 @@
 // call's num_tokens_bound, the same on every rank), and a cycle past a rank's pool is a few
 // empty launches.
 //
+// The kernels that reach other ranks take the transport as a template argument
+// (ep/transport.cuh): peer pointers over NVLink, or NVSHMEM's device API.
+//
 // The protocol and why the parity banks make it safe across back-to-back launches:
 // megamoe_rt/schedule/ep_protocol.py (a CPU model) and docs/ARCHITECTURE.md, "Cross-rank
 // protocol". Every wait on a peer has a deadline and names the peer.
@@ -29,6 +34,7 @@
 #include "common/types.cuh"
 #include "ep/params.cuh"
 #include "ep/pull_row.cuh"
+#include "ep/transport.cuh"
 #include "moe/params.cuh"
 #include "moe/route_count.cuh"
 #include "ptx/ld_st.cuh"
@@ -78,25 +84,28 @@ __global__ void __launch_bounds__(kThreads) ep_claim(const __grid_constant__ EpP
 
 // One block. The send list and counts come from earlier kernels on this stream (complete);
 // the system-scope release of each count_ready word publishes them to that destination.
+template <class Transport>
 __global__ void __launch_bounds__(kThreads) ep_publish(const __grid_constant__ EpParams p) {
     const u32 b = launch_bank(p);
     const u32 el = p.moe.num_local_experts;
     for (u32 d = 0; d < p.num_ranks; ++d) {
         for (u32 e = threadIdx.x; e < el; e += kThreads) {
             const u32 slot = p.rank * el + e;
-            *peer_bank_word(p, d, b, p.bank.recv_counts + slot) = static_cast<u32>(p.send_counts[d * el + e]);
-            *peer_bank_word(p, d, b, p.bank.recv_offsets + slot) = static_cast<u32>(p.send_offsets[d * el + e]);
+            Transport::store_u32(p, d, bank_word_offset(p, b, p.bank.recv_counts + slot),
+                                 static_cast<u32>(p.send_counts[d * el + e]));
+            Transport::store_u32(p, d, bank_word_offset(p, b, p.bank.recv_offsets + slot),
+                                 static_cast<u32>(p.send_offsets[d * el + e]));
         }
     }
+    Transport::complete_own();  // this thread's stores delivered before the barrier
     __syncthreads();
-    if (threadIdx.x < p.num_ranks) {
-        ptx::fence_acq_rel_sys();  // every thread's stores above, observed through the barrier
-        ptx::st_release_sys_u32(peer_bank_word(p, threadIdx.x, b, p.bank.count_ready + p.rank), 1);
-    }
+    if (threadIdx.x < p.num_ranks)
+        Transport::release_flag(p, threadIdx.x, bank_word_offset(p, b, p.bank.count_ready + p.rank));
 }
 
 // One block: wait for every source, then the pool: experts block-aligned, inside an expert
 // the sources in rank order.
+template <class Transport>
 __global__ void __launch_bounds__(kScanThreads) ep_recv_layout(const __grid_constant__ EpParams p) {
     __shared__ i32 scan[kScanThreads];
     const moe::MoeParams& m = p.moe;
@@ -141,13 +150,14 @@ __global__ void __launch_bounds__(kScanThreads) ep_recv_layout(const __grid_cons
     // every rank's combine_ready, which each rank releases after this reduction.
     if (threadIdx.x < p.num_ranks) {
         const u32 cycles = moe::pool_cycles(m, overflow ? 0u : static_cast<u32>(scan[kScanThreads - 1]));
-        ptx::red_relaxed_sys_max_u32(peer_bank_word(p, threadIdx.x, b, p.bank.pool_cycles), cycles);
+        Transport::max_u32(p, threadIdx.x, bank_word_offset(p, b, p.bank.pool_cycles), cycles);
     }
 }
 
 // A warp per pool row of the window [row_base, row_base + pool_rows): find its (expert, source,
 // index), pull the send-list entry, the x row and its scales from the source rank into data row
 // row - row_base, and write the row's metadata.
+template <class Transport>
 __global__ void __launch_bounds__(kThreads) ep_dispatch(const __grid_constant__ EpParams p) {
     const moe::MoeParams& m = p.moe;
     const u32 lane = threadIdx.x % 32;
@@ -164,20 +174,38 @@ __global__ void __launch_bounds__(kThreads) ep_dispatch(const __grid_constant__ 
         u32 s = 0;
         while (static_cast<i32>(row) >= src_rows[s + 1]) ++s;
         const u32 list_pos = bank[p.bank.recv_offsets + s * el + lo] + (row - static_cast<u32>(src_rows[s]));
-        const SourceRegions regions{p.peer_bases[s], p.off_x, p.off_x_sf, p.off_send_list, p.off_combine};
-        pull_row(m, regions, s, list_pos, row, row - m.row_base, lane);
+        Transport::pull(p, s, list_pos, row, row - m.row_base, lane);
     }
 }
+
+#if defined(MEGAMOE_RT_NVSHMEM_TRANSPORT)
+// NVSHMEM transport, after the L2 GEMM of the window [row_base, row_base + pool_rows): a warp
+// per laid-out row puts its staged partial into the source rank's combine buffer, then
+// completes its puts, so that ep_finish's flags (a later kernel) follow every partial.
+__global__ void __launch_bounds__(kThreads) ep_push(const __grid_constant__ EpParams p) {
+    const moe::MoeParams& m = p.moe;
+    const u32 warps = gridDim.x * (kThreads / 32);
+    const u32 el = m.num_local_experts;
+    const u32 rows = static_cast<u32>(m.expert_offsets[el]);
+    const u32 end = min(rows, m.row_base + m.pool_rows);
+    for (u32 row = m.row_base + (blockIdx.x * kThreads + threadIdx.x) / 32; row < end; row += warps) {
+        const u32 lo = moe::expert_of_row(m, row);
+        if (static_cast<i32>(row) >= p.src_rows[lo * (p.num_ranks + 1) + p.num_ranks]) continue;  // padding
+        NvshmemApi::push_partial(p, row, row - m.row_base);
+    }
+    nvshmem_quiet();
+}
+#endif
 
 // One block, after the L2 GEMM on this stream has completed: every partial this rank owes
 // another rank is in that rank's combine buffer.
 static_assert(kMaxRanks <= kThreads, "one thread per rank signals in ep_publish and ep_finish");
 
+template <class Transport>
 __global__ void __launch_bounds__(kThreads) ep_finish(const __grid_constant__ EpParams p) {
     const u32 b = launch_bank(p);
     if (threadIdx.x < p.num_ranks) {
-        ptx::fence_acq_rel_sys();
-        ptx::st_release_sys_u32(peer_bank_word(p, threadIdx.x, b, p.bank.combine_ready + p.rank), 1);
+        Transport::release_flag(p, threadIdx.x, bank_word_offset(p, b, p.bank.combine_ready + p.rank));
         const u32* own = p.banks + b * p.bank.words;
         sync::wait_ge_acquire_sys_u32(own + p.bank.combine_ready + threadIdx.x, 1, sync::WaitSite::kCombineArrived,
                                       p.wait, threadIdx.x);

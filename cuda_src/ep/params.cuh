@@ -19,9 +19,9 @@ __device__ __forceinline__ T* peer_ptr(const EpParams& p, u32 peer, u64 offset) 
     return reinterpret_cast<T*>(p.peer_bases[peer] + offset);
 }
 
-// A word of bank b in rank `peer`'s buffer.
-__device__ __forceinline__ u32* peer_bank_word(const EpParams& p, u32 peer, u32 b, u32 index) {
-    return peer_ptr<u32>(p, peer, p.off_banks + 4ull * (b * p.bank.words + index));
+// Byte offset of word `index` of bank b in the buffer (the same on every rank).
+__device__ __forceinline__ u64 bank_word_offset(const EpParams& p, u32 b, u32 index) {
+    return p.off_banks + 4ull * (b * p.bank.words + index);
 }
 
 }  // namespace megamoe_rt::ep

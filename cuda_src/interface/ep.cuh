@@ -53,6 +53,8 @@ struct EpParams {
     u64 off_send_list;
     u64 off_combine;
     u64 off_banks;
+    u64 staging;            // NVSHMEM transport: this rank's staging rows [pool_rows, H] bf16, where the L2 epilogue
+                            // leaves the partials owed to other ranks until they are put (0 with peer pointers)
     i32* send_counts;       // [num_experts] this rank's pairs per global expert
     i32* send_offsets;      // [num_experts + 1] exclusive scan: send list grouped by expert
     i32* send_cursors;      // [num_experts]
@@ -65,7 +67,7 @@ struct EpParams {
     u32 rank;
     u32 num_ranks;
 };
-static_assert(sizeof(EpParams) == 344, "EpParams: size differs from megamoe_rt/kernels/interface");
+static_assert(sizeof(EpParams) == 352, "EpParams: size differs from megamoe_rt/kernels/interface");
 static_assert(alignof(EpParams) == 8, "EpParams: alignment differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(EpParams, moe, 0, "EpParams::moe: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(EpParams, peer_bases, 184, "EpParams::peer_bases: offset differs from megamoe_rt/kernels/interface");
@@ -74,17 +76,18 @@ MEGAMOE_RT_ASSERT_OFFSET(EpParams, off_x_sf, 200, "EpParams::off_x_sf: offset di
 MEGAMOE_RT_ASSERT_OFFSET(EpParams, off_send_list, 208, "EpParams::off_send_list: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(EpParams, off_combine, 216, "EpParams::off_combine: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(EpParams, off_banks, 224, "EpParams::off_banks: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(EpParams, send_counts, 232, "EpParams::send_counts: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(EpParams, send_offsets, 240, "EpParams::send_offsets: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(EpParams, send_cursors, 248, "EpParams::send_cursors: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(EpParams, send_list, 256, "EpParams::send_list: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(EpParams, src_rows, 264, "EpParams::src_rows: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(EpParams, banks, 272, "EpParams::banks: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(EpParams, bank, 280, "EpParams::bank: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(EpParams, launch_epoch, 304, "EpParams::launch_epoch: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(EpParams, wait, 312, "EpParams::wait: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(EpParams, rank, 336, "EpParams::rank: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(EpParams, num_ranks, 340, "EpParams::num_ranks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, staging, 232, "EpParams::staging: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, send_counts, 240, "EpParams::send_counts: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, send_offsets, 248, "EpParams::send_offsets: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, send_cursors, 256, "EpParams::send_cursors: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, send_list, 264, "EpParams::send_list: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, src_rows, 272, "EpParams::src_rows: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, banks, 280, "EpParams::banks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, bank, 288, "EpParams::bank: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, launch_epoch, 312, "EpParams::launch_epoch: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, wait, 320, "EpParams::wait: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, rank, 344, "EpParams::rank: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(EpParams, num_ranks, 348, "EpParams::num_ranks: offset differs from megamoe_rt/kernels/interface");
 
 }  // namespace megamoe_rt::ep
 // clang-format on

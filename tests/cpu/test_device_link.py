@@ -48,3 +48,24 @@ def test_without_the_library_every_nvshmem_call_is_an_undefined_reference():
     with pytest.raises(LinkError, match="while linking probe") as info:
         link_cubin(relocatable, [], arch=jit_compiler.ARCH, name="probe")
     assert "Undefined reference" in info.value.log and "nvshmem" in info.value.log
+
+
+def test_the_ep_kernels_nvshmem_transport_links_without_spills(tmp_path):
+    from megamoe_rt.kernels import ep
+
+    specs = ep.device_link_specs()
+    assert {s.name for s in specs} == {
+        "ep_publish[nvshmem]",
+        "ep_recv_layout[nvshmem]",
+        "ep_dispatch[nvshmem]",
+        "ep_finish[nvshmem]",
+        "ep_push[nvshmem]",
+    }
+    cache = CubinCache(tmp_path / "cache")
+    for spec in specs:
+        built = compile_kernel(spec, cache=cache)
+        assert built.lowered_name.encode() in built.cubin, spec.name
+        assert built.resources.spill_bytes == 0 and built.resources.registers > 0, (spec.name, built.resources)
+    # The peer-pointer variants stay among the kernels built with every other one, and link nothing.
+    assert all(not s.device_libraries for s in ep.kernel_specs())
+    assert not any(s.name.endswith("[nvshmem]") for s in ep.kernel_specs())

@@ -64,6 +64,12 @@ EP_PARAMS = Struct(
         Field("off_send_list", U64),
         Field("off_combine", U64),
         Field("off_banks", U64),
+        Field(
+            "staging",
+            U64,
+            "NVSHMEM transport: this rank's staging rows [pool_rows, H] bf16, where the L2 epilogue\n"
+            "leaves the partials owed to other ranks until they are put (0 with peer pointers)",
+        ),
         Field("send_counts", Ptr(I32), "[num_experts] this rank's pairs per global expert"),
         Field("send_offsets", Ptr(I32), "[num_experts + 1] exclusive scan: send list grouped by expert"),
         Field("send_cursors", Ptr(I32), "[num_experts]"),

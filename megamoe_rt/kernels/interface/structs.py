@@ -386,6 +386,7 @@ class EpParams(ctypes.Structure):
     off_send_list: int
     off_combine: int
     off_banks: int
+    staging: int  # NVSHMEM transport: this rank's staging rows [pool_rows, H] bf16, where the L2 epilogue leaves the partials owed to other ranks until they are put (0 with peer pointers)
     send_counts: int  # [num_experts] this rank's pairs per global expert
     send_offsets: int  # [num_experts + 1] exclusive scan: send list grouped by expert
     send_cursors: int  # [num_experts]
@@ -406,6 +407,7 @@ class EpParams(ctypes.Structure):
         ("off_send_list", ctypes.c_uint64),
         ("off_combine", ctypes.c_uint64),
         ("off_banks", ctypes.c_uint64),
+        ("staging", ctypes.c_uint64),
         ("send_counts", ctypes.c_uint64),
         ("send_offsets", ctypes.c_uint64),
         ("send_cursors", ctypes.c_uint64),

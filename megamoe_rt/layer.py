@@ -27,7 +27,7 @@ from megamoe_rt.ep import agreement
 from megamoe_rt.ep.group import RankGroup
 from megamoe_rt.kernels import moe as mk
 from megamoe_rt.kernels.grouped_gemm import prepare_swiglu_weights
-from megamoe_rt.modes.base import Call, LayerSpec, LayoutNeeds, Mode, Weights, buffer_layout
+from megamoe_rt.modes.base import Call, LayerSpec, LayoutNeeds, Mode, Weights, buffer_layout, check_transport
 from megamoe_rt.modes.registry import mode_names, select_mode
 from megamoe_rt.runtime import driver
 from megamoe_rt.runtime.arrays import as_device_array, check_array, cupy_stream, require_cupy
@@ -148,6 +148,11 @@ class MegaMoE:
         chunk-ready input ring producers write a call's tokens into chunk by chunk, and
         :meth:`consume` runs the layer on them as they are published (unfused mode;
         ``megamoe_rt.streaming`` has the producer side).
+    transport: across ranks, how rows and partials reach other ranks: ``"nvlink"``, loads and
+        stores through the peers' mappings of the buffer (one node); ``"nvshmem"``, NVSHMEM's
+        device API (any transport NVSHMEM has, NVLink where a peer is mapped; unfused mode
+        only); ``"auto"`` (default): ``"nvlink"`` where every rank maps every other, else
+        ``"nvshmem"``, decided with the other ranks. ``transport`` holds the choice.
 
     ``mode`` is the mode's name; ``runner`` the mode object (megamoe_rt/modes/) that launches
     the calls, which the test and profiling hooks of :mod:`megamoe_rt.testing` act on.
@@ -199,6 +204,7 @@ class MegaMoE:
         timeout_s: float | None = None,
         group: RankGroup | None = None,
         streaming: StreamConfig | None = None,
+        transport: str = "auto",
     ):
         self.hidden = _positive("hidden", hidden)
         self.intermediate = _positive("intermediate", intermediate)
@@ -219,6 +225,7 @@ class MegaMoE:
         if world > 1 and self.num_experts % world:
             raise ValueError(f"num_experts={num_experts}: expected a multiple of the {world} ranks")
         rank = 0 if group is None else int(group.rank)
+        transport = check_transport(transport, world)
         if streaming is not None:
             if not isinstance(streaming, StreamConfig):
                 raise TypeError(f"streaming: expected a StreamConfig or None, got {type(streaming).__name__}")
@@ -245,7 +252,18 @@ class MegaMoE:
             timeout_s=timeout_s,
             split_sms=split_sms,
             streaming=streaming,
+            transport="nvshmem" if transport == "nvshmem" else "nvlink",
         )
+        if world > 1 and transport == "auto":
+            # Resolved before a mode is picked (where a peer is not mapped, only 'unfused' runs):
+            # NVSHMEM starts here, its heap sized for the largest buffer the layer may take.
+            from megamoe_rt.ep.symm import NvshmemRuntime
+            from megamoe_rt.modes.unfused import UnfusedMode
+
+            largest = buffer_layout(replace(spec, transport="nvshmem"), UnfusedMode.layout_needs(spec))
+            runtime = NvshmemRuntime.initialize(group, heap_bytes=largest.total_bytes)  # type: ignore[arg-type]
+            spec = replace(spec, transport="nvlink" if runtime.every_peer_mapped() else "nvshmem")
+        self.transport = spec.transport
         if chunk_ratio is not None:
             chunk_ratio = check_chunk_ratio(chunk_ratio)
         mode_cls = select_mode(mode, spec, ring_blocks=ring_blocks, split_sms=split_sms, chunk_ratio=chunk_ratio)
@@ -261,7 +279,8 @@ class MegaMoE:
         # What every rank's layer must share, beyond the buffer layout: these decide which
         # collective exchanges a call makes and what it raises.
         self._settings = (
-            f"mode={mode_cls.name} debug={self.debug} validate_ids={self.validate_ids} streaming={streaming}"
+            f"mode={mode_cls.name} debug={self.debug} validate_ids={self.validate_ids} streaming={streaming} "
+            f"transport={spec.transport}"
         )
         self.streaming = streaming
         self.group = group if world > 1 else None
@@ -298,7 +317,8 @@ class MegaMoE:
             from megamoe_rt.ep.symm import NvshmemRuntime, SymmetricBuffer
 
             runtime = NvshmemRuntime.initialize(self.group, heap_bytes=self.layout.total_bytes)
-            self.buffer = SymmetricBuffer(self.layout, runtime)  # zeroed on every rank when it returns
+            # Zeroed on every rank when it returns; peers unmapped only under the NVSHMEM transport.
+            self.buffer = SymmetricBuffer(self.layout, runtime, require_peer_mapping=spec.transport == "nvlink")
         # The fused kernel's counters, grid barrier and launch epoch start from zero once;
         # after that every launch leaves them ready for the next. The fills run on CuPy's
         # stream, the calls on the caller's: finish them before any call can be issued.

@@ -114,6 +114,19 @@ class NvshmemRuntime:
             raise RuntimeError(f"NVSHMEM is already initialized as rank {cls._active.rank} of {cls._active.world_size}")
         return cls._active
 
+    def every_peer_mapped(self) -> bool:
+        """Whether every rank maps every other rank's symmetric memory (``nvshmem_ptr`` is not
+        null: NVLink or PCIe P2P). Collective; every rank gets the same answer."""
+        nvshmem = self._nvshmem
+        probe = nvshmem.buffer(64)
+        try:
+            mine = all(
+                int(nvshmem.get_peer_buffer(probe, pe).handle) != 0 for pe in range(self.world_size) if pe != self.rank
+            )
+        finally:
+            nvshmem.free(probe)  # collective, like the allocation
+        return all(v == b"1" for v in self.ctx.allgather(b"1" if mine else b"0", key="nvshmem-peers"))
+
     @classmethod
     def require_device_api(cls, name: str, device: int) -> NvshmemRuntime:
         """The runtime a kernel calling NVSHMEM's device API runs under, or a RuntimeError
@@ -218,7 +231,8 @@ class SymmetricBuffer(LaidOutBuffer):
     as the launch-parity banks require (a peer's first signal must not be wiped).
     """
 
-    def __init__(self, layout: BufferLayout, runtime: NvshmemRuntime):
+    def __init__(self, layout: BufferLayout, runtime: NvshmemRuntime, *, require_peer_mapping: bool = True):
+        self._require_peer_mapping = require_peer_mapping
         if layout.num_ranks != runtime.world_size:
             raise ValueError(f"layout: computed for {layout.num_ranks} ranks, the runtime has {runtime.world_size}")
         _check_same_layout_on_every_rank(layout, runtime.ctx)
@@ -254,7 +268,9 @@ class SymmetricBuffer(LaidOutBuffer):
             int(nvshmem.get_peer_buffer(self._buf, pe).handle) if pe != self.rank else self.base_ptr
             for pe in range(self._runtime.world_size)
         ]
-        if any(p == 0 for p in self.peer_base_ptrs):
+        # 0 where a peer is not mapped: kernels reach it through NVSHMEM's device API instead,
+        # which only a layer built for that transport may do.
+        if self._require_peer_mapping and any(p == 0 for p in self.peer_base_ptrs):
             missing = [pe for pe, p in enumerate(self.peer_base_ptrs) if p == 0]
             raise RuntimeError(f"ranks {missing} are not reachable by load/store (no NVLink peer mapping)")
         cupy = require_cupy()

@@ -54,6 +54,7 @@ class LayerSpec:
     sm_count: int = 0
     split_sms: Any = None  # split: (K1, K2, K3) SM counts or a SplitSms; None: tuned or default
     streaming: StreamConfig | None = None  # the chunk-ready input ring, if any
+    transport: str = "nvlink"  # across ranks: "nvlink" (peer pointers) or "nvshmem" (device API)
 
     @property
     def num_local_experts(self) -> int:
@@ -66,6 +67,21 @@ class LayerSpec:
     @property
     def expert_parallel(self) -> bool:
         return self.num_ranks > 1
+
+
+TRANSPORT_CHOICES = ("auto", "nvlink", "nvshmem")
+
+
+def check_transport(transport: Any, num_ranks: int) -> str:
+    """``MegaMoE(transport=...)``: how the layer reaches other ranks. ``"nvlink"``: loads and
+    stores through the peers' mappings of the symmetric buffer (one node); ``"nvshmem"``:
+    NVSHMEM's device API (any transport NVSHMEM has; mode='unfused'); ``"auto"``: "nvlink"
+    where every rank maps every other, else "nvshmem" (decided with the other ranks)."""
+    if not isinstance(transport, str) or transport not in TRANSPORT_CHOICES:
+        raise ValueError(f"transport: expected one of {TRANSPORT_CHOICES}, got {transport!r}")
+    if transport == "nvshmem" and num_ranks == 1:
+        raise ValueError("transport='nvshmem': a layer without group= (one rank) has no other rank to reach")
+    return transport
 
 
 @dataclass(frozen=True)
@@ -93,6 +109,7 @@ def buffer_layout(spec: LayerSpec, needs: LayoutNeeds) -> BufferLayout:
         ring_blocks=needs.ring_blocks,
         stream_slots=spec.streaming.num_slots if spec.streaming else 0,
         stream_tokens=spec.streaming.tokens_per_slot if spec.streaming else 0,
+        ep_staging=spec.expert_parallel and spec.transport == "nvshmem",
     )
 
 

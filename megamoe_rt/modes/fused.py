@@ -298,6 +298,11 @@ class FusedMode(Mode):
     def refusal(cls, spec: LayerSpec) -> str | None:
         if spec.num_ranks > cls.MAX_RANKS:
             return f"group: {spec.num_ranks} ranks; mode='fused' runs on at most {cls.MAX_RANKS}"
+        if spec.expert_parallel and spec.transport != "nvlink":
+            return (
+                f"transport={spec.transport!r}: mode='fused' reaches other ranks through peer pointers only "
+                "(mode='unfused' runs over NVSHMEM's device API)"
+            )
         if spec.hidden % fk.BLOCK_N:
             return f"hidden={spec.hidden}: mode='fused' needs a multiple of {fk.BLOCK_N} (its L2 tile width)"
         return None

@@ -120,6 +120,7 @@ class UnfusedMode(Mode):
                 launch_epoch=b.ptr("launch_epoch"),
                 rank=self.spec.rank,
                 num_ranks=self.spec.num_ranks,
+                staging=b.ptr("ep_staging") if self.spec.transport == "nvshmem" else 0,
             )
 
     def load(self, weights: Weights) -> None:
@@ -170,7 +171,8 @@ class UnfusedMode(Mode):
 
     def ep_kernels(self, idx: str) -> dict[str, Any]:
         if idx not in self._ep_kernels:
-            self._ep_kernels[idx] = {k: get_kernel(s, self.spec.device) for k, s in ek.specs(idx).items()}
+            specs = ek.specs(idx, self.spec.transport)
+            self._ep_kernels[idx] = {k: get_kernel(s, self.spec.device) for k, s in specs.items()}
         return self._ep_kernels[idx]
 
     def cycles_to_launch(self, bound: int) -> int:
@@ -246,6 +248,8 @@ class UnfusedMode(Mode):
             params.moe.row_base = c * ring_rows
             ek.launch_pull(kernels, params, sm_count=s.sm_count, q=q)
             self._gemms_over_window(c * ring_rows, q)
+            if s.transport == "nvshmem":  # the window's partials, staged by L2, to their ranks
+                ek.launch_push(kernels, params, sm_count=s.sm_count, q=q)
         params.moe.row_base = 0
         ek.launch_finish(kernels, params, q)
         if t:  # across ranks a rank without tokens still serves its experts, but combines nothing

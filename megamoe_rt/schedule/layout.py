@@ -213,6 +213,7 @@ def symm_buffer_layout(
     num_tokens_bound: int | None = None,
     stream_slots: int = 0,
     stream_tokens: int = 0,
+    ep_staging: bool = False,
 ) -> BufferLayout:
     """Compute the symmetric buffer layout for one MoE shape.
 
@@ -221,6 +222,9 @@ def symm_buffer_layout(
     schedule's live window (``ring_blocks`` if given, else the schedule for
     ``num_tokens_bound``, default the capacity), never more than the full pool.
     ``stream_slots`` / ``stream_tokens``: the chunk-ready input ring (none when 0).
+    ``ep_staging``: rows where the L2 epilogue leaves the partials owed to other ranks until
+    they are put (the NVSHMEM transport across ranks; with peer pointers it stores them into
+    the peers' combine buffers directly).
     """
     h = _require_int("hidden", hidden, minimum=1)
     i = _require_int("intermediate", intermediate, minimum=1)
@@ -359,6 +363,10 @@ def symm_buffer_layout(
     top.add("l2_pool", "e4m3", (rows, i), "L1 output (activated), L2 input")
     top.add("l2_pool_sf", "float32", (i // act_sf_gran, rows), "scales of l2_pool, k-block-major")
     top.add("combine", "bf16", (k, t, h), "expert outputs returned per top-k slot")
+    if ep_staging:
+        if r == 1:
+            raise ValueError("ep_staging: staging rows carry partials to other ranks; one rank has none")
+        top.add("ep_staging", "bf16", (rows, h), "partials owed to other ranks, by pool data row, until put")
     if r > 1:
         top.add(
             "send_list",

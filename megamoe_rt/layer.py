@@ -254,6 +254,11 @@ class MegaMoE:
             streaming=streaming,
             transport="nvshmem" if transport == "nvshmem" else "nvlink",
         )
+        if device is not None and group is not None and int(device) != int(group.device):
+            raise ValueError(
+                f"device={device}: the rank group runs this rank on device {group.device}; "
+                "pass device=None or the group's device"
+            )
         if world > 1 and transport == "auto":
             # Resolved before a mode is picked (where a peer is not mapped, only 'unfused' runs):
             # NVSHMEM starts here, its heap sized for the largest buffer the layer may take.
@@ -289,11 +294,6 @@ class MegaMoE:
         self.num_local_experts = spec.num_local_experts
         self.first_local_expert = spec.first_local_expert
 
-        if device is not None and group is not None and int(device) != int(group.device):
-            raise ValueError(
-                f"device={device}: the rank group runs this rank on device {group.device}; "
-                "pass device=None or the group's device"
-            )
         if device is None and group is not None:
             device = group.device
         self.device_info = driver.require_hopper(device)

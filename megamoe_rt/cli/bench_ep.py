@@ -43,7 +43,10 @@ def bench_moe_ep(
         layers = {}
         arms: dict[str, Callable[[], None]] = {}
         for m in modes:
-            layer = MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, t, mode=m, group=ctx)
+            mode, _, transport = m.partition("@")  # "unfused@nvshmem": an arm with its transport forced
+            layer = MegaMoE(
+                p.hidden, p.intermediate, experts, p.num_topk, t, mode=mode, group=ctx, transport=transport or "auto"
+            )
             layer.load_weights(*weights)
             y = cp.empty((t, p.hidden), dtype=cp.uint16)
             graph = capture_layer_call(layer, args, y, stream)
@@ -108,7 +111,12 @@ def ep_arguments(argv: list[str], what: str = "moe") -> argparse.Namespace:
         type=lambda s: s.split(","),
     )
     ap.add_argument("--tokens", default=tokens, type=lambda s: [int(v) for v in s.split(",")], help="tokens per rank")
-    ap.add_argument("--mode", default=MODES if prefill else ["unfused"], type=lambda s: s.split(","))
+    ap.add_argument(
+        "--mode",
+        default=MODES if prefill else ["unfused"],
+        type=lambda s: s.split(","),
+        help="modes, comma-separated; moe: MODE@TRANSPORT forces a transport (unfused@nvshmem,unfused@nvlink)",
+    )
     ap.add_argument(
         "--ratios",
         default=RATIOS,

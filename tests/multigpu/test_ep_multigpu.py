@@ -109,23 +109,31 @@ def _tokens(*first_two):
 MODES = ["unfused", "fused", "split"]
 
 
-def _modes_bitwise_rank(ctx, tokens_per_rank, seed):
-    """Every mode on this rank's inputs; their outputs."""
+def rank_call_inputs(ctx, tokens_per_rank, seed):
+    """This rank's random routing of its tokens as device arrays (x, x_sf, ids, weights), the
+    host inputs they came from and the slice of the global experts it owns."""
     import cupy as cp
-
-    from megamoe_rt import MegaMoE
 
     cp.cuda.Device(ctx.device).use()
     el = E // ctx.world_size
-    t = tokens_per_rank[ctx.rank]
-    inp = _inputs(ctx.rank, t, "random", seed, weight_seed=seed)
-    local = slice(ctx.rank * el, (ctx.rank + 1) * el)
+    inp = _inputs(ctx.rank, tokens_per_rank[ctx.rank], "random", seed, weight_seed=seed)
     args = (
         cp.asarray(inp["x"].view(np.uint8)),
         cp.asarray(inp["x_sf"]),
         cp.asarray(inp["topk_idx"]),
         cp.asarray(inp["topk_weights"]),
     )
+    return args, inp, slice(ctx.rank * el, (ctx.rank + 1) * el)
+
+
+def _modes_bitwise_rank(ctx, tokens_per_rank, seed):
+    """Every mode on this rank's inputs; their outputs."""
+    import cupy as cp
+
+    from megamoe_rt import MegaMoE
+
+    args, inp, local = rank_call_inputs(ctx, tokens_per_rank, seed)
+    t = tokens_per_rank[ctx.rank]
     outs = {}
     for mode in MODES:
         layer = MegaMoE(H, I, E, K, max(tokens_per_rank), mode=mode, group=ctx)

@@ -11,7 +11,7 @@ import pytest
 
 from megamoe_rt.ep.launch import spawn
 from tests.conftest import TEST_RANKS as WORLD
-from tests.multigpu.test_ep_multigpu import BF16_NAN, E, H, I, K, _inputs, _tokens
+from tests.multigpu.test_ep_multigpu import BF16_NAN, E, H, I, K, _tokens, rank_call_inputs
 
 pytestmark = pytest.mark.multigpu
 
@@ -21,17 +21,8 @@ def _transports_rank(ctx, tokens_per_rank, seed):
 
     from megamoe_rt import MegaMoE
 
-    cp.cuda.Device(ctx.device).use()
-    el = E // ctx.world_size
+    args, inp, local = rank_call_inputs(ctx, tokens_per_rank, seed)
     t = tokens_per_rank[ctx.rank]
-    inp = _inputs(ctx.rank, t, "random", seed, weight_seed=seed)
-    local = slice(ctx.rank * el, (ctx.rank + 1) * el)
-    args = (
-        cp.asarray(inp["x"].view(np.uint8)),
-        cp.asarray(inp["x_sf"]),
-        cp.asarray(inp["topk_idx"]),
-        cp.asarray(inp["topk_weights"]),
-    )
     outs, chosen = {}, None
     cases = {
         "auto": dict(transport="auto"),

@@ -94,11 +94,18 @@ def test_across_ranks_each_window_is_pushed_after_its_gemms_only_over_nvshmem(mo
     monkeypatch.setattr(mode, "moe_kernels", lambda idx: {})
     for name in ("launch_routing", "launch_pull", "launch_push", "launch_finish"):
         monkeypatch.setattr(ek, name, lambda *a, name=name, **kw: log.append((name, a[1].moe.row_base, a[1].staging)))
-    monkeypatch.setattr(mode, "_gemms_over_window", lambda row_base, stream: log.append(("gemms", row_base, None)))
+    monkeypatch.setattr(mode, "_gemms_over_window", lambda row_base, q: log.append(("gemms", row_base, None)))
     monkeypatch.setattr(unfused.mk, "launch_combine", lambda *a, **kw: log.append(("combine", 0, None)))
-    monkeypatch.setattr(unfused.driver, "memset_d32_async", lambda *a: None)
+
+    class Memsets:  # the call's Launches: the memsets are all that reach it here
+        def kernel(self, *a, **kw):
+            raise AssertionError("every kernel launch goes through the launch helpers")
+
+        def memset_u32(self, ptr, value, count):
+            pass
+
     call = Call(100, 0x1000, 0x2000, 0x3000, 0x4000, 100, "int32", 1000)
-    mode._run_across_ranks(call, 5, (0, 0))
+    mode._run_across_ranks(call, Memsets(), (0, 0))
     staging = mode.buffer.ptr("ep_staging") if transport == "nvshmem" else 0
     rows = layout.pool_rows
     window = [("launch_pull", None), ("gemms", None)] + ([("launch_push", None)] if transport == "nvshmem" else [])

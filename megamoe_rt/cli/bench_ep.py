@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import sys
 from collections.abc import Callable
 
 from megamoe_rt.cli.layer_inputs import preset_slices, rank_inputs
@@ -134,12 +135,20 @@ def ep_arguments(argv: list[str], what: str = "moe") -> argparse.Namespace:
 def main_ep(argv: list[str], what: str = "moe") -> int:
     import cupy as cp
 
+    from megamoe_rt.ep.group import ranks_share_a_gpu
     from megamoe_rt.ep.launch import context_from_env
     from megamoe_rt.ep.symm import NvshmemRuntime
 
     a = ep_arguments(argv, what)
     ctx = context_from_env()
     cp.cuda.Device(ctx.device).use()
+    if ranks_share_a_gpu(ctx) and ctx.rank == 0:
+        print(
+            "megamoe-rt bench: WARNING: ranks share a GPU (MEGAMOE_RT_RANK_DEVICES) and take turns on it; "
+            "the times below do not measure expert parallelism",
+            file=sys.stderr,
+            flush=True,
+        )
     if what == "overhead":
         from megamoe_rt.cli.bench_overhead import bench_overhead
 

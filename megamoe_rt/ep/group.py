@@ -51,6 +51,15 @@ class MpiRankGroup(RankGroup, Protocol):
     def mpi_comm(self) -> Any: ...
 
 
+def ranks_share_a_gpu(group: RankGroup) -> bool:
+    """Whether two ranks of ``group`` run on one GPU (``MEGAMOE_RT_RANK_DEVICES``, see
+    docs/ARCHITECTURE.md, "Launchers"): their kernels then take turns on it. Collective."""
+    from cuda.core import Device
+
+    uuids = group.allgather(str(Device(group.device).uuid).encode(), key="gpu-uuids")
+    return len(set(uuids)) < group.world_size
+
+
 # --- framing of all-gather payloads ------------------------------------------------------------
 # Each payload travels as ``key NUL kind data``: a rank whose collective calls got out of step
 # with the others (one rank calling check() alone, say) is found at the next exchange instead

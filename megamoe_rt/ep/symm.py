@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from megamoe_rt.ep.group import RankGroup
+from megamoe_rt.ep.group import RankGroup, ranks_share_a_gpu
 from megamoe_rt.runtime import driver
 from megamoe_rt.runtime.arrays import require_cupy
 from megamoe_rt.runtime.buffer import LaidOutBuffer, typed_view
@@ -64,8 +64,7 @@ class NvshmemRuntime:
         self._nvshmem = nvshmem
         # Ranks on one GPU (MEGAMOE_RT_RANK_DEVICES) run NVSHMEM in its limited multi-process-
         # per-GPU mode, whose on-stream collectives abort the process: barrier() refuses them.
-        uuids = ctx.allgather(str(dev.uuid).encode(), key="nvshmem-gpus")
-        self.shares_gpu: bool = len(set(uuids)) < self.world_size
+        self.shares_gpu: bool = ranks_share_a_gpu(ctx)
         self._buffers: list[SymmetricBuffer] = []
         self._last_barrier: driver.Event | None = None
         # Loaded libraries handed NVSHMEM's device state (init_device_library), each with what

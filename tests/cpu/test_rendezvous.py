@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 
@@ -204,3 +205,28 @@ def test_torchrun_across_nodes_fails_in_context_from_env(tmp_path):
         timeout=60,
     )
     assert out.returncode != 0 and "more than one node" in out.stderr and "mpirun" in out.stderr
+
+
+def test_ranks_sharing_a_gpu_are_told_apart_by_the_gpus_uuid(monkeypatch):
+    import cuda.core
+
+    from megamoe_rt.ep.group import ranks_share_a_gpu
+
+    uuids = {0: "GPU-a", 1: "GPU-b", 2: "GPU-a"}
+    monkeypatch.setattr(cuda.core, "Device", lambda ordinal: SimpleNamespace(uuid=uuids[ordinal]))
+
+    class Group:  # a rank's view; allgather answers what the ranks on `devices` would pass
+        def __init__(self, devices):
+            self.rank, self.world_size, self.devices = 0, len(devices), devices
+
+        @property
+        def device(self):
+            return self.devices[self.rank]
+
+        def allgather(self, value, *, key="default"):
+            assert key == "gpu-uuids" and value == uuids[self.device].encode()
+            return [uuids[d].encode() for d in self.devices]
+
+    assert not ranks_share_a_gpu(Group([0, 1]))
+    assert ranks_share_a_gpu(Group([0, 1, 2]))
+    assert ranks_share_a_gpu(Group([0, 0]))

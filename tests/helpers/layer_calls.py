@@ -31,3 +31,19 @@ def run_poisoned(layer, args, **kw):
     out = cp.full((args[0].shape[0], layer.hidden), BF16_NAN, dtype=cp.uint16)
     layer(*args, out=out, **kw)
     return cp.asnumpy(out)
+
+
+def replay_captured(layer, args, out, *, replays=3):
+    """One call captured into a CUDA graph on a fresh stream, then replayed ``replays`` times,
+    ``out`` poisoned before each replay; returns when the last replay is done."""
+    import cupy as cp
+
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        layer(*args, out=out, stream=stream)
+        graph = stream.end_capture()
+        for _ in range(replays):
+            out.fill(BF16_NAN)
+            graph.launch(stream=stream)
+        stream.synchronize()

@@ -18,14 +18,12 @@ import pytest
 
 from megamoe_rt.ep.launch import RankFailed, spawn
 from tests.conftest import TEST_RANKS as WORLD
+from tests.helpers.layer_calls import BF16_NAN, replay_captured
 
 pytestmark = pytest.mark.multigpu
 
 # Each rank owns 8 experts (how many ranks: TEST_RANKS in tests/conftest.py).
 H, I, E, K = 512, 256, 8 * WORLD, 4
-
-
-BF16_NAN = 0x7FC1
 
 
 def _inputs(rank, tokens, routing, seed, weight_seed):
@@ -64,15 +62,7 @@ def _run_rank(ctx, tokens_per_rank, routing, launches, graph, seed, mode):
         args = (x, cp.asarray(inp["x_sf"]), cp.asarray(inp["topk_idx"]), cp.asarray(inp["topk_weights"]))
         out = cp.full((t, H), BF16_NAN, dtype=cp.uint16)
         if graph and n == 1:
-            stream = cp.cuda.Stream(non_blocking=True)
-            with stream:
-                stream.begin_capture()
-                layer(*args, out=out, stream=stream)
-                g = stream.end_capture()
-                for _ in range(3):
-                    out.fill(BF16_NAN)
-                    g.launch(stream=stream)
-                stream.synchronize()
+            replay_captured(layer, args, out)
         else:
             layer(*args, out=out)
         got = (cp.asnumpy(out).astype(np.uint32) << 16).view(np.float32)

@@ -11,7 +11,8 @@ import pytest
 
 from megamoe_rt.ep.launch import spawn
 from tests.conftest import TEST_RANKS as WORLD
-from tests.multigpu.test_ep_multigpu import BF16_NAN, E, H, I, K, _tokens, rank_call_inputs
+from tests.helpers.layer_calls import BF16_NAN, replay_captured
+from tests.multigpu.test_ep_multigpu import E, H, I, K, _tokens, rank_call_inputs
 
 pytestmark = pytest.mark.multigpu
 
@@ -40,16 +41,8 @@ def _transports_rank(ctx, tokens_per_rank, seed):
             layer(*args, out=out)
         outs[name] = cp.asnumpy(out)
         if name == "nvshmem":  # captured once, replayed
-            stream = cp.cuda.Stream(non_blocking=True)
             replayed = cp.full((t, H), BF16_NAN, dtype=cp.uint16)
-            with stream:
-                stream.begin_capture()
-                layer(*args, out=replayed, stream=stream)
-                graph = stream.end_capture()
-                for _ in range(3):
-                    replayed.fill(BF16_NAN)
-                    graph.launch(stream=stream)
-                stream.synchronize()
+            replay_captured(layer, args, replayed)
             outs["nvshmem graph"] = cp.asnumpy(replayed)
         ctx.barrier()
         layer.close()

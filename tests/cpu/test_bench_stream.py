@@ -45,13 +45,19 @@ def test_bench_module_runs_stream_across_ranks_under_a_launch(monkeypatch):
     assert calls == [("stream", argv)]
 
 
-def test_main_ep_runs_the_one_gpu_benchmark_with_the_rank_group(monkeypatch):
+@pytest.mark.parametrize("shared", [False, True])
+def test_main_ep_runs_the_one_gpu_benchmark_with_the_rank_group(monkeypatch, capsys, shared):
+    import cuda.core
+
     import megamoe_rt.cli.bench_ep as bench_ep
     import megamoe_rt.cli.bench_stream as bench_stream
     import megamoe_rt.ep.launch as launch
     import megamoe_rt.ep.symm as symm
 
-    ctx = SimpleNamespace(device=1, rank=0, world_size=2)
+    # The peer runs on the same GPU (its uuid is ours) or on another one.
+    peer = SimpleNamespace(uuid="GPU-1" if shared else "GPU-2")
+    monkeypatch.setattr(cuda.core, "Device", lambda d: SimpleNamespace(uuid=f"GPU-{d}"))
+    ctx = SimpleNamespace(device=1, rank=0, world_size=2, allgather=lambda v, key: [v, str(peer.uuid).encode()])
     seen: dict = {}
     finalized = []
     runtime = SimpleNamespace(finalize=lambda: finalized.append(True))
@@ -67,6 +73,7 @@ def test_main_ep_runs_the_one_gpu_benchmark_with_the_rank_group(monkeypatch):
     assert seen["args"] == (PRESETS, TOKENS)
     assert (seen["slots"], seen["chunk"], seen["rounds"], seen["json_path"]) == (2, 512, 3, "s.json")
     assert seen["group"] is ctx and finalized == [True]
+    assert ("ranks share a GPU" in capsys.readouterr().err) == shared
 
 
 def _arms(unfused: float, fused: float, streamed: float) -> dict:

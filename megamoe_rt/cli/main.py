@@ -459,7 +459,12 @@ def cmd_launch(args) -> int:
 
     if not args.module and not os.path.isfile(args.script):
         raise UsageError(f"megamoe-rt launch: script {args.script!r} not found")
-    return launch_script(args.nprocs, args.script, args.script_args, timeout=args.timeout, module=args.module)
+    try:
+        return launch_script(
+            args.nprocs, args.script, args.script_args, timeout=args.timeout, module=args.module, devices=args.devices
+        )
+    except ValueError as exc:  # --devices that do not fit -n
+        raise UsageError(f"megamoe-rt launch: {exc}") from None
 
 
 # --- demo -------------------------------------------------------------------------------
@@ -568,6 +573,12 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("launch", help="run a script as N ranks, one process per GPU")
     s.add_argument("-n", "--nprocs", type=_positive_int, required=True, help="number of ranks")
     s.add_argument("--timeout", type=_positive_seconds, default=None, help="stop every rank after this many seconds")
+    s.add_argument(
+        "--devices",
+        default=None,
+        help="the ranks' GPUs, one ordinal per rank or one for all (e.g. 0: every rank on GPU 0, time-sharing it: "
+        "for correctness checks on one GPU, not timings); default: rank r on GPU r",
+    )
     s.add_argument(
         "-m",
         dest="module",

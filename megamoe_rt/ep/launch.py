@@ -27,7 +27,7 @@ from multiprocessing.connection import Client, Listener
 from typing import Any
 
 from megamoe_rt.ep import board as status_board
-from megamoe_rt.ep.env import assigned_device, rank_env
+from megamoe_rt.ep.env import RANK_DEVICES_ENV, assigned_device, rank_env
 from megamoe_rt.ep.group import RankGroup, frame, unframe
 from megamoe_rt.runtime.deadlines import env_seconds
 
@@ -428,14 +428,29 @@ def _exit_on_signal(signum, _frame):
 
 
 def launch_script(
-    nprocs: int, script: str, script_args: Sequence[str], *, timeout: float | None = None, module: bool = False
+    nprocs: int,
+    script: str,
+    script_args: Sequence[str],
+    *,
+    timeout: float | None = None,
+    module: bool = False,
+    devices: str | None = None,
 ) -> int:
     """Run ``python script args`` (``python -m script args`` with ``module``) as ``nprocs`` ranks;
-    returns the exit status to use."""
+    returns the exit status to use. ``devices``: the ranks' GPUs as ``$MEGAMOE_RT_RANK_DEVICES``
+    takes them (one ordinal per rank, or one for all; see megamoe_rt/ep/env.py)."""
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
         raise ValueError(f"nprocs: expected an integer >= 1, got {nprocs!r}")
     if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
         raise ValueError(f"timeout: expected a positive number of seconds or None, got {timeout!r}")
+    base = dict(os.environ)
+    if devices is not None:
+        base[RANK_DEVICES_ENV] = devices
+        listed = len(devices.split(","))
+        if listed not in (1, nprocs):
+            raise ValueError(f"devices: {devices!r} names {listed} GPUs; expected one, or one per rank ({nprocs})")
+        for r in range(nprocs):
+            assigned_device(r, base)  # a malformed list is refused before any rank starts
     # SIGTERM / SIGHUP to the launcher must still run the clean-up below (no orphans).
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _exit_on_signal)
@@ -443,7 +458,7 @@ def launch_script(
     procs: list[subprocess.Popen] = []
     try:
         for r in range(nprocs):
-            env = rank_env(dict(os.environ))
+            env = rank_env(base)
             env.update({_ENV_RANK: str(r), _ENV_WORLD: str(nprocs), _ENV_HUB: hub.address, _ENV_KEY: hub.key.hex()})
             target = ["-m", script] if module else [script]
             procs.append(subprocess.Popen([sys.executable, *target, *script_args], env=env))

@@ -87,6 +87,39 @@ def test_launch_command_runs_a_script_per_rank(tmp_path):
     assert lines == ["rank 0/2 uid=abc nvls=1 arg=X", "rank 1/2 uid=abc nvls=1 arg=X"]
 
 
+def test_launch_devices_put_every_rank_on_the_gpus_named(tmp_path):
+    script = tmp_path / "where.py"
+    script.write_text(
+        textwrap.dedent("""
+        import os
+        from megamoe_rt.ep.launch import context_from_env
+        ctx = context_from_env()
+        os.write(1, f"rank {ctx.rank} gpu {ctx.device}\\n".encode())
+    """)
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "megamoe_rt", "launch", "-n", "3", "--devices", "0", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+    )
+    assert out.returncode == 0, out.stderr
+    assert sorted(l for l in out.stdout.splitlines() if l.startswith("rank")) == [
+        "rank 0 gpu 0",
+        "rank 1 gpu 0",
+        "rank 2 gpu 0",
+    ]
+    bad = subprocess.run(
+        [sys.executable, "-m", "megamoe_rt", "launch", "-n", "3", "--devices", "0,1", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+    )
+    assert bad.returncode != 0 and "names 2 GPUs" in bad.stderr and "rank 0" not in bad.stdout, bad.stderr
+
+
 def test_launch_command_runs_a_module_per_rank(tmp_path):
     (tmp_path / "rank_job.py").write_text(
         textwrap.dedent("""

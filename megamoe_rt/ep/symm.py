@@ -37,6 +37,16 @@ def _nvshmem():
 BOOTSTRAP_ATTEMPTS = 3  # unique-id bootstraps tried before a launch gives up
 
 
+def peer_address(local_ptr: int, pe: int) -> int:
+    """Where rank ``pe``'s copy of the symmetric address ``local_ptr`` lies in this process
+    (``nvshmem_ptr``), or 0 when this rank cannot load from or store to it (a peer on another
+    node: NVSHMEM's device API reaches it). nvshmem4py's ``get_peer_buffer`` raises for such a
+    peer instead, and tracks a Buffer for every address it hands out."""
+    from nvshmem.bindings import ptr
+
+    return int(ptr(local_ptr, pe) or 0)
+
+
 class NvshmemRuntime:
     """NVSHMEM in this process, bound to the rank's GPU; one per process."""
 
@@ -119,9 +129,7 @@ class NvshmemRuntime:
         nvshmem = self._nvshmem
         probe = nvshmem.buffer(64)
         try:
-            mine = all(
-                int(nvshmem.get_peer_buffer(probe, pe).handle) != 0 for pe in range(self.world_size) if pe != self.rank
-            )
+            mine = all(peer_address(int(probe.handle), pe) != 0 for pe in range(self.world_size) if pe != self.rank)
         finally:
             nvshmem.free(probe)  # collective, like the allocation
         return all(v == b"1" for v in self.ctx.allgather(b"1" if mine else b"0", key="nvshmem-peers"))
@@ -243,7 +251,7 @@ class SymmetricBuffer(LaidOutBuffer):
         self._buf = nvshmem.buffer(layout.total_bytes)
         problem: Exception | None = None
         try:
-            self._map_and_zero(nvshmem)
+            self._map_and_zero()
         except Exception as exc:  # every rank must learn of it: the free below is collective
             problem = exc
         # Every rank has zeroed its buffer (or failed) before any rank returns: the launch-
@@ -260,11 +268,11 @@ class SymmetricBuffer(LaidOutBuffer):
             ) from problem
         runtime._buffers.append(self)
 
-    def _map_and_zero(self, nvshmem: Any) -> None:
+    def _map_and_zero(self) -> None:
         """Every peer's address of the allocation, and this rank's part zeroed."""
         self.base_ptr = int(self._buf.handle)
         self.peer_base_ptrs: list[int] = [
-            int(nvshmem.get_peer_buffer(self._buf, pe).handle) if pe != self.rank else self.base_ptr
+            peer_address(self.base_ptr, pe) if pe != self.rank else self.base_ptr
             for pe in range(self._runtime.world_size)
         ]
         # 0 where a peer is not mapped: kernels reach it through NVSHMEM's device API instead,

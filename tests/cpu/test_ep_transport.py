@@ -115,3 +115,33 @@ def test_across_ranks_each_window_is_pushed_after_its_gemms_only_over_nvshmem(mo
     expected += [("launch_finish", 0), ("combine", 0)]
     assert [(name, rb) for name, rb, _ in log] == expected
     assert {s for name, _, s in log if name.startswith("launch")} == {staging}
+
+
+def test_a_peer_on_another_node_reads_as_unmapped_not_as_an_error(monkeypatch):
+    """nvshmem_ptr is null for a peer this rank cannot load from (another node): the runtime
+    must see 0 there (auto then picks the NVSHMEM transport), where nvshmem4py's
+    get_peer_buffer would raise."""
+    from types import SimpleNamespace
+
+    import nvshmem.bindings
+
+    from megamoe_rt.ep import symm
+
+    # Rank 0 of 3 maps rank 1 (same node) but not rank 2.
+    monkeypatch.setattr(nvshmem.bindings, "ptr", lambda local, pe: 0 if pe == 2 else local + (pe << 32))
+    assert symm.peer_address(0x1000, 1) == 0x1000 + (1 << 32)
+    assert symm.peer_address(0x1000, 2) == 0
+
+    freed = []
+    rt = object.__new__(symm.NvshmemRuntime)
+    rt.rank, rt.world_size = 0, 3
+    rt._nvshmem = SimpleNamespace(buffer=lambda n: SimpleNamespace(handle=0x1000), free=freed.append)
+    seen = []
+
+    def allgather(value, *, key):
+        seen.append(value)
+        return [value, b"1", b"1"]  # the other ranks map everyone they see
+
+    rt.ctx = SimpleNamespace(allgather=allgather)
+    assert rt.every_peer_mapped() is False
+    assert seen == [b"0"] and len(freed) == 1  # the probe is freed (collective) whatever the answer

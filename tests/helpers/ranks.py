@@ -127,9 +127,6 @@ def half_built_symmetric_buffer(ctx):
         def buffer(self, nbytes):
             return Handle(0x10000)
 
-        def get_peer_buffer(self, buf, pe):
-            return Handle(0 if (ctx.rank == 1 and pe == 0) else 0x20000 + pe)
-
         def free(self, buf):
             freed.append(buf.handle)
 
@@ -143,6 +140,7 @@ def half_built_symmetric_buffer(ctx):
         raise RuntimeError("no device memory to zero here")
 
     symm.require_cupy = no_cupy
+    symm.peer_address = lambda local, pe: 0 if (ctx.rank == 1 and pe == 0) else 0x20000 + pe
     layout = symm_buffer_layout(512, 256, 8, 2, 16, ctx.world_size)
     try:
         symm.SymmetricBuffer(layout, FakeRuntime())

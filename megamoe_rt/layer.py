@@ -259,6 +259,10 @@ class MegaMoE:
                 f"device={device}: the rank group runs this rank on device {group.device}; "
                 "pass device=None or the group's device"
             )
+        if world > 1:
+            from megamoe_rt.ep import agreement
+
+            agreement.require_same_construction(group, f"transport={transport!r}")  # type: ignore[arg-type]
         if world > 1 and transport == "auto":
             # Resolved before a mode is picked (where a peer is not mapped, only 'unfused' runs):
             # NVSHMEM starts here, its heap sized for the largest buffer the layer may take.

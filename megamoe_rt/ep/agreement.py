@@ -97,3 +97,16 @@ def exchange_findings(
         lines = "; ".join(f"rank {r}: {t}" for r, t in failed)
         raise RuntimeError(f"MegaMoE: collecting device reports failed on rank {failed[0][0]} ({lines})") from error
     return [tuple(Finding(kind, where, what) for kind, where, what in fs) for _, fs in decoded]
+
+
+def require_same_construction(group: RankGroup, arguments: str) -> None:
+    """Every rank constructs its layer with the same ``arguments`` (the text of those that
+    decide which collectives the construction makes, such as the transport); otherwise the
+    same ValueError on every rank, before any rank enters a collective the others skip (an
+    NVSHMEM allocation would wait for them forever). A collective."""
+    seen = [raw.decode() for raw in group.allgather(arguments.encode(), key="layer-construction")]
+    if len(set(seen)) > 1:
+        listing = "; ".join(f"rank {r}: {s}" for r, s in enumerate(seen))
+        raise ValueError(
+            f"MegaMoE: the ranks construct different layers ({listing}); construct them alike on every rank"
+        )

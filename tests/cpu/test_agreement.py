@@ -72,3 +72,25 @@ def test_findings_travel_to_every_rank():
 def test_a_rank_that_cannot_collect_its_reports_makes_every_rank_raise():
     out = spawn(ranks.findings_with_a_failed_rank, 2)
     assert all("collecting device reports failed on rank 1" in text for text in out), out
+
+
+class _Group:
+    """A rank's view of a group whose allgather returns what every rank passed."""
+
+    def __init__(self, everyone):
+        self.everyone = everyone
+
+    def allgather(self, value, *, key):
+        assert key == "layer-construction"
+        return [v.encode() for v in self.everyone]
+
+
+def test_layers_constructed_alike_pass_and_differing_ones_fail_alike():
+    agreement.require_same_construction(_Group(["transport='auto'"] * 2), "transport='auto'")
+    messages = set()
+    for mine in ("transport='auto'", "transport='nvlink'"):
+        with pytest.raises(ValueError, match="construct different layers") as info:
+            agreement.require_same_construction(_Group(["transport='auto'", "transport='nvlink'"]), mine)
+        messages.add(str(info.value))
+    assert len(messages) == 1  # the same error on every rank
+    assert "rank 0: transport='auto'; rank 1: transport='nvlink'" in messages.pop()

@@ -51,7 +51,10 @@ class GraphLaunches:
     Per call: :meth:`begin`, the launches (the same ones each call), then :meth:`end` with the
     call's stream (a launch of the graph, or a child node when the stream is capturing)."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: int | None = None) -> None:
+        # The nodes' context: the GPU's (``device``), whatever the calling thread's current
+        # device is; None: the current context (a node runs on its context's GPU).
+        self.device = device
         self.builder = GraphBuilder()
         self._nodes: list[_Recorded] = []
         self._recording = True
@@ -59,6 +62,9 @@ class GraphLaunches:
 
     def begin(self) -> None:
         self._pos = 0
+
+    def _context(self) -> Any:
+        return None if self.device is None else driver.context_for(self.device)
 
     def _previous(self) -> list[Any]:
         if not self._nodes:
@@ -85,7 +91,7 @@ class GraphLaunches:
         g, b = _dims(grid), _dims(block)
         raw = b"".join(bytes(a) for a in args)
         if self._recording:
-            node = self.builder.add_kernel(kernel, g, b, args, deps=self._previous())
+            node = self.builder.add_kernel(kernel, g, b, args, deps=self._previous(), ctx=self._context())
             self._nodes.append(_Recorded(node, kernel, b, g, raw))
             return
         rec = self._next(kernel, b)
@@ -96,7 +102,7 @@ class GraphLaunches:
     def memset_u32(self, ptr: int, value: int, count: int) -> None:
         raw = repr((ptr, value, count)).encode()
         if self._recording:
-            node = self.builder.add_memset_u32(ptr, value, count, deps=self._previous())
+            node = self.builder.add_memset_u32(ptr, value, count, deps=self._previous(), ctx=self._context())
             self._nodes.append(_Recorded(node, None, (), (), raw))
             return
         rec = self._next(None, ())

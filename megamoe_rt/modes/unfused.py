@@ -214,7 +214,7 @@ class UnfusedMode(Mode):
         if graph is None:
             self.ep_kernels(call.idx)  # loaded before recording: a lazy load mid-sequence would sync
             self.moe_kernels(call.idx)
-            graph = self._graphs[key] = GraphLaunches()
+            graph = self._graphs[key] = GraphLaunches(self.spec.device)
         return key, graph
 
     def _run_one_rank(self, call: Call, q: Launches) -> None:

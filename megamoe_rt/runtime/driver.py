@@ -330,14 +330,33 @@ def ensure_context(ordinal: int | None = None) -> Any:
     ctx = call(cu.cuCtxGetCurrent)
     if ctx is not None and int(ctx) != 0 and int(call(cu.cuCtxGetDevice)) == ordinal:
         return ctx
+    pctx = _primary_context(ordinal)
+    call(cu.cuCtxSetCurrent, pctx)
+    return pctx
+
+
+def _primary_context(ordinal: int) -> Any:
+    """GPU ``ordinal``'s primary context, retained once per process."""
+    cu = _cu()
     with _lock:
         pctx = _primary_ctx.get(ordinal)
         if pctx is None:
             dev = call(cu.cuDeviceGet, ordinal)
             pctx = call(cu.cuDevicePrimaryCtxRetain, dev)
             _primary_ctx[ordinal] = pctx
-    call(cu.cuCtxSetCurrent, pctx)
     return pctx
+
+
+def context_for(ordinal: int) -> Any:
+    """A context on GPU ``ordinal`` for work that names its context (graph nodes): the current
+    one when it is on that GPU, else the GPU's primary context, which is not made current (the
+    caller's current device stays as it was)."""
+    _ensure_init()
+    cu = _cu()
+    ctx = call(cu.cuCtxGetCurrent)
+    if ctx is not None and int(ctx) != 0 and int(call(cu.cuCtxGetDevice)) == ordinal:
+        return ctx
+    return _primary_context(ordinal)
 
 
 _tls = threading.local()

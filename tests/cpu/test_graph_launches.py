@@ -14,18 +14,21 @@ from megamoe_rt.graph import launches as gl
 class _Builder:
     def __init__(self, log):
         self.log, self.n = log, 0
+        self.contexts: list = []
 
     def _node(self):
         self.n += 1
         return gl.KernelNode(self.n, None, None, [])
 
-    def add_kernel(self, kernel, grid, block, args, *, deps=()):
+    def add_kernel(self, kernel, grid, block, args, *, deps=(), ctx=None):
         node = self._node()
+        self.contexts.append(ctx)
         self.log.append(("add", kernel, grid, [bytes(a) for a in args], [d for d in deps]))
         return node
 
-    def add_memset_u32(self, ptr, value, count, *, deps=()):
+    def add_memset_u32(self, ptr, value, count, *, deps=(), ctx=None):
         self.n += 1
+        self.contexts.append(ctx)
         self.log.append(("memset", ptr, value, count, list(deps)))
         return self.n
 
@@ -185,3 +188,21 @@ def test_a_graph_whose_recording_failed_is_dropped(monkeypatch):
     with pytest.raises(RuntimeError, match="mid-recording"):
         mode.run(call, 7)
     assert mode._graphs == {} and closed == [fake]
+
+
+def test_nodes_run_on_the_layers_gpu_whatever_the_current_device(monkeypatch):
+    """A graph for GPU 1 recorded from a thread whose current device is 0: every node gets
+    GPU 1's context (a node runs on its context's GPU), and nothing is made current."""
+    log: list = []
+    builder = _Builder(log)
+    monkeypatch.setattr(gl, "GraphBuilder", lambda: builder)
+    monkeypatch.setattr(gl.driver, "context_for", lambda ordinal: f"ctx{ordinal}")
+    g = gl.GraphLaunches(device=1)
+    g.begin()
+    g.memset_u32(0x100, 0, 4)
+    g.kernel(A, (2,), (128,), [ctypes.c_uint32(1)])
+    assert builder.contexts == ["ctx1", "ctx1"]
+    unbound = gl.GraphLaunches()  # no device: the builder takes the current context
+    unbound.begin()
+    unbound.kernel(A, (2,), (128,), [ctypes.c_uint32(1)])
+    assert builder.contexts[-1] is None

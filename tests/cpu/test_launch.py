@@ -97,26 +97,19 @@ def test_launch_devices_put_every_rank_on_the_gpus_named(tmp_path):
         os.write(1, f"rank {ctx.rank} gpu {ctx.device}\\n".encode())
     """)
     )
-    out = subprocess.run(
-        [sys.executable, "-m", "megamoe_rt", "launch", "-n", "3", "--devices", "0", str(script)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=_env(),
-    )
+
+    def launch(devices):
+        cmd = [sys.executable, "-m", "megamoe_rt", "launch", "-n", "3", "--devices", devices, str(script)]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=_env())
+
+    out = launch("0")
     assert out.returncode == 0, out.stderr
     assert sorted(l for l in out.stdout.splitlines() if l.startswith("rank")) == [
         "rank 0 gpu 0",
         "rank 1 gpu 0",
         "rank 2 gpu 0",
     ]
-    bad = subprocess.run(
-        [sys.executable, "-m", "megamoe_rt", "launch", "-n", "3", "--devices", "0,1", str(script)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=_env(),
-    )
+    bad = launch("0,1")
     assert bad.returncode != 0 and "names 2 GPUs" in bad.stderr and "rank 0" not in bad.stdout, bad.stderr
 
 

@@ -260,8 +260,6 @@ class MegaMoE:
                 "pass device=None or the group's device"
             )
         if world > 1:
-            from megamoe_rt.ep import agreement
-
             agreement.require_same_construction(group, f"transport={transport!r}")  # type: ignore[arg-type]
         if world > 1 and transport == "auto":
             # Resolved before a mode is picked (where a peer is not mapped, only 'unfused' runs):

@@ -449,8 +449,7 @@ def launch_script(
         listed = len(devices.split(","))
         if listed not in (1, nprocs):
             raise ValueError(f"devices: {devices!r} names {listed} GPUs; expected one, or one per rank ({nprocs})")
-        for r in range(nprocs):
-            assigned_device(r, base)  # a malformed list is refused before any rank starts
+        assigned_device(0, base)  # a malformed list is refused before any rank starts
     # SIGTERM / SIGHUP to the launcher must still run the clean-up below (no orphans).
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _exit_on_signal)

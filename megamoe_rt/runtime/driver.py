@@ -324,15 +324,31 @@ def ensure_context(ordinal: int | None = None) -> Any:
     either are valid in the kernels launched here.
     """
     _ensure_init()
-    cu = _cu()
     if ordinal is None:
         ordinal = current_device()
+    ctx = _current_context_on(ordinal)
+    if ctx is None:
+        ctx = _primary_context(ordinal)
+        call(_cu().cuCtxSetCurrent, ctx)
+    return ctx
+
+
+def context_for(ordinal: int) -> Any:
+    """A context on GPU ``ordinal`` for work that names its context (graph nodes): the current
+    one when it is on that GPU, else the GPU's primary context, which is not made current (the
+    caller's current device stays as it was)."""
+    _ensure_init()
+    ctx = _current_context_on(ordinal)
+    return _primary_context(ordinal) if ctx is None else ctx
+
+
+def _current_context_on(ordinal: int) -> Any:
+    """The calling thread's current context if it is on GPU ``ordinal``, else None."""
+    cu = _cu()
     ctx = call(cu.cuCtxGetCurrent)
     if ctx is not None and int(ctx) != 0 and int(call(cu.cuCtxGetDevice)) == ordinal:
         return ctx
-    pctx = _primary_context(ordinal)
-    call(cu.cuCtxSetCurrent, pctx)
-    return pctx
+    return None
 
 
 def _primary_context(ordinal: int) -> Any:
@@ -345,18 +361,6 @@ def _primary_context(ordinal: int) -> Any:
             pctx = call(cu.cuDevicePrimaryCtxRetain, dev)
             _primary_ctx[ordinal] = pctx
     return pctx
-
-
-def context_for(ordinal: int) -> Any:
-    """A context on GPU ``ordinal`` for work that names its context (graph nodes): the current
-    one when it is on that GPU, else the GPU's primary context, which is not made current (the
-    caller's current device stays as it was)."""
-    _ensure_init()
-    cu = _cu()
-    ctx = call(cu.cuCtxGetCurrent)
-    if ctx is not None and int(ctx) != 0 and int(call(cu.cuCtxGetDevice)) == ordinal:
-        return ctx
-    return _primary_context(ordinal)
 
 
 _tls = threading.local()

@@ -289,3 +289,47 @@ def test_owned_streams_events_and_memory_need_a_gpu_and_say_so_in_one_line():
         with pytest.raises(GpuUnavailableError) as info:
             make()
         assert "\n" not in str(info.value)
+
+
+class _FakeDriver:
+    """cuCtx* of a thread whose current context is ctx0 on GPU 0; primary contexts ctxN."""
+
+    class CUresult:
+        CUDA_SUCCESS = 0
+
+    def __init__(self):
+        self.current, self.current_device, self.set = "ctx0", 0, []
+
+    def cuCtxGetCurrent(self):
+        return 0, self.current
+
+    def cuCtxGetDevice(self):
+        return 0, self.current_device
+
+    def cuDeviceGet(self, ordinal):
+        return 0, ordinal
+
+    def cuDevicePrimaryCtxRetain(self, dev):
+        return 0, f"primary{dev}"
+
+    def cuCtxSetCurrent(self, ctx):
+        self.set.append(ctx)
+        return (0,)
+
+
+def test_context_for_leaves_the_current_context_alone_and_ensure_context_switches_it(monkeypatch):
+    from megamoe_rt.runtime import driver
+
+    class Ctx(str):  # the driver's handles convert to int; these stand-ins name themselves
+        def __int__(self):
+            return 1
+
+    fake = _FakeDriver()
+    fake.current = Ctx("ctx0")
+    monkeypatch.setattr(driver, "_cu", lambda: fake)
+    monkeypatch.setattr(driver, "_ensure_init", lambda: None)
+    monkeypatch.setattr(driver, "_primary_ctx", {})
+    assert driver.context_for(0) == "ctx0"  # the current context, on the GPU asked for
+    assert driver.context_for(1) == "primary1" and fake.set == []  # nothing made current
+    assert driver.ensure_context(0) == "ctx0" and fake.set == []
+    assert driver.ensure_context(1) == "primary1" and fake.set == ["primary1"]

@@ -36,8 +36,9 @@ def multigpu_need() -> int:
 
 def pytest_collection_modifyitems(config, items):
     n = None
+    multigpu = multigpu_need()
     for item in items:
-        need = multigpu_need() if "multigpu" in item.keywords else 1 if "gpu" in item.keywords else 0
+        need = multigpu if "multigpu" in item.keywords else 1 if "gpu" in item.keywords else 0
         if not need:
             continue
         if n is None:

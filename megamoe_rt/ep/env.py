@@ -7,6 +7,8 @@ GPUs out of service.
 
 from __future__ import annotations
 
+import os
+
 SAFE_ENV = {"NVSHMEM_DISABLE_NVLS": "1", "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
 
 # Ranks started by `megamoe-rt launch` / spawn all run on this host: NVSHMEM's unique-id
@@ -34,8 +36,6 @@ RANK_DEVICES_ENV = "MEGAMOE_RT_RANK_DEVICES"
 
 def assigned_device(rank: int, env: dict[str, str] | None = None) -> int | None:
     """The GPU ordinal ``$MEGAMOE_RT_RANK_DEVICES`` gives ``rank``, or None when it is unset."""
-    import os
-
     text = (os.environ if env is None else env).get(RANK_DEVICES_ENV, "").strip()
     if not text:
         return None

@@ -24,6 +24,14 @@
 
 namespace megamoe_rt::moe {
 
+// The consumer's footprint on an SM. Its blocks sit beside the producer's (a router kernel of
+// 256 threads at 64 registers runs four blocks an SM alone), and every register the consumer
+// holds is one the producer's blocks cannot have: at 80 registers x 256 threads only two router
+// blocks fit beside it, at 64 three. Four loads in flight per lane instead of eight keep it
+// under 64 without spilling (ptxas: 62).
+constexpr u32 kConsumeMinBlocks = 4;
+constexpr u32 kConsumeCopyBatch = 4;
+
 // expert_blocks entries: 0 until claimed, then the pool block + 1, or kNoBlock when the claim
 // found the pool full (reported).
 constexpr u32 kNoBlock = 0xFFFFFFFFu;
@@ -89,7 +97,7 @@ __device__ __forceinline__ void dispatch_chunk_pairs(const StreamPoolParams& sp,
             const u32 j = __ffs(todo) - 1;
             const u32 r = static_cast<u32>(__shfl_sync(0xFFFFFFFFu, row, j));
             // The slot is rewritten during the launch: copy_token_row<true> reads it through L2.
-            copy_token_row<true>(m, (base + j * num_warps + warp) / m.num_topk, r, lane);
+            copy_token_row<true, kConsumeCopyBatch>(m, (base + j * num_warps + warp) / m.num_topk, r, lane);
         }
     }
 }
@@ -106,9 +114,9 @@ __device__ __forceinline__ void dispatch_chunk_pairs(const StreamPoolParams& sp,
 // shared memory, so the producer's blocks find room beside blocks waiting for their chunks.
 //
 // The slots are rewritten by the producer while this launch runs: the rows are read through
-// L2 (ld.global.cg), after each warp's own acquire of the generations. The bound of three blocks
-// an SM (at most 80 registers) is there because, without it, ptxas held the kernel to 32 and spilled.
-__global__ void __launch_bounds__(kDispatchThreads, 3)
+// L2 (ld.global.cg), after each warp's own acquire of the generations. The bound (kConsumeMinBlocks)
+// is there because, without it, ptxas held the kernel to 32 registers and spilled.
+__global__ void __launch_bounds__(kDispatchThreads, kConsumeMinBlocks)
     moe_stream_consume(const __grid_constant__ StreamConsumeParams cp) {
     const stream::StreamRing& ring = cp.ring;
     const u32 lane = threadIdx.x % 32;

@@ -124,3 +124,34 @@ def test_the_input_ring_lies_in_the_buffer_and_its_descriptor_points_there():
         lay.region("stream_x_sf").offset + 2 * 256 * 4 * 4,
     )
     assert buffer_layout(LayerSpec(512, 256, 16, 4, 1024), LayoutNeeds("full", 128)).stream_slots == 0
+
+
+def _block_registers(per_thread: int, threads: int) -> int:
+    """Registers a block holds: a warp's are allocated in units of 256 (8 a thread)."""
+    return -(-per_thread // 8) * 8 * threads
+
+
+def test_the_consumer_leaves_room_for_three_router_blocks_on_its_sm(tmp_path):
+    """The streamed call's consumer sits on every SM beside the producer's blocks: with the
+    reference router (produce_chunks, 256 threads) three of them must fit in the 65536
+    registers an SM has next to a consumer block, or the router runs at half speed under it."""
+    from megamoe_rt.jit import compile_kernel
+    from megamoe_rt.jit.cache import CubinCache
+    from megamoe_rt.jit.resources import parse_ptxas_report
+    from megamoe_rt.kernels.interface.moe import DISPATCH_THREADS
+    from megamoe_rt.routers import ROUTER, router_options
+
+    nvrtc = _nvrtc()
+    err, prog = nvrtc.nvrtcCreateProgram(ROUTER.encode(), b"router.cu", 0, [], [])
+    try:
+        opts = [o.encode() for o in [*router_options(32), "-Xptxas", "-v"]]
+        (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        log = _program_log(nvrtc, prog)
+        assert int(result) == 0, log
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    router = parse_ptxas_report(log, "produce_chunks", name="produce_chunks")
+    (spec,) = [s for s in all_kernel_specs() if s.name == "moe_stream_consume"]
+    consumer = compile_kernel(spec, cache=CubinCache(tmp_path / "cache")).resources
+    used = _block_registers(consumer.registers, DISPATCH_THREADS.value) + 3 * _block_registers(router.registers, 256)
+    assert used <= 65536, (consumer.registers, router.registers)

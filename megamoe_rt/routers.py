@@ -238,8 +238,10 @@ extern "C" __global__ void wait_slots_free(const stream::StreamRing* ring_ptr, u
 // counts the blocks done with each slot in this call (zeroed at the call's start): a slot's
 // k-th chunk of the call is complete once every block of a chunk has counted it k times.
 // `partials` / `counters`: the launch's scratch (counters zero, and zero again after it).
-// Four blocks an SM (64 registers): unbounded, ptxas spilled at some expert counts.
-extern "C" __global__ void __launch_bounds__(kThreads, 4) produce_chunks(const stream::StreamRing* ring_ptr,
+// Five blocks an SM (48 registers, no spill at 8-384 experts; unbounded, ptxas spilled at some
+// expert counts): a streamed call's consumer holds 64 x 256 registers on every SM, which
+// leaves room for four of these beside it, as many as at 64 registers with the SM to itself.
+extern "C" __global__ void __launch_bounds__(kThreads, 5) produce_chunks(const stream::StreamRing* ring_ptr,
                                                                       const float* hidden, const float* gate, u32 n,
                                                                       u32 first_chunk, u32 slice_k, u32* slot_done,
                                                                       float* logits, float* partials, u32* counters) {

@@ -131,10 +131,11 @@ def _block_registers(per_thread: int, threads: int) -> int:
     return -(-per_thread // 8) * 8 * threads
 
 
-def test_the_consumer_leaves_room_for_three_router_blocks_on_its_sm(tmp_path):
-    """The streamed call's consumer sits on every SM beside the producer's blocks: with the
-    reference router (produce_chunks, 256 threads) three of them must fit in the 65536
-    registers an SM has next to a consumer block, or the router runs at half speed under it."""
+def test_the_consumer_leaves_room_for_four_router_blocks_on_its_sm(tmp_path):
+    """The streamed call's consumer sits on every SM beside the producer's blocks: four blocks
+    of the reference router (produce_chunks, 256 threads) must fit in the 65536 registers an
+    SM has next to a consumer block. At 80 registers for the consumer and 64 for the router only
+    two did, and the router ran at about half speed under the consumer."""
     from megamoe_rt.jit import compile_kernel
     from megamoe_rt.jit.cache import CubinCache
     from megamoe_rt.jit.resources import parse_ptxas_report
@@ -153,5 +154,5 @@ def test_the_consumer_leaves_room_for_three_router_blocks_on_its_sm(tmp_path):
     router = parse_ptxas_report(log, "produce_chunks", name="produce_chunks")
     (spec,) = [s for s in all_kernel_specs() if s.name == "moe_stream_consume"]
     consumer = compile_kernel(spec, cache=CubinCache(tmp_path / "cache")).resources
-    used = _block_registers(consumer.registers, DISPATCH_THREADS.value) + 3 * _block_registers(router.registers, 256)
+    used = _block_registers(consumer.registers, DISPATCH_THREADS.value) + 4 * _block_registers(router.registers, 256)
     assert used <= 65536, (consumer.registers, router.registers)

@@ -59,17 +59,17 @@ def main(preset: str, tokens: int, chunk: int = 512, slots: int = 4, calls: int 
         def __init__(self, kernel, label):
             self.kernel, self.label = kernel, label
 
-        def launch(self, grid, block, args, stream):
-            self.kernel.launch(grid, block, args, stream=stream)
+        def launch(self, grid, block, args, stream, **kw):
+            self.kernel.launch(grid, block, args, stream=stream, **kw)
             mark(self.label, cp.cuda.ExternalStream(stream))
 
     for key in ("consume", "seal"):
         pool._kernels[key] = Marked(pool._kernels[key], key)
     combine = mk.launch_combine
 
-    def marked_combine(kernels, params, grid, stream):
-        combine(kernels, params, grid, stream)
-        mark("combine", cp.cuda.ExternalStream(stream))
+    def marked_combine(kernels, params, grid, launches):
+        combine(kernels, params, grid, launches)
+        mark("combine", cp.cuda.ExternalStream(launches.stream))
 
     mk.launch_combine = marked_combine
     for i, g in enumerate(mode.gemms):

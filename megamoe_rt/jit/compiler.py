@@ -258,16 +258,18 @@ def compile_kernel(
     return CompiledKernel(spec, cubin, lowered, res, log, key, False, seconds, tuple(options))
 
 
-# NVRTC 13.0 keeps an in-process cache of PTX -> cubin keyed by the PTX and the
-# ptxas options; a hit skips ptxas and so leaves the log without its -v report.
-# Reports are remembered by cubin digest and entry (same PTX and options, same
-# cubin), for every entry of a report: kernels that share one source file share
-# its PTX, so the first of them brings the report for all the others. A miss
-# there recompiles once with a codegen-neutral extra ptxas option (-O3 is ptxas'
-# default) to force a fresh ptxas run, and keeps that run's cubin and report
-# together (the cubin records its ptxas options, so its bytes differ).
+# NVRTC 13.0 keeps a cache of PTX -> cubin keyed by the PTX and the ptxas options;
+# a hit skips ptxas and so leaves the log without its -v report (or with a report
+# of other entries only). Reports are remembered by cubin digest and entry (same PTX
+# and options, same cubin), for every entry of a report: kernels that share one
+# source file share its PTX, so the first of them brings the report for all the
+# others. A miss there recompiles with a codegen-neutral extra ptxas option to force
+# a fresh ptxas run, and keeps that run's cubin and report together (the cubin
+# records its ptxas options, so its bytes differ). A second neutral option covers a
+# retry that hits the cache too: with several ranks compiling the same kernels at
+# once, four processes on one GPU missed the report after the first retry.
 _reports: dict[tuple[str, str], KernelResources] = {}
-_REPORT_RETRY_OPTION = "--ptxas-options=-O3"
+_REPORT_RETRY_OPTIONS = ("--ptxas-options=-O3", "--ptxas-options=--allow-expensive-optimizations=true")
 
 
 def _remember_report(cubin: bytes, log: str) -> None:
@@ -280,11 +282,19 @@ def _cubin_with_resources(
     spec: KernelSpec, options: list[str], cubin: bytes, lowered: str, log: str
 ) -> tuple[bytes, KernelResources]:
     first_cubin = cubin
-    if "Compiling entry function" not in log:
+    if lowered not in ptxas_entry_names(log):
         known = _reports.get((hashlib.sha256(cubin).hexdigest(), lowered))
         if known is not None:
             return cubin, dataclasses.replace(known, name=spec.name, dynamic_smem_bytes=spec.dynamic_smem_bytes)
-        cubin, lowered, log = _nvrtc_compile(spec, options + [_REPORT_RETRY_OPTION])
+        for retry in _REPORT_RETRY_OPTIONS:
+            cubin, lowered, log = _nvrtc_compile(spec, options + [retry])
+            if lowered in ptxas_entry_names(log):
+                break
+        else:
+            raise RuntimeError(
+                f"kernel {spec.name}: ptxas gave no resource report for {lowered!r}, also when run again with "
+                f"{' or '.join(_REPORT_RETRY_OPTIONS)}; NVRTC log:\n{log[:4000]}"
+            )
     res = parse_ptxas_report(log, lowered, name=spec.name, dynamic_smem_bytes=spec.dynamic_smem_bytes)
     _remember_report(cubin, log)
     if cubin is not first_cubin:  # a retry: its report serves the first build's cubin too

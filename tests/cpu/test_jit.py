@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
 
 import pytest
@@ -197,7 +198,7 @@ def test_report_survives_nvrtc_in_process_cubin_cache(toy_tree, cache, monkeypat
     def without_report(spec, options):
         cubin, lowered, log = real(spec, options)
         calls.append(list(options))
-        if jit_compiler._REPORT_RETRY_OPTION not in options:
+        if jit_compiler._REPORT_RETRY_OPTIONS[0] not in options:
             log = ""  # what a cache hit inside NVRTC looks like
         return cubin, lowered, log
 
@@ -206,10 +207,60 @@ def test_report_survives_nvrtc_in_process_cubin_cache(toy_tree, cache, monkeypat
     reference = real(TOY, jit_compiler.build_options(TOY, lineinfo=False)[0])
     expected = parse_ptxas_report(reference[2], reference[1], name=TOY.name)
     first = compile_kernel(TOY, cache=cache, use_cache=False)
-    assert len(calls) == 2 and jit_compiler._REPORT_RETRY_OPTION in calls[1]
+    assert len(calls) == 2 and jit_compiler._REPORT_RETRY_OPTIONS[0] in calls[1]
     second = compile_kernel(TOY, cache=cache, use_cache=False)
     assert len(calls) == 3  # served from the remembered report, no retry
     assert first.resources == second.resources == expected
+
+
+def _nvrtc_reporting_only_with(option, *, other_entries=False):
+    """An NVRTC whose cache hides the report of every run without ``option``; with
+    ``other_entries`` such a run still reports an unrelated entry."""
+    real = jit_compiler._nvrtc_compile
+    calls = []
+
+    def compile_(spec, options):
+        cubin, lowered, log = real(spec, options)
+        calls.append(list(options))
+        if option is None or option not in options:
+            log = OTHER_ENTRY_LOG if other_entries else ""
+        return cubin, lowered, log
+
+    return compile_, calls
+
+
+OTHER_ENTRY_LOG = (
+    "ptxas info    : Compiling entry function '_Z5otherPi' for 'sm_90a'\n"
+    "ptxas info    : Used 8 registers, used 0 barriers, 352 bytes cmem[0]\n"
+)
+
+
+def test_a_log_reporting_other_entries_only_is_retried(toy_tree, cache, monkeypatch):
+    compile_, calls = _nvrtc_reporting_only_with(jit_compiler._REPORT_RETRY_OPTIONS[0], other_entries=True)
+    monkeypatch.setattr(jit_compiler, "_nvrtc_compile", compile_)
+    monkeypatch.setattr(jit_compiler, "_reports", {})
+    got = compile_kernel(TOY, cache=cache, use_cache=False).resources
+    assert len(calls) == 2 and got.registers > 0 and got.name == TOY.name
+
+
+def test_a_retry_that_hits_the_cache_too_tries_the_second_neutral_option(toy_tree, cache, monkeypatch):
+    real = jit_compiler._nvrtc_compile
+    reference = real(TOY, jit_compiler.build_options(TOY, lineinfo=False)[0])
+    compile_, calls = _nvrtc_reporting_only_with(jit_compiler._REPORT_RETRY_OPTIONS[1])
+    monkeypatch.setattr(jit_compiler, "_nvrtc_compile", compile_)
+    monkeypatch.setattr(jit_compiler, "_reports", {})
+    got = compile_kernel(TOY, cache=cache, use_cache=False).resources
+    assert [c[-1] for c in calls[1:]] == list(jit_compiler._REPORT_RETRY_OPTIONS)
+    assert got == parse_ptxas_report(reference[2], reference[1], name=TOY.name)
+
+
+def test_no_report_after_every_retry_names_the_kernel_and_shows_the_log(toy_tree, cache, monkeypatch):
+    compile_, calls = _nvrtc_reporting_only_with(None, other_entries=True)
+    monkeypatch.setattr(jit_compiler, "_nvrtc_compile", compile_)
+    monkeypatch.setattr(jit_compiler, "_reports", {})
+    with pytest.raises(RuntimeError, match=rf"kernel {re.escape(TOY.name)}: ptxas gave no resource report") as err:
+        compile_kernel(TOY, cache=cache, use_cache=False)
+    assert "_Z5otherPi" in str(err.value) and len(calls) == 1 + len(jit_compiler._REPORT_RETRY_OPTIONS)
 
 
 def test_reports_for_kernels_sharing_one_source(toy_tree, cache, monkeypatch):

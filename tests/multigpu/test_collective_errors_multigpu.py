@@ -73,7 +73,7 @@ def _scenario(ctx, mode, what):
         assert "refused on rank 1" in message and word in message, message
     elif what == "bounds_differ":
         try:
-            layer(*args, num_tokens_bound=48 + 8 * ctx.rank)
+            layer(*args, num_tokens_bound=48 + 2 * ctx.rank)  # within the capacity of 64 up to EP8
         except ValueError as exc:
             message = str(exc)
         assert "num_tokens_bound: ranks passed" in message, message

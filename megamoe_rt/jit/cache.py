@@ -8,6 +8,12 @@ written to a temporary file in the same directory and renamed into place, so a
 reader sees either nothing or a whole file; a truncated or altered entry fails
 verification, is removed and rebuilt, and is never loaded.
 
+Processes that need the same missing entry at once (the ranks of one node starting together)
+build it once: :meth:`CubinCache.building` holds an advisory lock on ``.lock-<key>`` while one
+of them compiles, and the others find the entry when they get the lock. Besides saving the
+repeated work, this keeps NVRTC's own cache out of the way, which can hand a process a cubin
+another process just built without the ptxas report the resource checks read.
+
 Cubins are executed, so the cache is trusted only as far as its files can be: a directory not
 owned by the user, or writable by group or others, is refused with a warning and a private
 directory is used instead; entries are opened without following links and must be regular
@@ -17,13 +23,16 @@ tampering: the trust comes from ownership and modes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import stat
 import struct
 import tempfile
+import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +41,11 @@ from megamoe_rt.runtime.file_trust import current_uid, untrusted_reason
 
 MAGIC = b"MMRTCUBIN2\n"
 _TMP_PREFIX = ".tmp-"
+_LOCK_PREFIX = ".lock-"
+# How long a process waits for another one's build of the same entry before building it too
+# (a compile takes seconds; a holder that hangs must not hang every other process).
+BUILD_LOCK_WAIT_S = 300.0
+_LOCK_POLL_S = 0.05
 # Bits that would let another user replace what we load.
 _LEN = struct.Struct("<I")
 _DIGEST = 32
@@ -184,6 +198,42 @@ class CubinCache:
                 pass
             raise
         return self.path_for(key)
+
+    @contextlib.contextmanager
+    def building(self, key: str, *, wait_s: float = BUILD_LOCK_WAIT_S) -> Iterator[bool]:
+        """Hold the build lock of ``key`` (advisory, per entry) for the body; yields whether
+        it is held. After ``wait_s`` without it, or where locks are unavailable, the body
+        runs unlocked: the entry is then built twice, which is correct, only slower."""
+        try:
+            import fcntl
+        except ImportError:  # not POSIX
+            yield False
+            return
+        self._ensure_dir()
+        try:
+            fd = os.open(
+                self.directory / f"{_LOCK_PREFIX}{key}",
+                os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0),
+                0o600,
+            )
+        except OSError:  # a link planted in its place, or a read-only directory
+            yield False
+            return
+        try:
+            deadline = time.monotonic() + wait_s
+            held = False
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    held = True
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        break
+                    time.sleep(_LOCK_POLL_S)
+            yield held
+        finally:
+            os.close(fd)  # releases the lock
 
     def entries(self) -> list[Path]:
         """Complete entries; another process's temporary files being written are not entries."""

@@ -222,27 +222,42 @@ def compile_kernel(
     lineinfo = _lineinfo_default() if lineinfo is None else lineinfo
     options, external = build_options(spec, lineinfo=lineinfo)
     key, material = cache_key(spec, options, external)
+    if not use_cache:
+        return _build(spec, options, key, material, None)
     cache = cache if cache is not None else CubinCache()
-    if use_cache:
-        hit = cache.load(key)
-        if hit is not None:
-            try:
-                res = KernelResources(**hit.meta["resources"])
-                lowered = hit.meta["lowered_name"]
-                if not isinstance(lowered, str):
-                    raise TypeError("lowered_name")
-                return CompiledKernel(
-                    spec, hit.cubin, lowered, res, str(hit.meta.get("log", "")), key, True, 0.0, tuple(options)
-                )
-            except (KeyError, TypeError):  # an entry of another layout: rebuild it
-                cache.reject(key)
+    hit = _cached(spec, options, key, cache)
+    if hit is not None:
+        return hit
+    with cache.building(key):  # another process may be building it: then it is there after the wait
+        hit = _cached(spec, options, key, cache)
+        return hit if hit is not None else _build(spec, options, key, material, cache)
+
+
+def _cached(spec: KernelSpec, options: list[str], key: str, cache: CubinCache) -> CompiledKernel | None:
+    hit = cache.load(key)
+    if hit is None:
+        return None
+    try:
+        res = KernelResources(**hit.meta["resources"])
+        lowered = hit.meta["lowered_name"]
+        if not isinstance(lowered, str):
+            raise TypeError("lowered_name")
+        return CompiledKernel(
+            spec, hit.cubin, lowered, res, str(hit.meta.get("log", "")), key, True, 0.0, tuple(options)
+        )
+    except (KeyError, TypeError):  # an entry of another layout: rebuild it
+        cache.reject(key)
+        return None
+
+
+def _build(spec: KernelSpec, options: list[str], key: str, material: dict, cache: CubinCache | None) -> CompiledKernel:
     t0 = time.perf_counter()
     cubin, lowered, log = _nvrtc_compile(spec, options)
     cubin, res = _cubin_with_resources(spec, options, cubin, lowered, log)
     if spec.device_libraries:
         cubin = link_cubin(cubin, _library_paths(spec), arch=ARCH, name=spec.name)
     seconds = time.perf_counter() - t0
-    if use_cache:
+    if cache is not None:
         cache.store(
             key,
             cubin,
@@ -266,8 +281,10 @@ def compile_kernel(
 # others. A miss there recompiles with a codegen-neutral extra ptxas option to force
 # a fresh ptxas run, and keeps that run's cubin and report together (the cubin
 # records its ptxas options, so its bytes differ). A second neutral option covers a
-# retry that hits the cache too: with several ranks compiling the same kernels at
-# once, four processes on one GPU missed the report after the first retry.
+# retry that hits the cache too. NVRTC's cache can also serve a cubin another
+# process built (four ranks building the same kernel at once got no report from
+# any of the three runs); the cubin cache's build lock now makes one process build
+# each entry while the others wait for it.
 _reports: dict[tuple[str, str], KernelResources] = {}
 _REPORT_RETRY_OPTIONS = ("--ptxas-options=-O3", "--ptxas-options=--allow-expensive-optimizations=true")
 

@@ -147,8 +147,10 @@ def test_damaged_entry_is_rebuilt_not_loaded(toy_tree, cache, damage):
 
 def test_writes_leave_no_temporary_files(toy_tree, cache):
     compile_kernel(TOY, cache=cache)
-    names = os.listdir(cache.directory)
-    assert len(names) == 1 and names[0].endswith(".cubin") and not names[0].startswith(".tmp")
+    names = sorted(os.listdir(cache.directory))
+    entry = [n for n in names if n.endswith(".cubin")]
+    assert len(entry) == 1 and not entry[0].startswith(".tmp")
+    assert names == sorted([entry[0], ".lock-" + entry[0][: -len(".cubin")]])  # the entry and its (empty) build lock
 
 
 def test_compile_error_raises_with_log(toy_tree, cache):

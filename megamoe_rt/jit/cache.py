@@ -11,8 +11,8 @@ verification, is removed and rebuilt, and is never loaded.
 Processes that need the same missing entry at once (the ranks of one node starting together)
 build it once: :meth:`CubinCache.building` holds an advisory lock on ``.lock-<key>`` while one
 of them compiles, and the others find the entry when they get the lock. Besides saving the
-repeated work, this keeps NVRTC's own cache out of the way, which can hand a process a cubin
-another process just built without the ptxas report the resource checks read.
+repeated work, this avoids concurrent NVRTC builds of one kernel, where a process was seen to
+get its cubin with an empty log, so without the ptxas report the resource checks read.
 
 Cubins are executed, so the cache is trusted only as far as its files can be: a directory not
 owned by the user, or writable by group or others, is refused with a warning and a private

@@ -281,10 +281,10 @@ def _build(spec: KernelSpec, options: list[str], key: str, material: dict, cache
 # others. A miss there recompiles with a codegen-neutral extra ptxas option to force
 # a fresh ptxas run, and keeps that run's cubin and report together (the cubin
 # records its ptxas options, so its bytes differ). A second neutral option covers a
-# retry that hits the cache too. NVRTC's cache can also serve a cubin another
-# process built (four ranks building the same kernel at once got no report from
-# any of the three runs); the cubin cache's build lock now makes one process build
-# each entry while the others wait for it.
+# retry that hits the cache too. Four ranks building the same kernel at once saw
+# an empty log from all three runs (cause not pinned down: NVRTC may share its cache
+# between processes); the cubin cache's build lock now makes one process build each
+# entry while the others wait for it.
 _reports: dict[tuple[str, str], KernelResources] = {}
 _REPORT_RETRY_OPTIONS = ("--ptxas-options=-O3", "--ptxas-options=--allow-expensive-optimizations=true")
 

@@ -231,6 +231,8 @@ class CubinCache:
                     if time.monotonic() >= deadline:
                         break
                     time.sleep(_LOCK_POLL_S)
+                except OSError:  # no locks on this file system (ENOLCK on some network mounts)
+                    break
             yield held
         finally:
             os.close(fd)  # releases the lock

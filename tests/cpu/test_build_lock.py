@@ -103,3 +103,15 @@ def test_lock_files_are_not_entries(tmp_path):
         cache.store("k", b"\x7fELF", {"name": "x"})
     assert [p.name for p in cache.entries()] == ["k.cubin"]
     assert cache.clear() == 1
+
+
+def test_a_file_system_without_locks_builds_unlocked(tmp_path, monkeypatch):
+    import errno
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with CubinCache(tmp_path / "cache").building("k") as held:
+        assert not held

@@ -10,24 +10,14 @@ import time
 
 import pytest
 
-from megamoe_rt.jit import CubinCache, KernelSpec, compile_kernel
+from megamoe_rt.jit import CubinCache, compile_kernel
 from megamoe_rt.jit import compiler as jit_compiler
+from tests.helpers.toy_kernel import TOY
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="advisory file locks are POSIX")
 
-SPEC = KernelSpec(name="lock_toy", source="lock_toy.cu", entry="lock_toy", block_threads=32)
 
-
-@pytest.fixture()
-def tree(tmp_path, monkeypatch):
-    root = tmp_path / "src"
-    root.mkdir()
-    (root / "lock_toy.cu").write_text("__global__ void lock_toy(int* o) { o[threadIdx.x] = threadIdx.x * 3; }\n")
-    monkeypatch.setattr(jit_compiler, "cuda_src_dir", lambda: root)
-    return root
-
-
-def test_two_builders_of_one_entry_compile_it_once(tree, tmp_path, monkeypatch):
+def test_two_builders_of_one_entry_compile_it_once(toy_kernel_tree, tmp_path, monkeypatch):
     real = jit_compiler._nvrtc_compile
     compiles = []
 
@@ -41,7 +31,7 @@ def test_two_builders_of_one_entry_compile_it_once(tree, tmp_path, monkeypatch):
 
     def build(i):
         # One CubinCache each, as two processes would have; flock locks of separate opens conflict.
-        results[i] = compile_kernel(SPEC, cache=CubinCache(tmp_path / "cache"))
+        results[i] = compile_kernel(TOY, cache=CubinCache(tmp_path / "cache"))
 
     threads = [threading.Thread(target=build, args=(i,)) for i in range(2)]
     for t in threads:
@@ -49,7 +39,7 @@ def test_two_builders_of_one_entry_compile_it_once(tree, tmp_path, monkeypatch):
         time.sleep(0.1)
     for t in threads:
         t.join(timeout=120)
-    assert compiles == ["lock_toy"]
+    assert compiles == [TOY.name]
     assert sorted(r.from_cache for r in results) == [False, True]
     assert results[0].cubin == results[1].cubin and results[0].resources == results[1].resources
 

@@ -6,21 +6,10 @@ import os
 
 import pytest
 
-from megamoe_rt.jit import CubinCache, KernelSpec, compile_kernel
+from megamoe_rt.jit import CubinCache, compile_kernel
 from megamoe_rt.jit import cache as cache_mod
 from megamoe_rt.jit import compiler as jit_compiler
-
-
-@pytest.fixture()
-def toy_tree(tmp_path, monkeypatch):
-    root = tmp_path / "src"
-    root.mkdir()
-    (root / "toy.cu").write_text("template <int N> __global__ void toy(int* out) { out[threadIdx.x] = N; }\n")
-    monkeypatch.setattr(jit_compiler, "cuda_src_dir", lambda: root)
-    return root
-
-
-TOY = KernelSpec(name="toy[3]", source="toy.cu", entry="toy<3>", block_threads=32)
+from tests.helpers.toy_kernel import TOY
 
 
 @pytest.fixture()
@@ -32,7 +21,7 @@ def private_tmp(tmp_path, monkeypatch):
     return base
 
 
-def test_a_group_writable_directory_is_refused_with_a_private_fallback(toy_tree, tmp_path, private_tmp):
+def test_a_group_writable_directory_is_refused_with_a_private_fallback(toy_kernel_tree, tmp_path, private_tmp):
     shared = tmp_path / "shared"
     shared.mkdir()
     os.chmod(shared, 0o777)
@@ -44,7 +33,7 @@ def test_a_group_writable_directory_is_refused_with_a_private_fallback(toy_tree,
     assert compile_kernel(TOY, cache=cache).from_cache and not built.from_cache
 
 
-def test_a_directory_owned_by_another_user_is_refused(toy_tree, tmp_path, private_tmp, monkeypatch):
+def test_a_directory_owned_by_another_user_is_refused(toy_kernel_tree, tmp_path, private_tmp, monkeypatch):
     mine = tmp_path / "theirs"
     mine.mkdir(mode=0o700)
     other = os.getuid() + 1
@@ -57,7 +46,7 @@ def test_a_directory_owned_by_another_user_is_refused(toy_tree, tmp_path, privat
     assert cache.directory != mine and not any(mine.iterdir())
 
 
-def test_a_symlinked_entry_is_never_loaded(toy_tree, tmp_path):
+def test_a_symlinked_entry_is_never_loaded(toy_kernel_tree, tmp_path):
     cache = CubinCache(tmp_path / "c")
     good = compile_kernel(TOY, cache=cache)
     path = cache.path_for(good.cache_key)
@@ -70,7 +59,7 @@ def test_a_symlinked_entry_is_never_loaded(toy_tree, tmp_path):
     assert not again.from_cache and again.cubin == good.cubin
 
 
-def test_an_entry_others_can_write_is_never_loaded(toy_tree, tmp_path):
+def test_an_entry_others_can_write_is_never_loaded(toy_kernel_tree, tmp_path):
     cache = CubinCache(tmp_path / "c")
     good = compile_kernel(TOY, cache=cache)
     os.chmod(cache.path_for(good.cache_key), 0o666)
@@ -78,7 +67,7 @@ def test_an_entry_others_can_write_is_never_loaded(toy_tree, tmp_path):
     assert not compile_kernel(TOY, cache=cache).from_cache
 
 
-def test_an_entry_of_another_layout_is_rebuilt_not_a_type_error(toy_tree, tmp_path):
+def test_an_entry_of_another_layout_is_rebuilt_not_a_type_error(toy_kernel_tree, tmp_path):
     cache = CubinCache(tmp_path / "c")
     good = compile_kernel(TOY, cache=cache)
     # Verifies (digest and key match) but carries metadata this version does not understand.
@@ -90,7 +79,7 @@ def test_an_entry_of_another_layout_is_rebuilt_not_a_type_error(toy_tree, tmp_pa
     assert compile_kernel(TOY, cache=cache).from_cache
 
 
-def test_the_key_follows_the_package_version(toy_tree, tmp_path, monkeypatch):
+def test_the_key_follows_the_package_version(toy_kernel_tree, tmp_path, monkeypatch):
     cache = CubinCache(tmp_path / "c")
     a = compile_kernel(TOY, cache=cache)
     monkeypatch.setattr(jit_compiler, "__version__", "0.0.0+other")
@@ -98,7 +87,7 @@ def test_the_key_follows_the_package_version(toy_tree, tmp_path, monkeypatch):
     assert a.cache_key != b.cache_key and not b.from_cache
 
 
-def test_clear_leaves_other_processes_temporary_files(toy_tree, tmp_path):
+def test_clear_leaves_other_processes_temporary_files(toy_kernel_tree, tmp_path):
     cache = CubinCache(tmp_path / "c")
     compile_kernel(TOY, cache=cache)
     writing = cache.directory / ".tmp-inflight.cubin"  # another process, between write and rename

@@ -54,3 +54,11 @@ def _private_cache(tmp_path_factory):
     if "MEGAMOE_RT_CACHE" not in os.environ:
         os.environ["MEGAMOE_RT_CACHE"] = str(tmp_path_factory.mktemp("megamoe_rt_cache"))
     yield
+
+
+@pytest.fixture()
+def toy_kernel_tree(tmp_path, monkeypatch):
+    """cuda_src/ replaced by a directory holding only toy.cu (tests.helpers.toy_kernel.TOY)."""
+    from tests.helpers.toy_kernel import write_toy_tree
+
+    return write_toy_tree(tmp_path / "src", monkeypatch)

@@ -47,7 +47,7 @@ class ChunkWriter:
 
     def write(self, chunk: int, x: Any, x_sf: Any, topk_idx: Any, topk_weights: Any, *, stream: Any = None) -> None:
         """Chunk ``chunk`` of the call whose inputs are the whole-call arrays ``x`` e4m3
-        ``[T, H]``, ``x_sf`` ``[T, H/128]``, ``topk_idx`` int32 ``[T, K]``, ``topk_weights``
+        ``[T, H]``, ``x_sf`` ``[T, H/128]``, ``topk_idx`` int32 or int64 ``[T, K]``, ``topk_weights``
         ``[T, K]``: waits (on the device) for its slot, copies the chunk's tokens, publishes."""
         sh = driver.stream_handle(stream)
         self.ring.check_producer(sh)
@@ -75,7 +75,14 @@ class ChunkWriter:
         sfa = as_device_array(x_sf, "x_sf", stream=sh)
         check_array(sfa, "x_sf", dtypes=("float32",), shape=(t, h // 128), device=dev, align=4)
         ia = as_device_array(topk_idx, "topk_idx", stream=sh)
-        check_array(ia, "topk_idx", dtypes=("int32",), shape=(t, k), device=dev, align=4)
+        check_array(ia, "topk_idx", dtypes=("int32", "int64"), shape=(t, k), device=dev, align=ia.itemsize)
         wa = as_device_array(topk_weights, "topk_weights", stream=sh)
         check_array(wa, "topk_weights", dtypes=("float32",), shape=(t, k), device=dev, align=4)
-        return {"x": xa.ptr, "x_sf": sfa.ptr, "topk_idx": ia.ptr, "topk_weights": wa.ptr}, t
+        inputs = {
+            "x": xa.ptr,
+            "x_sf": sfa.ptr,
+            "topk_idx": ia.ptr,
+            "topk_weights": wa.ptr,
+            "topk_idx_bytes": ia.itemsize,
+        }
+        return inputs, t

@@ -52,13 +52,14 @@ struct RingChunkParams {
     StreamRing ring;
     const u8* x;                // the call's [num_tokens, hidden] e4m3
     const float* x_sf;          // [num_tokens, hidden / 128]
-    const i32* topk_idx;        // [num_tokens, num_topk] int32
+    const void* topk_idx;       // [num_tokens, num_topk] int32 or int64 (topk_idx_bytes)
     const float* topk_weights;  // [num_tokens, num_topk]
     sync::WaitContext wait;     // the deadline of the wait for a free slot
     u32 chunk;
     u32 num_tokens;             // tokens of the whole call (the last chunk may be partial)
+    u32 topk_idx_bytes;         // 4 or 8: the width of the call's expert ids (the slot holds int32)
 };
-static_assert(sizeof(RingChunkParams) == 152, "RingChunkParams: size differs from megamoe_rt/kernels/interface");
+static_assert(sizeof(RingChunkParams) == 160, "RingChunkParams: size differs from megamoe_rt/kernels/interface");
 static_assert(alignof(RingChunkParams) == 8, "RingChunkParams: alignment differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(RingChunkParams, ring, 0, "RingChunkParams::ring: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(RingChunkParams, x, 88, "RingChunkParams::x: offset differs from megamoe_rt/kernels/interface");
@@ -68,6 +69,7 @@ MEGAMOE_RT_ASSERT_OFFSET(RingChunkParams, topk_weights, 112, "RingChunkParams::t
 MEGAMOE_RT_ASSERT_OFFSET(RingChunkParams, wait, 120, "RingChunkParams::wait: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(RingChunkParams, chunk, 144, "RingChunkParams::chunk: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(RingChunkParams, num_tokens, 148, "RingChunkParams::num_tokens: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(RingChunkParams, topk_idx_bytes, 152, "RingChunkParams::topk_idx_bytes: offset differs from megamoe_rt/kernels/interface");
 
 }  // namespace megamoe_rt::stream
 // clang-format on

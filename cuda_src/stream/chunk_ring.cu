@@ -31,6 +31,16 @@ __global__ void stream_wait_slot_free(const __grid_constant__ RingChunkParams p)
                                   sync::WaitSite::kStreamSlotFree, p.wait, slot);
 }
 
+// The call's ids may be int64 (what a framework's top-k returns); the slot holds int32. An id
+// outside int32 is saturated, so the consumer refuses and reports it as the batch call does.
+__device__ __forceinline__ i32 call_expert_id(const RingChunkParams& p, u64 i) {
+    if (p.topk_idx_bytes == 8) {
+        const i64 id = static_cast<const i64*>(p.topk_idx)[i];
+        return static_cast<i32>(id < -0x80000000ll ? -0x80000000ll : (id > 0x7fffffffll ? 0x7fffffffll : id));
+    }
+    return static_cast<const i32*>(p.topk_idx)[i];
+}
+
 // A warp per token of the chunk: its x row, scales and routing into the slot. Tokens past the
 // call's end (the last chunk may be partial) get empty routing, so the slot describes itself.
 __global__ void __launch_bounds__(kCopyThreads) stream_copy_chunk(const __grid_constant__ RingChunkParams p) {
@@ -53,7 +63,7 @@ __global__ void __launch_bounds__(kCopyThreads) stream_copy_chunk(const __grid_c
                 x_sf[static_cast<u64>(t) * sf_cols + j] = p.x_sf[token * sf_cols + j];
         }
         for (u32 k = lane; k < r.num_topk; k += 32) {
-            idx[static_cast<u64>(t) * r.num_topk + k] = real ? p.topk_idx[token * r.num_topk + k] : -1;
+            idx[static_cast<u64>(t) * r.num_topk + k] = real ? call_expert_id(p, token * r.num_topk + k) : -1;
             w[static_cast<u64>(t) * r.num_topk + k] = real ? p.topk_weights[token * r.num_topk + k] : 0.0f;
         }
     }

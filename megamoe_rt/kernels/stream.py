@@ -208,7 +208,8 @@ class InputRing:
 
     def write_chunk(self, chunk: int, inputs: dict[str, int], num_tokens: int, sm_count: int, stream: int) -> None:
         """Producer side: wait for the chunk's slot, copy the call's tokens of the chunk into it
-        (``inputs``: device addresses of x, x_sf, topk_idx (int32), topk_weights), publish it."""
+        (``inputs``: device addresses of x, x_sf, topk_idx, topk_weights, and ``topk_idx_bytes``,
+        4 or 8), publish it."""
         params = self.params(chunk, num_tokens=num_tokens, **inputs)
         self._launch("stream_wait_slot_free", params, stream)
         grid = max(1, min(-(-self.tokens_per_slot // (COPY_THREADS // 32)), sm_count * 4))

@@ -177,3 +177,23 @@ def test_a_writer_behind_the_call_it_feeds_is_refused_and_the_call_still_complet
     writer.write_all(*args, stream=producer)
     consumer.synchronize()
     np.testing.assert_array_equal(cp.asnumpy(out), run_poisoned(batch, args))
+
+
+def test_int64_ids_stream_like_the_batch_call():
+    """A framework's top-k gives int64 ids: the writer narrows them into the slot's int32, and
+    an id out of range is refused and reported as the batch call refuses it."""
+    from megamoe_rt.runtime.error_report import DeviceInputError
+
+    rng = np.random.default_rng()
+    w = ref.random_moe_inputs(rng, 1, H, I, E, K)
+    streamed, batch = _layers(w, 2, 96)
+    inputs = ref.random_moe_inputs(rng, 300, H, I, E, K, empty_slot_prob=0.1)
+    inputs["topk_idx"] = inputs["topk_idx"].astype(np.int64)
+    args = device_args(inputs)
+    np.testing.assert_array_equal(_streamed(streamed, args), run_poisoned(batch, args))
+    args[2][7, 1] = 1 << 40  # outside int32 as well as outside [-1, E)
+    got, want = _streamed(streamed, args), run_poisoned(batch, args)
+    np.testing.assert_array_equal(got, want)
+    for layer in (streamed, batch):
+        with pytest.raises(DeviceInputError, match=r"topk_idx\[7, 1\] = 2147483647"):
+            layer.synchronize()

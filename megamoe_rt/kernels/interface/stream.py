@@ -1,7 +1,7 @@
 """The chunk-ready input ring (cuda_src/stream/): its descriptor, shared by the producer header
 users include in their own kernels, the host-side chunk writer and the layer's consumer."""
 
-from megamoe_rt.kernels.interface.decl import F32, I32, U8, U32, U64, Constant, Field, Header, Ptr, Struct
+from megamoe_rt.kernels.interface.decl import F32, I32, U8, U32, U64, VOID, Constant, Field, Header, Ptr, Struct
 from megamoe_rt.kernels.interface.sync import WAIT_CONTEXT
 
 EPOCH_SHIFT = Constant(
@@ -36,11 +36,12 @@ RING_CHUNK_PARAMS = Struct(
         Field("ring", STREAM_RING),
         Field("x", Ptr(U8, const=True), "the call's [num_tokens, hidden] e4m3"),
         Field("x_sf", Ptr(F32, const=True), "[num_tokens, hidden / 128]"),
-        Field("topk_idx", Ptr(I32, const=True), "[num_tokens, num_topk] int32"),
+        Field("topk_idx", Ptr(VOID, const=True), "[num_tokens, num_topk] int32 or int64 (topk_idx_bytes)"),
         Field("topk_weights", Ptr(F32, const=True), "[num_tokens, num_topk]"),
         Field("wait", WAIT_CONTEXT, "the deadline of the wait for a free slot"),
         Field("chunk", U32),
         Field("num_tokens", U32, "tokens of the whole call (the last chunk may be partial)"),
+        Field("topk_idx_bytes", U32, "4 or 8: the width of the call's expert ids (the slot holds int32)"),
     ],
     doc="The ring's kernels (cuda_src/stream/chunk_ring.cu): the host-side chunk writer's (one chunk\n"
     "of a call's inputs copied into its slot and published) and the layer's (wait for a chunk,\n"

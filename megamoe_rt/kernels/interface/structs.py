@@ -156,11 +156,12 @@ class RingChunkParams(ctypes.Structure):
     ring: StreamRing
     x: int  # the call's [num_tokens, hidden] e4m3
     x_sf: int  # [num_tokens, hidden / 128]
-    topk_idx: int  # [num_tokens, num_topk] int32
+    topk_idx: int  # [num_tokens, num_topk] int32 or int64 (topk_idx_bytes)
     topk_weights: int  # [num_tokens, num_topk]
     wait: WaitContext  # the deadline of the wait for a free slot
     chunk: int
     num_tokens: int  # tokens of the whole call (the last chunk may be partial)
+    topk_idx_bytes: int  # 4 or 8: the width of the call's expert ids (the slot holds int32)
 
     _fields_ = [
         ("ring", StreamRing),
@@ -171,6 +172,7 @@ class RingChunkParams(ctypes.Structure):
         ("wait", WaitContext),
         ("chunk", ctypes.c_uint32),
         ("num_tokens", ctypes.c_uint32),
+        ("topk_idx_bytes", ctypes.c_uint32),
     ]
 
 

@@ -27,7 +27,13 @@ from megamoe_rt.runtime import driver
 from megamoe_rt.runtime.buffer import LayerBuffer, SymmetricLayerBuffer
 from megamoe_rt.runtime.deadlines import TimeoutRecord
 from megamoe_rt.schedule.layout import BufferLayout
-from megamoe_rt.schedule.plan import FusedSchedule, fused_schedule, live_blocks_upper_bound, single_wave_fits
+from megamoe_rt.schedule.plan import (
+    FusedSchedule,
+    align_tokens,
+    fused_schedule,
+    live_blocks_upper_bound,
+    single_wave_fits,
+)
 
 BLOCK_M = fk.BLOCK_M
 GROUP_UNITS = 4
@@ -313,8 +319,10 @@ class FusedMode(Mode):
 
     @classmethod
     def minimum_ring_blocks(cls, spec: LayerSpec) -> int:
-        """The live window of the lag the capacity's schedule uses (buffer_schedule's check)."""
-        s = fused_schedule(spec.num_max_tokens_per_rank, spec.num_ranks, spec.num_topk, spec.num_experts, BLOCK_M)
+        """The live window of the lag the capacity's schedule uses (buffer_schedule's check, on
+        the buffer's capacity: the spec's rounded up to the token granularity)."""
+        t = align_tokens(spec.num_max_tokens_per_rank)
+        s = fused_schedule(t, spec.num_ranks, spec.num_topk, spec.num_experts, BLOCK_M)
         return min(live_blocks_upper_bound(s), s.full_pool_blocks)
 
     def __init__(self, spec: LayerSpec, layout: BufferLayout):

@@ -29,7 +29,7 @@ from megamoe_rt.modes.fused import BLOCK_M, GROUP_UNITS, CallSchedule, FusedMode
 from megamoe_rt.modes.peers import stage_inputs
 from megamoe_rt.runtime import driver
 from megamoe_rt.schedule.layout import BufferLayout
-from megamoe_rt.schedule.plan import FusedSchedule, live_blocks_upper_bound, pool_blocks_upper_bound
+from megamoe_rt.schedule.plan import FusedSchedule, align_tokens, live_blocks_upper_bound, pool_blocks_upper_bound
 from megamoe_rt.schedule.split_sms import SplitSms, check_split_sms, default_split_sms
 
 # Each kernel walks one layer in pool order: no lag (the kernel never checks a single wave
@@ -96,9 +96,10 @@ class SplitMode(FusedMode):
 
     @classmethod
     def minimum_ring_blocks(cls, spec: LayerSpec) -> int:
-        """The blocks K1 may hold ahead of K2's reads (FusedSchedule's live window at lag 0)."""
+        """The blocks K1 may hold ahead of K2's reads (FusedSchedule's live window at lag 0), on
+        the buffer's capacity (the spec's rounded up to the token granularity)."""
         full = pool_blocks_upper_bound(
-            spec.num_max_tokens_per_rank, spec.num_ranks, spec.num_topk, spec.num_local_experts, BLOCK_M
+            align_tokens(spec.num_max_tokens_per_rank), spec.num_ranks, spec.num_topk, spec.num_local_experts, BLOCK_M
         )
         return min(live_blocks_upper_bound(FusedSchedule(0, GROUP_UNITS, full, full)), full)
 

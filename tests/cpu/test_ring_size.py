@@ -82,6 +82,27 @@ def test_each_ring_mode_states_its_smallest_ring_and_a_layout_takes_it():
         FusedMode(spec, buffer_layout(spec, FusedMode.layout_needs(spec, fused_min - 1)))
 
 
+@given(
+    capacity=st.integers(1, 20_000),
+    ranks=st.sampled_from([1, 2, 4, 8]),
+    experts_per_rank=st.integers(1, 64),
+    topk=st.integers(1, 32),
+    ratio=st.sampled_from([1e-9, 0.01, 0.3, 1.0]),
+)
+def test_any_chunk_ratio_gives_a_ring_the_mode_accepts(capacity, ranks, experts_per_rank, topk, ratio):
+    """The smallest ring a mode states is the one its own check accepts, also for capacities
+    the buffer rounds up (a capacity of 1 is a buffer of 128 tokens)."""
+    from megamoe_rt.layer import _ring_for_chunk_ratio
+
+    experts = ranks * experts_per_rank
+    spec = _spec(num_experts=experts, num_topk=min(topk, experts), num_max_tokens_per_rank=capacity, num_ranks=ranks)
+    for cls in (FusedMode, SplitMode, UnfusedMode):
+        ring = _ring_for_chunk_ratio(cls, spec, ratio)
+        lay = buffer_layout(spec, cls.layout_needs(spec, ring))
+        assert lay.pool_blocks == ring
+        cls(spec, lay)
+
+
 def test_chunk_ratio_is_checked_with_the_mode_before_looking_for_a_gpu():
     from megamoe_rt.layer import MegaMoE
 

@@ -29,8 +29,8 @@ from megamoe_rt.kernels import moe as mk
 from megamoe_rt.kernels.grouped_gemm import prepare_swiglu_weights
 from megamoe_rt.modes.base import Call, LayerSpec, LayoutNeeds, Mode, Weights, buffer_layout, check_transport
 from megamoe_rt.modes.registry import mode_names, select_mode
-from megamoe_rt.runtime import driver
-from megamoe_rt.runtime.arrays import as_device_array, check_array, cupy_stream, require_cupy
+from megamoe_rt.runtime import args, driver
+from megamoe_rt.runtime.arrays import as_device_array, check_array, check_disjoint, cupy_stream, require_cupy
 from megamoe_rt.runtime.buffer import DeviceBuffer, LayerBuffer
 from megamoe_rt.runtime.deadlines import wait_timeout_ns
 from megamoe_rt.runtime.error_report import ErrorReport
@@ -217,10 +217,16 @@ class MegaMoE:
             raise ValueError(f"num_topk={num_topk}: expected at most min(num_experts={num_experts}, {mk.MAX_TOPK})")
         if self.num_experts > mk.MAX_LOCAL_EXPERTS:
             raise ValueError(f"num_experts={num_experts}: at most {mk.MAX_LOCAL_EXPERTS} experts are supported")
-        if act_sf_gran not in (64, 128):
-            raise ValueError(f"act_sf_gran: expected 64 or 128, got {act_sf_gran!r}")
-        if swiglu_limit is not None and not (float(swiglu_limit) > 0):
-            raise ValueError(f"swiglu_limit: expected a positive number or None, got {swiglu_limit!r}")
+        act_sf_gran = args.integer_choice("act_sf_gran", act_sf_gran, (64, 128))
+        if swiglu_limit is not None:
+            swiglu_limit = args.positive_float32("swiglu_limit", swiglu_limit)
+        if group is not None and not isinstance(group, RankGroup):
+            raise TypeError(
+                f"group: expected a RankGroup (megamoe_rt.ep.launch.context_from_env(), an MpiRankContext, or any "
+                f"object with rank, world_size, device, broadcast, barrier and allgather), got {type(group).__name__}"
+            )
+        if device is not None:
+            device = args.integer("device", device, minimum=0)
         world = 1 if group is None else int(group.world_size)
         if world > 1 and self.num_experts % world:
             raise ValueError(f"num_experts={num_experts}: expected a multiple of the {world} ranks")
@@ -273,6 +279,8 @@ class MegaMoE:
         self.transport = spec.transport
         if chunk_ratio is not None:
             chunk_ratio = check_chunk_ratio(chunk_ratio)
+        if ring_blocks is not None:
+            ring_blocks = args.integer("ring_blocks", ring_blocks, minimum=1)
         mode_cls = select_mode(mode, spec, ring_blocks=ring_blocks, split_sms=split_sms, chunk_ratio=chunk_ratio)
         self.mode = mode_cls.name
         self.timeout_s = timeout_s
@@ -423,6 +431,7 @@ class MegaMoE:
 
         ``x`` e4m3 (uint8) ``[T, H]``, ``x_sf`` float32 ``[T, H/128]``, ``topk_idx`` int32/int64
         ``[T, K]`` (global expert ids, -1 = empty), ``topk_weights`` float32 ``[T, K]``.
+        ``out`` (default: a new array) must not share memory with an input (ValueError).
         Inputs must be ready on ``stream``. A layer owns one buffer: calls must be ordered
         (one stream, or streams the caller orders with events).
 
@@ -523,8 +532,7 @@ class MegaMoE:
         return y
 
     def _prepare_streamed(self, num_tokens, out, sh: int, num_tokens_bound) -> tuple[Call, Any]:
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int):
-            raise TypeError(f"num_tokens: expected an int, got {type(num_tokens).__name__} {num_tokens!r}")
+        num_tokens = args.integer("num_tokens", num_tokens)
         if not 0 <= num_tokens <= self.num_max_tokens_per_rank:
             raise ValueError(
                 f"num_tokens={num_tokens}: expected 0..num_max_tokens_per_rank={self.num_max_tokens_per_rank}"
@@ -576,6 +584,7 @@ class MegaMoE:
             y = cupy.empty((t, h), dtype=cupy.uint16) if out is None else out
         ya = as_device_array(y, "out", stream=sh)
         check_array(ya, "out", dtypes=("bf16",), shape=(t, h), device=self.device)
+        check_disjoint(ya, "out", {"x": xa, "x_sf": sfa, "topk_idx": ia, "topk_weights": wa})
         return Call(xa.ptr, sfa.ptr, ia.ptr, wa.ptr, ya.ptr, t, idx, bound), y
 
     # --- errors found on the device ------------------------------------------------------
@@ -673,6 +682,11 @@ class MegaMoE:
         text = self.layout.format_report()
         notes = self.runner.memory_notes()
         return f"{text}\n{notes}" if notes else text
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has run (the buffer is released)."""
+        return self._closed
 
     def close(self) -> None:
         """Release the buffer; the layer cannot be called afterwards. Across ranks this frees

@@ -29,7 +29,10 @@ MoE forward
     ``act = swiglu(gate, up) * topk_weight`` in float32, requantized to E4M3,
     ``out = act @ w2[e].T`` rounded to BF16.  The token output is the float32
     sum of the BF16 slot outputs over valid slots in slot order, rounded to
-    BF16.  Slots with expert id -1 are empty and contribute nothing.
+    BF16.  Slots with expert id -1 are empty and contribute nothing; so is a
+    slot naming an expert an earlier slot of the same token already names (the
+    first occurrence counts), as the layer drops it.  Ids outside ``[-1, E)``
+    are refused with a ValueError.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ __all__ = [
     "swiglu",
     "requant_rows",
     "moe_forward",
+    "drop_repeated_ids",
     "calc_diff",
     "random_moe_inputs",
 ]
@@ -394,6 +398,7 @@ def moe_forward(
     limit = _check_limit("swiglu_limit", swiglu_limit)
     t, h, k, _, i = _check_moe_inputs(x, x_sf, topk_idx, topk_weights, w1, w1_sf, w2, w2_sf)
 
+    topk_idx = drop_repeated_ids(topk_idx)
     valid = topk_idx >= 0
     partials = np.zeros((k, t, h), dtype=BF16)
     for expert in np.unique(topk_idx[valid]):
@@ -420,6 +425,18 @@ def moe_forward(
 # ---------------------------------------------------------------------------
 
 
+def drop_repeated_ids(topk_idx):
+    """``topk_idx`` with every slot that repeats an earlier slot's expert of the same token set
+    to -1 (the first occurrence is kept): what the layer routes."""
+    idx = np.asarray(topk_idx)
+    if idx.ndim != 2 or idx.shape[1] < 2:
+        return idx
+    same = idx[:, :, None] == idx[:, None, :]  # [T, slot, earlier slot]
+    earlier = np.tril(np.ones((idx.shape[1],) * 2, dtype=bool), k=-1)
+    repeated = (same & earlier).any(axis=2) & (idx >= 0)
+    return np.where(repeated, np.asarray(-1, dtype=idx.dtype), idx)
+
+
 def calc_diff(a, b) -> float:
     """Normalized difference ``1 - 2<a,b> / (<a,a> + <b,b>)`` in float64.
 
@@ -427,13 +444,26 @@ def calc_diff(a, b) -> float:
     """
     a = np.asarray(a)
     b = np.asarray(b)
+    for name, arr in (("a", a), ("b", b)):
+        if arr.dtype.kind not in "fc" and arr.dtype != BF16:
+            # The layer returns bf16 as uint16 bits: compared as integers they mean nothing.
+            raise TypeError(
+                f"{name}: expected floating-point values, got {_describe(arr)} "
+                "(bf16 bits as uint16: view them as float first, e.g. (bits.astype(np.uint32) << 16).view(np.float32))"
+            )
     if a.shape != b.shape:
         raise ValueError(f"b: expected the same shape as a {tuple(a.shape)}, got {_describe(b)}")
     a64 = a.astype(np.float64)
     b64 = b.astype(np.float64)
-    denom = float(np.sum(a64 * a64 + b64 * b64))
-    if denom == 0.0:
+    # Scaled by the largest magnitude so that squares of large values do not overflow.
+    scale = float(max(np.max(np.abs(a64), initial=0.0), np.max(np.abs(b64), initial=0.0)))
+    if not np.isfinite(scale):
+        return float("nan")
+    if scale == 0.0:
         return 0.0
+    a64 /= scale
+    b64 /= scale
+    denom = float(np.sum(a64 * a64 + b64 * b64))
     return float(1.0 - 2.0 * float(np.sum(a64 * b64)) / denom)
 
 

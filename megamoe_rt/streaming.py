@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from megamoe_rt.kernels.stream import InputRing, producer_options
-from megamoe_rt.runtime import driver
+from megamoe_rt.runtime import args, driver
 from megamoe_rt.runtime.arrays import as_device_array, check_array
 from megamoe_rt.schedule.streaming import StreamConfig
 
@@ -43,27 +43,38 @@ class ChunkWriter:
 
     def begin_call(self, *, stream: Any = None) -> None:
         """A new call starts: the chunks written next carry its generation."""
+        self._check_open()
         self.ring.begin_call(driver.stream_handle(stream))
 
     def write(self, chunk: int, x: Any, x_sf: Any, topk_idx: Any, topk_weights: Any, *, stream: Any = None) -> None:
         """Chunk ``chunk`` of the call whose inputs are the whole-call arrays ``x`` e4m3
         ``[T, H]``, ``x_sf`` ``[T, H/128]``, ``topk_idx`` int32 or int64 ``[T, K]``, ``topk_weights``
         ``[T, K]``: waits (on the device) for its slot, copies the chunk's tokens, publishes."""
+        self._check_open()
         sh = driver.stream_handle(stream)
-        self.ring.check_producer(sh)
         inputs, t = self._inputs(x, x_sf, topk_idx, topk_weights, sh)
         chunks = self.config.num_chunks(t)
-        if isinstance(chunk, bool) or not isinstance(chunk, int) or not 0 <= chunk < max(chunks, 1):
-            raise ValueError(f"chunk={chunk!r}: a call of {t} tokens has chunks 0..{max(chunks, 1) - 1}")
+        chunk = args.integer("chunk", chunk)
+        if not 0 <= chunk < chunks:
+            # An empty call has no chunk: the layer consumes none, so a chunk written for it
+            # would hold its slot until the next call's producer trapped waiting for it.
+            have = f"chunks 0..{chunks - 1}" if chunks else "no chunks"
+            raise ValueError(f"chunk={chunk}: a call of {t} tokens has {have}")
+        self.ring.check_producer(sh)
         self.ring.write_chunk(chunk, inputs, t, self.layer.device_info.sm_count, sh)
 
     def write_all(self, x: Any, x_sf: Any, topk_idx: Any, topk_weights: Any, *, stream: Any = None) -> None:
         """``begin_call`` and every chunk of the call, in order."""
-        self.begin_call(stream=stream)
+        self._check_open()
         sh = driver.stream_handle(stream)
-        inputs, t = self._inputs(x, x_sf, topk_idx, topk_weights, sh)
+        inputs, t = self._inputs(x, x_sf, topk_idx, topk_weights, sh)  # checked before the call begins
+        self.begin_call(stream=stream)
         for chunk in range(self.config.num_chunks(t)):
             self.ring.write_chunk(chunk, inputs, t, self.layer.device_info.sm_count, sh)
+
+    def _check_open(self) -> None:
+        if self.layer.closed:
+            raise RuntimeError("ChunkWriter: the layer was closed (its input ring is freed)")
 
     def _inputs(self, x: Any, x_sf: Any, topk_idx: Any, topk_weights: Any, sh: int) -> tuple[dict[str, int], int]:
         h, k, dev = self.layer.hidden, self.layer.num_topk, self.layer.device
@@ -72,6 +83,11 @@ class ChunkWriter:
         t = xa.shape[0]
         if xa.shape[1] != h:
             raise ValueError(f"x: expected shape [T, {h}], got {list(xa.shape)}")
+        capacity = self.layer.num_max_tokens_per_rank
+        if t > capacity:
+            # The layer consumes at most the capacity's chunks; the rest would wait for slots
+            # that are never released.
+            raise ValueError(f"x: {t} tokens exceed the layer's capacity (num_max_tokens_per_rank={capacity})")
         sfa = as_device_array(x_sf, "x_sf", stream=sh)
         check_array(sfa, "x_sf", dtypes=("float32",), shape=(t, h // 128), device=dev, align=4)
         ia = as_device_array(topk_idx, "topk_idx", stream=sh)

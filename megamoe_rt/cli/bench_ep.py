@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from megamoe_rt.cli.layer_inputs import preset_slices, rank_inputs
 from megamoe_rt.cli.timing import DeviceTimer, bracketed, capture_layer_call, every_rank
+from megamoe_rt.cli.usage import Parser, UsageError, csv, modes, positive_int, report
 
 NVLINK_BYTES_PER_S = 395e9
 
@@ -96,50 +97,55 @@ def bench_moe_ep(
 def ep_arguments(argv: list[str], what: str = "moe") -> argparse.Namespace:
     """The options of a benchmark across ranks; prefill's defaults are those of
     ``megamoe-rt bench prefill`` but for the tokens (the pool grows with the rank count),
-    stream's those of ``megamoe-rt bench stream`` (tokens per rank)."""
+    stream's those of ``megamoe-rt bench stream`` (tokens per rank). A bad option: one line
+    on stderr and SystemExit(2)."""
     from megamoe_rt.cli import bench_stream
     from megamoe_rt.cli.bench_prefill import EP_TOKENS, MODES, RATIOS
-    from megamoe_rt.cli.main import _positive_int
+    from megamoe_rt.presets import PRESETS
 
     prefill, stream = what == "prefill", what == "stream"
     tokens = EP_TOKENS if prefill else bench_stream.TOKENS if stream else [64, 256, 2048, 8192]
-    ap = argparse.ArgumentParser(prog=f"megamoe_rt.cli.bench {what} (across ranks)")
+    ap = Parser(prog=f"megamoe_rt.cli.bench {what} (across ranks)")
     ap.add_argument(
         "--presets",
         "--preset",
         dest="presets",
         default=bench_stream.PRESETS if stream else ["flash"],
-        type=lambda s: s.split(","),
+        type=csv(str, sorted(PRESETS)),
     )
-    ap.add_argument("--tokens", default=tokens, type=lambda s: [int(v) for v in s.split(",")], help="tokens per rank")
+    ap.add_argument("--tokens", default=tokens, type=csv(int), help="tokens per rank")
     ap.add_argument(
         "--mode",
         default=MODES if prefill else ["unfused"],
-        type=lambda s: s.split(","),
+        type=functools.partial(modes, transports=what == "moe"),
         help="modes, comma-separated; moe: MODE@TRANSPORT forces a transport (unfused@nvshmem,unfused@nvlink)",
     )
     ap.add_argument(
         "--ratios",
         default=RATIOS,
-        type=lambda s: [float(v) for v in s.split(",")],
+        type=csv(float),
         help="prefill: rings as shares of the worst-case pool (chunk_ratio), besides the full pool",
     )
     ap.add_argument("--png", default=None, help="prefill: a bar chart of time against the full pool (rank 0)")
-    ap.add_argument("--slots", type=_positive_int, default=4, help="stream: input ring slots")
-    ap.add_argument("--chunk", type=_positive_int, default=512, help="stream: tokens per slot (chunk)")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--slots", type=positive_int, default=4, help="stream: input ring slots")
+    ap.add_argument("--chunk", type=positive_int, default=512, help="stream: tokens per slot (chunk)")
+    ap.add_argument("--rounds", type=positive_int, default=3)
     ap.add_argument("--json", default=None)
-    return ap.parse_args(argv)
+    try:
+        return ap.parse_args(argv)
+    except UsageError as exc:  # one line on stderr, then argparse's exit status 2 (each rank exits alike)
+        raise SystemExit(report(exc)) from None
 
 
 def main_ep(argv: list[str], what: str = "moe") -> int:
+    a = ep_arguments(argv, what)  # bad arguments: SystemExit(2) before any GPU work
+
     import cupy as cp
 
     from megamoe_rt.ep.group import ranks_share_a_gpu
     from megamoe_rt.ep.launch import context_from_env
     from megamoe_rt.ep.symm import NvshmemRuntime
 
-    a = ep_arguments(argv, what)
     ctx = context_from_env()
     cp.cuda.Device(ctx.device).use()
     if ranks_share_a_gpu(ctx) and ctx.rank == 0:

@@ -238,8 +238,9 @@ def bench_moe(
     replayed: device time, useful TFLOP/s, HBM GB/s of the compulsory traffic, buffer MiB.
 
     ``mode``: one mode or several, bracketed in rounds against each other (megamoe_rt/cli/timing.py).
-    ``capacity``: the buffers' token capacity (default: each row's token count); the fused
-    arm passes ``num_tokens_bound`` = the row's tokens, as a caller with uniform ranks would.
+    ``capacity``: the buffers' token capacity, at least every row's tokens (default: each
+    row's token count); the fused arm passes ``num_tokens_bound`` = the row's tokens, as a
+    caller with uniform ranks would.
     """
     import cupy as cp
 
@@ -250,13 +251,15 @@ def bench_moe(
     for m in modes:
         if m not in MODES:
             raise ValueError(f"mode: {m!r} is not one of {MODES}")
+    if capacity is not None and not (isinstance(capacity, int) and capacity >= max(tokens, default=1)):
+        raise ValueError(f"capacity={capacity!r}: expected at least the largest token count {max(tokens, default=1)}")
     timer = DeviceTimer()
     rows = []
     for name in presets:
         p = get_preset(name)
         experts = p.num_experts // DEFAULT_EP_RANKS
         for t in tokens:
-            cap = max(t, capacity or t)
+            cap = capacity or t
             inp = random_layer_inputs(cp, t, p.hidden, p.intermediate, experts, p.num_topk, seed=t)
             args = (inp["x"], inp["x_sf"], inp["topk_idx"], inp["topk_weights"])
             stream = cp.cuda.Stream(non_blocking=True)

@@ -17,6 +17,8 @@ import textwrap
 import time
 from dataclasses import asdict, dataclass
 
+from megamoe_rt.cli.usage import positive_seconds
+
 # What each scenario's script shares: a small layer and its inputs.
 _PRELUDE = """
 import json, sys, time
@@ -334,7 +336,7 @@ def markdown(rows: list[FaultRow]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m megamoe_rt.cli.faults", description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=None, help="comma-separated fault names (default: all)")
-    ap.add_argument("--limit", type=float, default=240.0, help="seconds before a fault counts as a hang")
+    ap.add_argument("--limit", type=positive_seconds, default=240.0, help="seconds before a fault counts as a hang")
     ap.add_argument("--json", default=None)
     ap.add_argument("--md", default=None)
     a = ap.parse_args(argv)

@@ -7,41 +7,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import sys
 from collections.abc import Sequence
 
-
-class UsageError(Exception):
-    """Bad command-line input: reported as one line, exit status 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # argparse's default prints usage + message over several lines
-        raise UsageError(f"{self.prog}: {message}")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}") from None
-    if not (math.isfinite(v) and v > 0):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return v
-
+from megamoe_rt.cli.usage import (
+    Parser,
+    UsageError,
+    csv,
+    exit_status,
+    modes,
+    positive_int,
+    positive_number,
+    positive_seconds,
+)
 
 # --- info -------------------------------------------------------------------------------
 
@@ -115,6 +95,48 @@ def cmd_info(args) -> int:
 # --- plan -------------------------------------------------------------------------------
 
 
+I32_MAX = 2**31 - 1  # pool rows are addressed by 32-bit row indices (expert offsets, send lists)
+
+
+def plan_token_limit(ranks: int, topk: int, local_experts: int, block_m: int, max_rows: int = I32_MAX) -> int:
+    """The most tokens per rank (a multiple of the buffer's 128-token granularity) whose
+    worst-case pool holds at most ``max_rows`` rows; 0 when not even 128 tokens fit."""
+    from megamoe_rt.schedule.plan import TOKEN_ALIGN, pool_blocks_upper_bound
+
+    def fits(units: int) -> bool:
+        rows = pool_blocks_upper_bound(units * TOKEN_ALIGN, ranks, topk, local_experts, block_m) * block_m
+        return rows <= max_rows
+
+    lo, hi = 0, max_rows // TOKEN_ALIGN + 1  # a pool row per token at least: hi never fits
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo * TOKEN_ALIGN
+
+
+def _check_plan_tokens(args, preset, experts: int) -> None:
+    """``--tokens`` within what the 32-bit pool row indices (and, for ``--mode fused``, the
+    fused kernel's pool blocks) can address, before the planner overflows a counter."""
+    from megamoe_rt.kernels.interface.fused import MAX_BLOCKS
+
+    max_rows, room = I32_MAX, f"32-bit pool row indices: {I32_MAX:,} rows"
+    if args.mode == "fused":
+        blocks = int(MAX_BLOCKS.value)
+        max_rows, room = min(max_rows, blocks * args.block_m), f"the fused kernel's {blocks:,} pool blocks"
+    limit = plan_token_limit(args.ranks, preset.num_topk, experts // args.ranks, args.block_m, max_rows)
+    shape = f"{preset.name} with {experts} experts over {args.ranks} rank(s)"
+    if limit == 0:
+        raise UsageError(
+            f"megamoe-rt plan: --experts {experts}: the worst-case pool of {shape} does not fit {room} "
+            "even at 128 tokens per rank"
+        )
+    if args.tokens > limit:
+        raise UsageError(
+            f"megamoe-rt plan: --tokens {args.tokens}: {shape} takes at most {limit} tokens per rank "
+            f"(its worst-case pool must fit {room})"
+        )
+
+
 def cmd_plan(args) -> int:
     from megamoe_rt.presets import get_preset
     from megamoe_rt.schedule.layout import symm_buffer_layout
@@ -132,6 +154,8 @@ def cmd_plan(args) -> int:
         args.block_m, args.pool = 64, "full"
     elif args.mode == "unfused":
         args.block_m, args.pool = 128, "full"
+    if experts % ranks == 0:  # else the planner says why
+        _check_plan_tokens(args, preset, experts)
     try:
         layout = symm_buffer_layout(
             preset.hidden,
@@ -147,6 +171,10 @@ def cmd_plan(args) -> int:
         sched = fused_schedule(layout.num_max_tokens_per_rank, ranks, preset.num_topk, experts, block_m=args.block_m)
     except ValueError as exc:
         raise UsageError(f"megamoe-rt plan: {exc}") from None
+    except OverflowError as exc:  # a 32-bit counter of the kernels' workspace, sized by the experts
+        raise UsageError(
+            f"megamoe-rt plan: --experts {experts} over --ranks {ranks}: a 32-bit workspace counter overflows ({exc})"
+        ) from None
     if args.json:
         print(
             json.dumps(
@@ -236,28 +264,6 @@ def cmd_compile(args) -> int:
 # --- bench ------------------------------------------------------------------------------
 
 
-def _csv(kind, valid=None):
-    def parse(text: str):
-        items = [t.strip() for t in text.split(",") if t.strip()]
-        if not items:
-            raise argparse.ArgumentTypeError("expected a comma-separated list")
-        try:
-            out = [kind(t) for t in items]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"bad list {text!r}") from None
-        if valid is not None:
-            bad = [t for t in out if t not in valid]
-            if bad:
-                raise argparse.ArgumentTypeError(f"unknown {bad[0]!r}; expected from {', '.join(valid)}")
-        if kind is int and min(out) <= 0:
-            raise argparse.ArgumentTypeError("expected positive integers")
-        if kind is float and not all(0.0 < v <= 1.0 for v in out):
-            raise argparse.ArgumentTypeError("expected shares in (0, 1]")
-        return out
-
-    return parse
-
-
 def _hopper_or_none(command: str):
     """The GPU to run on, or None after printing the one-line reason (exit status 1)."""
     from megamoe_rt.runtime import driver
@@ -269,24 +275,32 @@ def _hopper_or_none(command: str):
         return None
 
 
-def _modes(text: str) -> list[str]:
-    from megamoe_rt.layer import MODES
+MOE_TOKENS = [64, 256, 2048, 8192]  # bench moe's default tokens
 
-    modes = [m.strip() for m in text.split(",") if m.strip()]
-    bad = [m for m in modes if m not in MODES]
-    if not modes or bad:
-        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(MODES)}, got {text!r}")
-    return modes
+
+def _check_capacity(args) -> None:
+    """``bench moe --capacity``: at least every row's tokens (a call cannot exceed its buffer)."""
+    if args.capacity is None:
+        return
+    if args.what != "moe":
+        raise UsageError(f"megamoe-rt bench {args.what}: --capacity is an option of bench moe only")
+    largest = max(args.tokens or MOE_TOKENS)
+    if args.capacity < largest:
+        raise UsageError(
+            f"megamoe-rt bench moe: --capacity {args.capacity} is below the largest --tokens value {largest} "
+            "(a call cannot exceed the buffer's token capacity)"
+        )
 
 
 def cmd_bench(args) -> int:
+    _check_capacity(args)
     info = _hopper_or_none("bench")
     if info is None:
         return 1
     from megamoe_rt.cli.benchmarks import bench_gemm, bench_moe
 
     print(f"device {info.ordinal}: {info.name}, {info.sm_count} SMs")
-    modes = args.mode or ["unfused"]
+    chosen_modes = args.mode or ["unfused"]
     presets = args.presets or ["flash", "pro", "v3"]
     if args.what == "prefill":
         from megamoe_rt.cli.bench_prefill import MODES, RATIOS, TOKENS, bench_prefill
@@ -319,7 +333,7 @@ def cmd_bench(args) -> int:
         bench_overhead(
             presets,
             args.tokens or [64, 2048],
-            modes=modes,
+            modes=chosen_modes,
             rounds=args.rounds,
             json_path=args.json,
         )
@@ -334,8 +348,8 @@ def cmd_bench(args) -> int:
     else:
         bench_moe(
             presets,
-            args.tokens or [64, 256, 2048, 8192],
-            mode=modes,
+            args.tokens or MOE_TOKENS,
+            mode=chosen_modes,
             rounds=args.rounds,
             capacity=args.capacity,
             json_path=args.json,
@@ -432,14 +446,18 @@ def cmd_scaleout(args) -> int:
     from megamoe_rt.ep.scaleout_model import format_table, scaleout_cost
     from megamoe_rt.presets import get_preset
 
-    costs = []
-    for name in args.presets:
-        preset = get_preset(name)
-        for ranks in args.ranks:
-            if preset.num_experts % ranks or ranks < 2:
+    presets = [get_preset(name) for name in args.presets]
+    for ranks in args.ranks:  # every value checked before any row is computed
+        if ranks < 2:
+            raise UsageError(f"megamoe-rt scaleout: --ranks {ranks}: traffic between ranks needs at least 2 ranks")
+        for preset in presets:
+            if preset.num_experts % ranks:
                 raise UsageError(
-                    f"megamoe-rt scaleout: --ranks {ranks} does not divide {name}'s {preset.num_experts} experts"
+                    f"megamoe-rt scaleout: --ranks {ranks} does not divide {preset.name}'s {preset.num_experts} experts"
                 )
+    costs = []
+    for preset in presets:
+        for ranks in args.ranks:
             for t in args.tokens:
                 costs.append(
                     scaleout_cost(preset, ranks, t, link_bytes_per_s=args.link_gbps * 1e9 / 8, tflops=args.tflops)
@@ -483,9 +501,9 @@ def build_parser() -> argparse.ArgumentParser:
     from megamoe_rt import __version__
     from megamoe_rt.presets import PRESETS
 
-    p = _Parser(prog="megamoe-rt", description="Expert-parallel FP8 MoE runtime for Hopper GPUs.")
+    p = Parser(prog="megamoe-rt", description="Expert-parallel FP8 MoE runtime for Hopper GPUs.")
     p.add_argument("--version", action="version", version=f"megamoe-rt {__version__}")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     s = sub.add_parser("info", help="package, compiler and driver versions; GPUs; NVSHMEM; cache")
     s.set_defaults(func=cmd_info)
@@ -497,9 +515,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("plan", help="symmetric-buffer memory report and pool sizes (no GPU needed)")
     s.add_argument("--preset", default="flash", choices=sorted(PRESETS), help="model shape (default flash)")
-    s.add_argument("--tokens", type=_positive_int, default=8192, help="max tokens per rank (default 8192)")
-    s.add_argument("--ranks", type=_positive_int, default=8, help="expert-parallel ranks (default 8)")
-    s.add_argument("--experts", type=_positive_int, default=None, help="total experts (default: the preset's)")
+    s.add_argument("--tokens", type=positive_int, default=8192, help="max tokens per rank (default 8192)")
+    s.add_argument("--ranks", type=positive_int, default=8, help="expert-parallel ranks (default 8)")
+    s.add_argument("--experts", type=positive_int, default=None, help="total experts (default: the preset's)")
     s.add_argument(
         "--mode",
         choices=("unfused", "fused", "split"),
@@ -522,9 +540,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("demo", help="run one MoE layer on random inputs and check it against the reference")
     s.add_argument("--preset", default="flash", choices=sorted(PRESETS), help="model shape (EP8 per-rank slice)")
-    s.add_argument("--tokens", type=_positive_int, default=2048, help="tokens (default 2048)")
+    s.add_argument("--tokens", type=positive_int, default=2048, help="tokens (default 2048)")
     s.add_argument(
-        "--check-tokens", type=_positive_int, default=64, help="tokens checked against the NumPy reference (default 64)"
+        "--check-tokens", type=positive_int, default=64, help="tokens checked against the NumPy reference (default 64)"
     )
     s.add_argument(
         "--mode",
@@ -556,23 +574,27 @@ def build_parser() -> argparse.ArgumentParser:
         "scaleout",
         help="model: bytes each rank moves per call across nodes, and that time floor against the GEMMs (no GPU)",
     )
-    s.add_argument("--presets", "--preset", type=_csv(str, sorted(PRESETS)), default=["flash", "pro", "v3"])
-    s.add_argument("--ranks", type=_csv(int), default=[16, 32], help="expert-parallel ranks (default 16,32)")
+    s.add_argument("--presets", "--preset", type=csv(str, sorted(PRESETS)), default=["flash", "pro", "v3"])
+    s.add_argument("--ranks", type=csv(int), default=[16, 32], help="expert-parallel ranks (default 16,32)")
+    s.add_argument("--tokens", type=csv(int), default=[128, 2048, 8192], help="tokens per rank (default 128,2048,8192)")
     s.add_argument(
-        "--tokens", type=_csv(int), default=[128, 2048, 8192], help="tokens per rank (default 128,2048,8192)"
+        "--link-gbps",
+        type=positive_number,
+        default=400.0,
+        help="per-GPU network bandwidth, Gb/s each way (default 400)",
     )
     s.add_argument(
-        "--link-gbps", type=float, default=400.0, help="per-GPU network bandwidth, Gb/s each way (default 400)"
-    )
-    s.add_argument(
-        "--tflops", type=float, default=780.0, help="the layer's GEMM rate (default 780, one H200's fused layer)"
+        "--tflops",
+        type=positive_number,
+        default=780.0,
+        help="the layer's GEMM rate (default 780, one H200's fused layer)",
     )
     s.add_argument("--json", default=None, help="write the rows to this JSON file")
     s.set_defaults(func=cmd_scaleout)
 
     s = sub.add_parser("launch", help="run a script as N ranks, one process per GPU")
-    s.add_argument("-n", "--nprocs", type=_positive_int, required=True, help="number of ranks")
-    s.add_argument("--timeout", type=_positive_seconds, default=None, help="stop every rank after this many seconds")
+    s.add_argument("-n", "--nprocs", type=positive_int, required=True, help="number of ranks")
+    s.add_argument("--timeout", type=positive_seconds, default=None, help="stop every rank after this many seconds")
     s.add_argument(
         "--devices",
         default=None,
@@ -596,7 +618,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="PARTITION=START..STOP[:STEP], e.g. left=8..120:8 (default: run the spec once as written)",
     )
-    s.add_argument("--reps", type=_positive_int, default=10, help="timed replays per point (median)")
+    s.add_argument("--reps", type=positive_int, default=10, help="timed replays per point (median)")
     s.add_argument("--json", default=None, help="write the rows to this JSON file")
     s.add_argument("--plot", default=None, help="write a PNG plot (needs matplotlib and --vary)")
     s.set_defaults(func=cmd_sweep)
@@ -612,14 +634,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--mode",
-        type=_modes,
+        type=modes,
         default=None,
         help="moe, overhead, prefill: execution mode(s), comma-separated (unfused, fused, split); moe brackets "
         "them in rounds (default unfused; prefill: all three)",
     )
     s.add_argument(
         "--ratios",
-        type=_csv(float),
+        type=csv(float),
         default=None,
         help="prefill: rings as shares of the worst-case pool (chunk_ratio), besides the full pool "
         "(default 0.5,0.25,0.125)",
@@ -627,26 +649,26 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--png", default=None, help="prefill: write a bar chart of time against the full pool")
     s.add_argument(
         "--capacity",
-        type=int,
+        type=positive_int,
         default=None,
         help="moe: buffer token capacity (default: each row's tokens; the fused arm passes num_tokens_bound = tokens)",
     )
     s.add_argument(
         "--presets",
         "--preset",
-        type=_csv(str, sorted(PRESETS)),
+        type=csv(str, sorted(PRESETS)),
         default=None,
         help="default flash,pro,v3 (stream: flash,v3)",
     )
-    s.add_argument("--slots", type=_positive_int, default=4, help="stream: input ring slots")
-    s.add_argument("--chunk", type=_positive_int, default=512, help="stream: tokens per slot (chunk)")
+    s.add_argument("--slots", type=positive_int, default=4, help="stream: input ring slots")
+    s.add_argument("--chunk", type=positive_int, default=512, help="stream: tokens per slot (chunk)")
     s.add_argument(
         "--tokens",
-        type=_csv(int),
+        type=csv(int),
         default=None,
         help="tokens per rank, EP8 slice (gemm default 512,2048,8192; moe default 64,256,2048,8192)",
     )
-    s.add_argument("--rounds", type=_positive_int, default=3)
+    s.add_argument("--rounds", type=positive_int, default=3)
     s.add_argument("--no-torch", action="store_true", help="skip the PyTorch peer arms")
     s.add_argument("--json", default=None, help="write the results to this JSON file")
     s.set_defaults(func=cmd_bench)
@@ -655,14 +677,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    try:
+
+    def command() -> int:
         args = parser.parse_args(argv)
         return int(args.func(args) or 0)
-    except UsageError as exc:
-        print(str(exc).splitlines()[0], file=sys.stderr)
-        return 2
-    except BrokenPipeError:
-        return 0
+
+    return exit_status(command)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from megamoe_rt.cli.usage import Parser, exit_status, positive_int
+
 # (span name, role track, first event, last event): a span is drawn when both stamps exist.
 SPANS: tuple[tuple[str, str, str, str], ...] = (
     ("count routes", "routing", "start", "counted"),
@@ -170,20 +172,27 @@ def write_trace(path: str, trace: dict) -> None:
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--preset", default="flash")
-    ap.add_argument("--tokens", type=int, default=2048, help="tokens per rank (the preset's EP8 per-rank slice)")
+    from megamoe_rt.presets import PRESETS
+
+    ap.add_argument("--preset", default="flash", choices=sorted(PRESETS))
+    ap.add_argument(
+        "--tokens", type=positive_int, default=2048, help="tokens per rank (the preset's EP8 per-rank slice)"
+    )
     ap.add_argument("--mode", default="fused", choices=("fused", "split"))
     ap.add_argument("-o", "--output", default="trace.json", help="the trace file to write (default trace.json)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Across ranks (under ``megamoe-rt launch``): every rank traces, rank 0 writes the file."""
+    ap = Parser(prog="megamoe_rt.cli.trace", description=__doc__.splitlines()[0])
+    add_arguments(ap)
+    return exit_status(lambda: _main(ap.parse_args(argv)))
+
+
+def _main(a: argparse.Namespace) -> int:
     from megamoe_rt.ep.launch import context_from_env, launched
     from megamoe_rt.kernels.fused import TRACE_EVENTS
 
-    ap = argparse.ArgumentParser(prog="megamoe_rt.cli.trace", description=__doc__.splitlines()[0])
-    add_arguments(ap)
-    a = ap.parse_args(argv)
     if not launched():
         return run(a)
     from megamoe_rt.ep.symm import NvshmemRuntime

@@ -19,6 +19,8 @@ from typing import Any
 
 from megamoe_rt.cli.layer_inputs import preset_slices, rank_inputs
 from megamoe_rt.cli.timing import DeviceTimer, capture_layer_call
+from megamoe_rt.cli.usage import Parser, UsageError, exit_status, positive_int
+from megamoe_rt.schedule.split_sms import SplitSms, sweep_split_sms, valid_l1_counts
 
 
 def _slowest(group: Any, value: float) -> float:
@@ -29,6 +31,28 @@ def _slowest(group: Any, value: float) -> float:
         for r in range(group.world_size)
     ]
     return max(everyone)
+
+
+def split_candidates(sm_count: int, granularity: int, step: int | None) -> list[SplitSms]:
+    """The splits to time on this device; a UsageError naming ``--step`` when it leaves none
+    (checked once the GPU's SM count is known, before anything is timed)."""
+    candidates = sweep_split_sms(sm_count, granularity, step)
+    if candidates:
+        return candidates
+    lo, hi = sm_count // 4, sm_count * 7 // 8
+    swept = [l1 for l1 in valid_l1_counts(sm_count, granularity) if lo <= l1 <= hi]
+    if not swept:
+        raise UsageError(
+            f"megamoe-rt tune-split: this {sm_count}-SM device has no K1 count to sweep (multiples of "
+            f"{granularity} from {lo} to {hi} SMs)"
+        )
+    # K1 takes the granularity plus a multiple of the step: the largest step that reaches a count.
+    most = max(l1 - granularity for l1 in swept)
+    raise UsageError(
+        f"megamoe-rt tune-split: --step {step} leaves no K1 count to try on this {sm_count}-SM device "
+        f"(K1 counts are {granularity} plus multiples of the step, between {lo} and {hi} SMs); the largest "
+        f"step that leaves one is {most}"
+    )
 
 
 def tune_split(
@@ -47,16 +71,15 @@ def tune_split(
     from megamoe_rt.graph.green import partition_granularity
     from megamoe_rt.layer import MegaMoE
     from megamoe_rt.runtime import driver
-    from megamoe_rt.schedule.split_sms import sweep_split_sms
 
     rank, world = (0, 1) if group is None else (group.rank, group.world_size)
     device = 0 if group is None else group.device
     cp.cuda.Device(device).use()
     info = driver.require_hopper(device)
     granularity = partition_granularity(device)
+    candidates = split_candidates(info.sm_count, granularity, step)
     name, p, local, experts, t = next(iter(preset_slices([preset], [tokens], world)))
     args, weights = rank_inputs(cp, rank, t, p.hidden, p.intermediate, experts, local, p.num_topk, t)
-    candidates = sweep_split_sms(info.sm_count, granularity, step)
     timer = DeviceTimer()
     stream = cp.cuda.Stream(non_blocking=True)
     say = print if rank == 0 else (lambda *a, **k: None)
@@ -124,9 +147,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     from megamoe_rt.presets import PRESETS
 
     ap.add_argument("--preset", default="flash", choices=sorted(PRESETS))
-    ap.add_argument("--tokens", type=int, required=True, help="tokens per rank")
-    ap.add_argument("--ranks", type=int, default=1, help="expert-parallel ranks (one GPU each; default 1)")
-    ap.add_argument("--step", type=int, default=None, help="K1 step in SMs (default the partition granularity)")
+    ap.add_argument("--tokens", type=positive_int, required=True, help="tokens per rank")
+    ap.add_argument("--ranks", type=positive_int, default=1, help="expert-parallel ranks (one GPU each; default 1)")
+    ap.add_argument(
+        "--step", type=positive_int, default=None, help="K1 step in SMs (default the partition granularity)"
+    )
     ap.add_argument("--json", default=None, help="write the rows to this JSON file")
     ap.add_argument("--png", default=None, help="write a bar chart of the sweep to this PNG file")
     ap.add_argument("--no-store", action="store_true", help="do not store the best split in the tuning cache")
@@ -144,9 +169,6 @@ def run(a: argparse.Namespace) -> int:
     """The command for parsed arguments; across ranks it re-runs itself under ``launch``."""
     from megamoe_rt.ep.launch import context_from_env, launch_script, launched
 
-    if a.tokens <= 0 or a.ranks <= 0:
-        print("megamoe-rt tune-split: --tokens and --ranks must be positive", file=sys.stderr)
-        return 2
     if a.ranks > 1 and not launched():
         return launch_script(a.ranks, "megamoe_rt.cli.tune_split", _argv(a), module=True)
     group = context_from_env() if launched() else None
@@ -159,9 +181,9 @@ def run(a: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="megamoe-rt tune-split", description=__doc__.splitlines()[0])
+    ap = Parser(prog="megamoe-rt tune-split", description=__doc__.splitlines()[0])
     add_arguments(ap)
-    return run(ap.parse_args(sys.argv[1:] if argv is None else argv))
+    return exit_status(lambda: run(ap.parse_args(sys.argv[1:] if argv is None else argv)))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ Two group layouts:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,8 +24,15 @@ from typing import Any
 from megamoe_rt.kernels import gemm as k
 from megamoe_rt.kernels.gemm_heuristics import choose_config
 from megamoe_rt.kernels.operands import Fp8Operand, ScaleFactors, activation_operand, kmajor_rows, weight_operand
-from megamoe_rt.runtime import driver
-from megamoe_rt.runtime.arrays import DeviceArray, as_device_array, check_array, cupy_stream, require_cupy
+from megamoe_rt.runtime import args, driver
+from megamoe_rt.runtime.arrays import (
+    DeviceArray,
+    as_device_array,
+    check_array,
+    check_disjoint,
+    cupy_stream,
+    require_cupy,
+)
 from megamoe_rt.runtime.error_report import ErrorReport
 from megamoe_rt.runtime.errors import DeviceInputError
 from megamoe_rt.runtime.launches import Launches
@@ -285,10 +291,21 @@ def plan_grouped_gemm_fp8(
             result = cupy.empty(out_shape, dtype=cupy.uint16) if out is None else out
             oa = as_device_array(result, "out", stream=sh)
             check_array(oa, "out", dtypes=("bf16",), shape=out_shape, device=dev, align=4)
+            check_disjoint(oa, "out", _operand_arrays(ao, bo))
             p.d = oa.ptr
             p.d_row_stride_bytes = n * 2
             refs += (_owner(oa),)
         return _plan(cupy, info, cfg, p, ao, bo, a_sf, check_layout, result, sh, refs)
+
+
+def _operand_arrays(*ops: Fp8Operand) -> dict[str, DeviceArray | None]:
+    """The caller's arrays behind GEMM operands and their scales, by argument name."""
+    found: dict[str, DeviceArray | None] = {}
+    for op in ops:
+        found[op.name] = op.array
+        if op.scales is not None:
+            found[op.scales.name] = op.scales.array
+    return found
 
 
 def _scales(op: Fp8Operand) -> ScaleFactors:
@@ -435,10 +452,9 @@ def plan_grouped_gemm_swiglu_fp8(
     float32 ``[I/act_sf_gran, rows_pad]`` (K-block major: the layout the L2 GEMM's TMA reads;
     ``rows_pad`` is rows rounded up to 4).
     """
-    if act_sf_gran not in (64, 128):
-        raise ValueError(f"act_sf_gran: expected 64 or 128, got {act_sf_gran}")
-    if swiglu_limit is not None and not (math.isfinite(float(swiglu_limit)) and float(swiglu_limit) > 0):
-        raise ValueError(f"swiglu_limit: expected a positive finite number or None, got {swiglu_limit!r}")
+    act_sf_gran = args.integer_choice("act_sf_gran", act_sf_gran, (64, 128))
+    if swiglu_limit is not None:
+        swiglu_limit = args.positive_float32("swiglu_limit", swiglu_limit)
     layout = _group_layout(group_offsets, group_counts, masked_counts)
     sh = driver.stream_handle(stream)
     bo = weight_operand(w1p, w1p_sf, name="w1p", sf_name="w1p_sf", sf_rows=SWIGLU_HALF, stream=sh)
@@ -460,6 +476,8 @@ def plan_grouped_gemm_swiglu_fp8(
         check_array(qa, "out", dtypes=("e4m3",), shape=lead + (inter,), device=dev, align=2)
         sfo = as_device_array(sf, "out_sf")
         check_array(sfo, "out_sf", dtypes=("float32",), shape=(inter // act_sf_gran, rows_pad), device=dev, align=4)
+        check_disjoint(qa, "out", {**_operand_arrays(ao, bo), "out_sf": sfo})
+        check_disjoint(sfo, "out_sf", _operand_arrays(ao, bo))
         cfg = config or choose_config(
             layout=layout,
             epilogue="swiglu_fp8",

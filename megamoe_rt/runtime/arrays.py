@@ -78,6 +78,8 @@ class DeviceArray:
         return self.size * self.itemsize
 
     def is_c_contiguous(self) -> bool:
+        if self.size == 0:
+            return True  # no element to misplace (NumPy and CuPy say the same)
         expect = self.itemsize
         for dim, stride in zip(reversed(self.shape), reversed(self.strides)):
             if dim != 1 and stride != expect:
@@ -213,7 +215,8 @@ def as_device_array(obj: Any, name: str, *, stream: int | None = None) -> Device
         except (AttributeError, TypeError, ValueError) as exc:
             # torch describes bf16 as an opaque '<V2'; DLPack carries bf16 and fp8 natively.
             if not dlpack:
-                raise TypeError(f"{name}: {exc}") from None
+                text = str(exc)
+                raise TypeError(text if text.startswith(f"{name}:") else f"{name}: {text}") from None
     if dlpack:
         return _from_dlpack(obj, name, stream)
     raise TypeError(
@@ -304,3 +307,31 @@ def cupy_stream(cupy: Any, handle: int) -> Any:
     if from_external is not None:
         return from_external(_StreamHandle(handle))
     return cupy.cuda.ExternalStream(handle)
+
+
+def byte_span(arr: DeviceArray) -> tuple[int, int]:
+    """``[first, last)`` bytes an array's elements occupy (any strides)."""
+    if arr.size == 0:
+        return arr.ptr, arr.ptr
+    lo = hi = 0
+    for dim, stride in zip(arr.shape, arr.strides):
+        reach = (dim - 1) * stride
+        lo, hi = (lo + reach, hi) if reach < 0 else (lo, hi + reach)
+    return arr.ptr + lo, arr.ptr + hi + arr.itemsize
+
+
+def check_disjoint(out: DeviceArray, name: str, inputs: dict[str, DeviceArray | None]) -> None:
+    """Raise ValueError when ``out`` shares memory with one of ``inputs``: the kernels read
+    the inputs while they write ``out``, so an output over an input gives a wrong answer."""
+    o_lo, o_hi = byte_span(out)
+    if o_lo == o_hi:
+        return
+    for other, arr in inputs.items():
+        if arr is None:
+            continue
+        lo, hi = byte_span(arr)
+        if lo < o_hi and o_lo < hi:
+            raise ValueError(
+                f"{name}: overlaps {other} (bytes {o_lo:#x}..{o_hi:#x} against {lo:#x}..{hi:#x}); "
+                "the output must not share memory with an input"
+            )

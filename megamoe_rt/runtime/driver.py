@@ -21,6 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from megamoe_rt.runtime.errors import CudaError as CudaError  # re-exported: raised by every call here
 from megamoe_rt.runtime.errors import GpuUnavailableError as GpuUnavailableError
 
@@ -433,8 +435,8 @@ def stream_handle(stream: Any = None) -> int:
         return 0
     if isinstance(stream, Stream):
         return stream.handle
-    if isinstance(stream, bool):  # an int subclass, and never a stream
-        raise TypeError("stream: expected a stream or a handle, got a bool")
+    if isinstance(stream, (bool, float, str, bytes, np.bool_, np.floating)):  # int() would take them
+        raise TypeError(f"stream: expected a stream or an int handle, got {type(stream).__name__} {stream!r}")
     proto = getattr(stream, "__cuda_stream__", None)
     if proto is not None:
         return _protocol_handle(stream, proto)

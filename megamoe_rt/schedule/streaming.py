@@ -22,6 +22,7 @@ payload of another generation and no producer overwrites an unconsumed slot.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -41,10 +42,15 @@ class StreamConfig:
     def __post_init__(self) -> None:
         for name in ("num_slots", "tokens_per_slot"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise TypeError(f"StreamConfig.{name}: expected an int, got {type(v).__name__} {v!r}")
+            try:
+                if isinstance(v, bool):
+                    raise TypeError
+                v = operator.index(v)  # NumPy integers too
+            except TypeError:
+                raise TypeError(f"StreamConfig.{name}: expected an int, got {type(v).__name__} {v!r}") from None
             if v < 1:
                 raise ValueError(f"StreamConfig.{name}={v}: expected at least 1")
+            object.__setattr__(self, name, v)  # a plain int in the frozen config
 
     def num_chunks(self, num_tokens: int) -> int:
         return -(-num_tokens // self.tokens_per_slot)

@@ -129,8 +129,13 @@ def test_the_layer_checks_the_mode_before_looking_for_a_gpu():
 def test_a_device_other_than_the_rank_groups_is_refused_before_looking_for_a_gpu():
     from megamoe_rt.layer import MegaMoE
 
-    class Group:  # rank 1 of 2, on device 1
+    class Group:  # rank 1 of 2, on device 1; refused before any collective
         rank, world_size, device = 1, 2, 1
+
+        def broadcast(self, value, *, key="default", root=0):
+            raise AssertionError("no collective expected")
+
+        barrier = allgather = broadcast
 
     with pytest.raises(ValueError, match="device=0: the rank group runs this rank on device 1"):
         MegaMoE(512, 256, 8, 2, 64, device=0, group=Group())

@@ -480,12 +480,15 @@ def test_moe_slot_order_sum_is_bit_exact():
 
 
 def test_moe_slot_order_matters():
-    # Slots 0 and 1 hit the same expert with weights +1 and -1, so their
-    # partials cancel exactly; slot 2 is a tiny contribution.  Summing in slot
-    # order gives (p0 + -p0) + p2 == p2 exactly, any other order loses p2's
-    # low bits against the large p0.
+    # Slots 0 and 1 hit two experts with the same weights, scaled by +1 and
+    # -1, so their partials cancel exactly; slot 2 is a tiny contribution.
+    # Summing in slot order gives (p0 + -p0) + p2 == p2 exactly, any other
+    # order loses p2's low bits against the large p0.  (One expert named twice
+    # would be a repeated id, which counts once.)
     inp = inputs(20, t=8, e=3, k=3)
-    inp["topk_idx"][:] = np.array([0, 0, 1], np.int32)
+    for name in ("w1", "w1_sf", "w2", "w2_sf"):
+        inp[name][1] = inp[name][0]
+    inp["topk_idx"][:] = np.array([0, 1, 2], np.int32)
     inp["topk_weights"][:] = np.array([1.0, -1.0, 1e-6], np.float32)
     y, partials, _ = ref.moe_forward(**inp, return_partials=True)
     negated = (-partials[0].astype(np.float32)).astype(BF16)

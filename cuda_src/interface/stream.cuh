@@ -13,7 +13,7 @@ constexpr u32 kEpochShift = 32;
 
 // One rank's ring of num_slots slots of tokens_per_slot tokens. Chunk c of a call lives in
 // slot c % num_slots and holds the call's tokens [c * tokens_per_slot, ...). Addresses are
-// this rank's (megamoe_rt.streaming.StreamRingView resolves them from the layer's buffer).
+// this rank's (megamoe_rt.kernels.stream.InputRing resolves them from the layer's buffer).
 struct StreamRing {
     u8* x;                  // [num_slots, tokens_per_slot, hidden] e4m3
     float* x_sf;            // [num_slots, tokens_per_slot, hidden / 128]

@@ -148,13 +148,16 @@ def cmd_plan(args) -> int:
         raise UsageError(f"megamoe-rt plan: {exc}") from None
     experts = args.experts or preset.num_experts
     ranks = args.ranks
-    if args.mode == "fused":  # the fused layer's buffer: 64-row blocks, ring pools
-        args.block_m, args.pool = 64, "ring"
-    elif args.mode == "split":  # 64-row blocks, the full pool (K1 may run the whole pool ahead)
-        args.block_m, args.pool = 64, "full"
-    elif args.mode == "unfused":
-        args.block_m, args.pool = 128, "full"
     if experts % ranks == 0:  # else the planner says why
+        if args.mode is not None:  # the pool and block size the mode's layer allocates
+            from megamoe_rt.modes.base import LayerSpec
+            from megamoe_rt.modes.registry import MODES
+
+            spec = LayerSpec(
+                preset.hidden, preset.intermediate, experts, min(preset.num_topk, experts), args.tokens, num_ranks=ranks
+            )
+            needs = MODES[args.mode].layout_needs(spec)
+            args.block_m, args.pool = needs.block_m, needs.pool
         _check_plan_tokens(args, preset, experts)
     try:
         layout = symm_buffer_layout(
@@ -499,6 +502,7 @@ def cmd_demo(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from megamoe_rt import __version__
+    from megamoe_rt.modes.registry import mode_names  # the modes a layer takes
     from megamoe_rt.presets import PRESETS
 
     p = Parser(prog="megamoe-rt", description="Expert-parallel FP8 MoE runtime for Hopper GPUs.")
@@ -520,7 +524,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--experts", type=positive_int, default=None, help="total experts (default: the preset's)")
     s.add_argument(
         "--mode",
-        choices=("unfused", "fused", "split"),
+        choices=mode_names(),
         default=None,
         help="the buffer a MegaMoE of this mode allocates (sets --block-m and --pool)",
     )
@@ -546,7 +550,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--mode",
-        choices=("unfused", "fused", "split"),
+        choices=mode_names(),
         default=None,
         help="execution mode (default: the layer's, fused where the shape allows)",
     )

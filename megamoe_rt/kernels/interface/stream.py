@@ -27,7 +27,7 @@ STREAM_RING = Struct(
     ],
     doc="One rank's ring of num_slots slots of tokens_per_slot tokens. Chunk c of a call lives in\n"
     "slot c % num_slots and holds the call's tokens [c * tokens_per_slot, ...). Addresses are\n"
-    "this rank's (megamoe_rt.streaming.StreamRingView resolves them from the layer's buffer).",
+    "this rank's (megamoe_rt.kernels.stream.InputRing resolves them from the layer's buffer).",
 )
 
 RING_CHUNK_PARAMS = Struct(

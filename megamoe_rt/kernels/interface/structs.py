@@ -109,7 +109,7 @@ class ErrorReport(ctypes.Structure):
 class StreamRing(ctypes.Structure):
     """One rank's ring of num_slots slots of tokens_per_slot tokens. Chunk c of a call lives in
     slot c % num_slots and holds the call's tokens [c * tokens_per_slot, ...). Addresses are
-    this rank's (megamoe_rt.streaming.StreamRingView resolves them from the layer's buffer).
+    this rank's (megamoe_rt.kernels.stream.InputRing resolves them from the layer's buffer).
 
     ``megamoe_rt::stream::StreamRing``, declared in megamoe_rt/kernels/interface/stream.py.
     """

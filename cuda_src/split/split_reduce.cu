@@ -1,7 +1,7 @@
 // Split pipeline K3: the top-k reduce, y[t] = bf16(sum over valid slots, in slot order, of
 // fp32(partial[k][t])), once K1 and K2 are done (the graph's edges order it after both).
 //
-// It runs in its own SM partition (reduce_sms) with many small blocks, since the reduce is
+// It runs in its own SM partition (SplitSms.reduce) with many small blocks, since the reduce is
 // bound by the bandwidth of reading K partials per token. Across ranks it first waits until
 // every rank has scattered its partials into this rank's combine buffer. The last block out
 // advances the launch epoch, which K1, K2 and this kernel have all read by then (its parity

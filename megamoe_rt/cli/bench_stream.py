@@ -6,8 +6,9 @@ once (its gating product, routing and quantized activations in one launch,
 well, for reference). Streamed: the layer's call is enqueued first on its stream
 and consumes chunks while the router (megamoe_rt/routers.py) produces them on another stream,
 a round of the ring per launch, each chunk published as soon as it is done. Both arms are timed between CUDA events on the timer's stream (the producer
-stream forks from it and joins it), so each covers router and layer. Target (docs/STREAMING.md):
-streamed faster than sequential at >= 2048 tokens.
+stream forks from it and joins it), so each covers router and layer. Target (docs/STREAMING.md,
+"Where streamed calls lose time"): streamed faster than sequential at >= 2048 tokens, not met on
+one GPU yet.
 
 Across launched ranks (``megamoe-rt launch -n 2 -m megamoe_rt.cli.bench stream ...``) each rank
 routes its own ``tokens`` tokens over every rank's experts (the preset's EP8 per-rank slice on

@@ -5,7 +5,7 @@ bf16 partials to their combine slots, across ranks to the source rank) are the f
 in two roles, launched side by side in disjoint green-context SM partitions: K2 builds the
 same pool tables once K1 publishes its routing and runs each L2 tile once its block's L1
 output is published, every wait with a deadline. K3 (cuda_src/split/split_reduce.cu) sums
-the top-k partials in slot order after both, on ``reduce_sms`` SMs. A memset node zeroes the
+the top-k partials in slot order after both, on ``SplitSms.reduce`` SMs. A memset node zeroes the
 counter banks first on every replay, so no state survives from one call to the next.
 
 The graph is built with driver APIs once per expert-id dtype (each kernel walks one layer, so

@@ -6,8 +6,9 @@ has published a chunk, its blocks claim rows of the chunk's experts a pool block
 copy the rows in, and the last block done releases the slot (the producer never waits for the
 GEMMs, and the host launches nothing per chunk); then the seal lays the experts out over the
 claimed blocks, both grouped GEMMs run once over the whole call through the block map, and the
-combine reads the call's expert ids from the copy the consumer kept. Each expert's weights are read once per call, as in the
-batch call (a chunk run as a call of its own reads all of them again per chunk).
+combine reads the call's expert ids from the copy the consumer kept. Each expert's weights are
+read once per call, as in the batch call (a chunk run as a call of its own reads all of them
+again per chunk).
 
 Chunk-local calls (``UnfusedMode._run_chunks``) remain the path across ranks and with a ring
 pool: there the pool's blocks cannot all be held until the seal.

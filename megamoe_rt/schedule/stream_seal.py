@@ -1,9 +1,10 @@
 """A streamed call with one call-wide pool: reservations and a seal (CPU model), on one rank
 or across ranks.
 
-Today a streamed call runs every chunk as a call of its own (chunk-local pools), so every
-chunk reads every local expert's weights again (bench/results/stream_h200_2026-12-01.md). This
-models the consumer that reads them once per call, as the batch call does. Every rank produces
+A streamed call run chunk by chunk as calls of their own (chunk-local pools: across ranks and
+with a ring pool) reads every local expert's weights again per chunk. This models the consumer
+that reads them once per call, as the batch call does (on one rank with a full pool:
+megamoe_rt/modes/stream_pool.py). Every rank produces
 its own tokens' chunks into its own input ring. Rank ``o`` owns experts ``[o * E_l, (o + 1) * E_l)``.
 
 - **Reserve.** When source ``s`` publishes chunk ``c``, each owner's dispatch workers take the

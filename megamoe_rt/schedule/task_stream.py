@@ -9,10 +9,10 @@ lives in slot ``b % ring_blocks`` until its L2 task has read it.
 
 This module builds that stream from per-expert block counts and checks, in stream
 order, that no L1 task overwrites a slot whose previous block's L2 task has not
-come yet (the device waits on ``l2_empty`` there, which can only be satisfied by
-an earlier task), and that every L1 task precedes its L2 task. The host uses the
-same functions to assert its ring size; CPU property tests drive them with random
-routings.
+come yet (the device waits there for that block's ``l2_read`` count, wait site
+``ring_slot_free``, which can only be satisfied by an earlier task), and that every
+L1 task precedes its L2 task. The host uses the same functions to assert its ring
+size; CPU property tests drive them with random routings.
 
 Each task is a run of GEMM tiles on the device; :func:`task_tiles` is the contract for which
 tiles and in what order. A GPU test (tests/gpu/test_task_stream_gpu.py) dumps the order the

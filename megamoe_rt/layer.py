@@ -393,6 +393,8 @@ class MegaMoE:
     @staticmethod
     def _weight_to_device(cupy, name: str, arr: Any, shape: tuple, is_sf: bool, device: int, stream: int):
         """A device copy the layer owns (never the caller's array, which the caller may reuse)."""
+        if not hasattr(arr, "shape"):
+            raise TypeError(f"{name}: expected a NumPy array or a CUDA array, got {type(arr).__name__}")
         if tuple(arr.shape) != shape:
             raise ValueError(f"{name}: expected shape {list(shape)}, got {list(arr.shape)}")
         if isinstance(arr, np.ndarray):

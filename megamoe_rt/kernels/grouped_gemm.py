@@ -399,6 +399,9 @@ def prepare_swiglu_weights(w1: Any, w1_sf: Any) -> tuple[Any, Any]:
     for the fused L1 epilogue: rows interleaved in 64-row halves ``gate[c], up[c], gate[c+1], ...``
     and scales per 64-row half, ``[G, 2I/64, H/128]``. Works on NumPy or CuPy arrays; run once at
     weight load."""
+    for name, arr in (("w1", w1), ("w1_sf", w1_sf)):
+        if not (hasattr(arr, "shape") and hasattr(arr, "ndim")):
+            raise TypeError(f"{name}: expected a NumPy or CuPy array, got {type(arr).__name__}")
     xp = _array_module(w1)
     if w1.ndim != 3 or w1.shape[1] % 256:
         raise ValueError(f"w1: expected [G, 2I, H] with I a multiple of 128, got {list(w1.shape)}")

@@ -184,3 +184,10 @@ def test_the_chunk_writer_refuses_a_closed_layer():
     with pytest.raises(RuntimeError, match="the layer was closed"):
         writer.write(0, *_chunk_args(8))
     assert ring.calls == 0
+
+
+def test_weights_given_as_lists_are_a_type_error():
+    from megamoe_rt.kernels.grouped_gemm import prepare_swiglu_weights
+
+    with pytest.raises(TypeError, match="w1: expected a NumPy or CuPy array, got list"):
+        prepare_swiglu_weights([[[0]]], np.zeros((1, 2, 1), np.float32))

@@ -175,6 +175,9 @@ def weight_operand(
     ba = as_device_array(b, name, stream=stream)
     check_array(ba, name, dtypes=("e4m3",), ndim=3)
     groups, n, k = ba.shape
+    if groups < 1 or n < 1:
+        # A tensor map of no rows cannot be encoded; a GEMM over no weights has nothing to do.
+        raise ValueError(f"{name}: expected [G, N, K] with G >= 1 and N >= 1, got shape {list(ba.shape)}")
     sa = as_device_array(b_sf, sf_name, stream=stream)
     scales = ScaleFactors(sf_name, sa.ptr, gran_k=128, gran_rows=sf_rows, array=sa)
     op = Fp8Operand(

@@ -191,3 +191,10 @@ def test_weights_given_as_lists_are_a_type_error():
 
     with pytest.raises(TypeError, match="w1: expected a NumPy or CuPy array, got list"):
         prepare_swiglu_weights([[[0]]], np.zeros((1, 2, 1), np.float32))
+
+
+def test_weights_of_no_group_are_refused_by_name():
+    from megamoe_rt.kernels.operands import weight_operand
+
+    with pytest.raises(ValueError, match=r"b: expected \[G, N, K\] with G >= 1 and N >= 1, got shape \[0, 256, 128\]"):
+        weight_operand(FakeCai((0, 256, 128), "|u1"), FakeCai((0, 2, 1), "<f4"), stream=0)

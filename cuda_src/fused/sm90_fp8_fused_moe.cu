@@ -360,8 +360,10 @@ template <bool kEp>
 __device__ __forceinline__ void wait_routing_and_build_tables(const FusedParams& p, const RoutingTables& tab) {
     const u32* bank = tab.bank(p);
     if (threadIdx.x == 0) {
+        // Stuck only if K1 is: K1's own waits (peers' counts, its grid barriers) must trap
+        // first, so that the report names the wait that actually hung.
         sync::wait_ge_acquire_gpu_u32(bank + p.bank.routing_published, 1, sync::WaitSite::kSplitRoutingPublished,
-                                      p.wait);
+                                      p.wait, 0, sync::kPeerStallShift);
         trace(p, kTraceCounted);
     }
     __syncthreads();

@@ -16,10 +16,13 @@ enum class WaitSite : u32 {
     kCombineArrived = 3,           // every peer finished scattering into this rank's combine buffer
     kL1RowsArrived = 4,            // fused: a pool block's rows have arrived (L1 may start)
     kL1OutputPublished = 5,        // fused: a block's L1 output is published (L2 may start)
-    kRingSlotFree = 6,             // fused: a ring slot's L2 reads are done (L1 may overwrite)
+    kRingSlotFree = 6,             // fused: a ring slot's L2 reads are done (L1 may overwrite; peer: the block that waits,
+                                   // its slot's previous block is peer - ring_blocks)
     kStreamChunkReady = 7,         // streaming: a chunk's route and layout generations are published (peer: the ring slot)
-    kGridBarrier = 8,              // fused: every block of the grid reached the same phase
-    kPoolSlotFree = 9,             // fused: a pool slot's L1 reads are done (dispatch may refill it)
+    kGridBarrier = 8,              // fused: every block of the grid reached the same phase (peer: this block's arrival number,
+                                   // expected: the grid's blocks, seen: the barrier's generation word)
+    kPoolSlotFree = 9,             // fused: a pool slot's L1 reads are done (dispatch may refill it; peer: the block that waits,
+                                   // its slot's previous block is peer - ring_blocks)
     kRingOverflow = 10,            // fused: a single-wave call needs more pool blocks than the ring holds
     kSplitRoutingPublished = 11,   // split: K1 has laid out and claimed the pool (K2 may build its tables)
     kStreamSlotFree = 12,          // streaming: every consumer is done with the slot's last chunk (peer: the ring slot)

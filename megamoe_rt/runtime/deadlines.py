@@ -110,6 +110,7 @@ class TimeoutRecord:
 
 
 _RING_OVERFLOW = decl.WAIT_SITE["kRingOverflow"]
+_GRID_BARRIER = decl.WAIT_SITE["kGridBarrier"]
 _STREAM_SITES = {decl.WAIT_SITE["kStreamChunkReady"]: "published", decl.WAIT_SITE["kStreamSlotFree"]: "consumed"}
 
 
@@ -131,6 +132,12 @@ def describe(rec: _RecordFields) -> str:
         return (
             f"megamoe_rt: a single-wave call needs {rec.seen} pool blocks but the ring holds {rec.expected} "
             f"(block {rec.block}, rank {rec.rank}); num_tokens_bound must cover every rank's token count"
+        )
+    if rec.site == _GRID_BARRIER:
+        return (
+            f"megamoe_rt: wait 'grid barrier' timed out after {rec.elapsed_ns * 1e-9:.2f} s on rank {rec.rank}: "
+            f"block {rec.block} arrived as {rec.peer} of {rec.expected} blocks and the barrier never opened "
+            f"(generation {rec.seen}): a block of this launch is stuck in an earlier wait or never ran"
         )
     site = WAIT_SITES[rec.site] if rec.site < len(WAIT_SITES) else f"site {rec.site}"
     return (

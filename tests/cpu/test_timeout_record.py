@@ -33,7 +33,8 @@ def test_nothing_recorded_explains_nothing(record):
 def test_a_reported_record_is_reset_and_its_message_kept_for_the_same_fault(record):
     _complete(record, "kGridBarrier", 3)
     first = TimeoutRecord.pending_message()
-    assert "wait 'grid barrier' timed out after 2.00 s" in first and "saw 3" in first
+    assert "wait 'grid barrier' timed out after 2.00 s" in first and "(generation 3)" in first
+    assert "arrived as 0 of 5 blocks and the barrier never opened" in first
     assert record.state == decl.RECORD_EMPTY.value  # the slot is free for the next timeout
     assert TimeoutRecord.pending_message() == first  # the trapped context keeps failing alike
 

@@ -47,7 +47,8 @@ WAIT_SITE = Enum(
         EnumValue(
             "kRingSlotFree",
             "ring_slot_free",
-            "fused: a ring slot's L2 reads are done (L1 may overwrite)",
+            "fused: a ring slot's L2 reads are done (L1 may overwrite; peer: the block that waits,\n"
+            "its slot's previous block is peer - ring_blocks)",
             "ring slot free",
         ),
         EnumValue(
@@ -57,12 +58,17 @@ WAIT_SITE = Enum(
             "stream chunk ready",
         ),
         EnumValue(
-            "kGridBarrier", "grid_barrier", "fused: every block of the grid reached the same phase", "grid barrier"
+            "kGridBarrier",
+            "grid_barrier",
+            "fused: every block of the grid reached the same phase (peer: this block's arrival number,\n"
+            "expected: the grid's blocks, seen: the barrier's generation word)",
+            "grid barrier",
         ),
         EnumValue(
             "kPoolSlotFree",
             "pool_slot_free",
-            "fused: a pool slot's L1 reads are done (dispatch may refill it)",
+            "fused: a pool slot's L1 reads are done (dispatch may refill it; peer: the block that waits,\n"
+            "its slot's previous block is peer - ring_blocks)",
             "pool slot free",
         ),
         EnumValue(

@@ -119,6 +119,8 @@ class InputRing:
 
     def load_kernels(self) -> None:
         """Compile and load every ring kernel now (across ranks: before any deadline runs)."""
+        if len(self._kernels) == len(_KERNELS):
+            return  # launched per chunk: no spec list rebuilt once all are loaded
         from megamoe_rt.kernels.loader import get_kernel
 
         for spec in kernel_specs():

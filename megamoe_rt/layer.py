@@ -587,6 +587,7 @@ class MegaMoE:
         ya = as_device_array(y, "out", stream=sh)
         check_array(ya, "out", dtypes=("bf16",), shape=(t, h), device=self.device)
         check_disjoint(ya, "out", {"x": xa, "x_sf": sfa, "topk_idx": ia, "topk_weights": wa})
+        self.runner.load_for_ids(idx)  # before the ranks' exchange: no compile inside a deadline
         return Call(xa.ptr, sfa.ptr, ia.ptr, wa.ptr, ya.ptr, t, idx, bound), y
 
     # --- errors found on the device ------------------------------------------------------

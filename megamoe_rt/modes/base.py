@@ -247,6 +247,13 @@ class Mode(ABC):
         compile and load the kernels, so no rank compiles into its peers' deadlines."""
 
     @abstractmethod
+    def load_for_ids(self, idx: str) -> None:
+        """Compile and load what a call with ``idx`` expert ids (``"int32"`` or ``"int64"``)
+        launches, if not done yet. The layer calls it while it checks a call, before the ranks'
+        exchange: a rank's first call with new ids compiles while its peers wait on the host,
+        not inside a kernel's deadline, and no module is loaded between a call's launches."""
+
+    @abstractmethod
     def run(self, call: Call, stream: int) -> None:
         """Enqueue one call on ``stream`` (no host synchronisation)."""
 

@@ -351,7 +351,11 @@ class FusedMode(Mode):
         s = self.spec
         self.plan = self._make_plan(self.schedules.buffer, weights)
         if s.expert_parallel:
-            self.plan.kernel("int32")  # int64 ids load at their first call
+            self.plan.kernel("int32")  # int64 ids: load_for_ids at their first call
+
+    def load_for_ids(self, idx: str) -> None:
+        if self.plan is not None:
+            self.plan.kernel(idx)
 
     def trace_rows(self) -> int:
         """Rows of a trace buffer (megamoe_rt.testing.trace_buffer): one per block of the grid."""

@@ -137,6 +137,10 @@ class SplitMode(FusedMode):
         if s.expert_parallel:
             self._graph("int32")  # compiled and built now, not inside a peer's deadline
 
+    def load_for_ids(self, idx: str) -> None:
+        if self.plan is not None:
+            self._graph(idx)
+
     def _reduce_kernel(self, idx: str) -> driver.LoadedKernel:
         return get_kernel(fk.reduce_spec(idx, self.spec.expert_parallel), self.spec.device)
 

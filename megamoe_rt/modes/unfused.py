@@ -150,10 +150,17 @@ class UnfusedMode(Mode):
         )
         self.gemms = (l1, l2)
         if self.expert_parallel:
-            self.ep_kernels("int32")  # int64 ids load at their first call
+            self.ep_kernels("int32")  # int64 ids: load_for_ids at their first call
             self.moe_kernels("int32")
             if self.input_ring is not None:
                 self.input_ring.load_kernels()
+
+    def load_for_ids(self, idx: str) -> None:
+        if self.expert_parallel:
+            self.ep_kernels(idx)
+        self.moe_kernels(idx)
+        if self.ring:
+            self._fill_window_kernel()
 
     def moe_kernels(self, idx: str) -> dict[str, Any]:
         """Routing, dispatch and combine kernels for ``idx`` ids (across ranks only the combine)."""

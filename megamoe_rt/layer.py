@@ -168,6 +168,10 @@ class MegaMoE:
     - :meth:`check`, which looks without waiting;
     - :meth:`synchronize`, which first waits for the device.
 
+    Looking costs no wait. Once a report is there, the call or ``check`` that raises it first
+    waits for the work on the layer's device to finish (so that no call still running can
+    report after the report is taken): only the error path waits.
+
     Nothing is raised while the stream is being captured into a graph; reports of graph replays
     are raised the same way once the replay has finished. Every report is raised once. The
     output of a call whose inputs were refused is what the layer computes with the refused
@@ -593,8 +597,9 @@ class MegaMoE:
     # --- errors found on the device ------------------------------------------------------
 
     def check(self) -> None:
-        """Raise what the device has reported about earlier calls' inputs so far, without
-        waiting for calls still running (:class:`DeviceInputError`; nothing when all is well).
+        """Raise what the device has reported about earlier calls' inputs so far
+        (:class:`DeviceInputError`; nothing when all is well). It waits for nothing unless a
+        report is there; then it waits for the device's work before taking it.
         Across ranks a collective: every rank calls it, and all raise alike."""
         if self.group is None:
             self._raise_reported(wait=False)

@@ -239,14 +239,17 @@ class UnfusedMode(Mode):
             self._gemms_over_window(c * ring_rows, q)
         mk.launch_combine(kernels, moe, grid, q)
 
-    def _run_across_ranks(self, call: Call, q: Launches, inputs_at: tuple[int, int]) -> None:
+    def _run_across_ranks(self, call: Call, q: Launches, inputs_at: tuple[int, int], wait: Any = None) -> None:
         """``inputs_at``: where every rank's x and x_sf rows of this call are, as byte offsets
-        into the buffer (the same on every rank): the staging regions, or a ring slot."""
+        into the buffer (the same on every rank): the staging regions, or a ring slot. ``wait``:
+        the waits' deadline context, when the caller resolved it once for several of these."""
         moe = self.moe_params(call)
         s, t = self.spec, call.num_tokens
         ring_rows = self.layout.pool_rows
         fixed = dict(self._ep_fixed, off_x=inputs_at[0], off_x_sf=inputs_at[1])
-        params = ek.EpParams(moe=moe, wait=TimeoutRecord.get().context(s.timeout_s, rank=s.rank), **fixed)
+        if wait is None:
+            wait = TimeoutRecord.get().context(s.timeout_s, rank=s.rank)
+        params = ek.EpParams(moe=moe, wait=wait, **fixed)
         kernels = self.ep_kernels(call.idx)
         q.memset_u32(self._send_counts, 0, s.num_experts)
         q.memset_u32(self._send_cursors, 0, s.num_experts)
@@ -283,6 +286,8 @@ class UnfusedMode(Mode):
         h, c_tokens = self.spec.hidden, cfg.tokens_per_slot
         ring = self.input_ring
         ring.begin_consume(stream)
+        # Resolved once a call, not per chunk (it reads the deadline from the environment).
+        wait = TimeoutRecord.get().context(self.spec.timeout_s, rank=self.spec.rank) if self.expert_parallel else None
         for chunk in range(cfg.num_chunks(call.bound)):
             n = cfg.chunk_tokens(call.num_tokens, chunk)
             slot = chunk % cfg.num_slots
@@ -292,7 +297,7 @@ class UnfusedMode(Mode):
             y = call.y + chunk * c_tokens * h * 2
             part = Call(at.x, at.x_sf, at.topk_idx, at.topk_weights, y, n, "int32", c_tokens)
             if self.expert_parallel:
-                self._run_across_ranks(part, StreamLaunches(stream), ring.slot_offsets(slot))
+                self._run_across_ranks(part, StreamLaunches(stream), ring.slot_offsets(slot), wait)
             elif n:
                 self._run_one_rank(part, StreamLaunches(stream))
             if n:  # across ranks after the chunk's closing barrier: every peer's pulls are done

@@ -115,12 +115,12 @@ def plan_token_limit(ranks: int, topk: int, local_experts: int, block_m: int, ma
 
 
 def _check_plan_tokens(args, preset, experts: int) -> None:
-    """``--tokens`` within what the 32-bit pool row indices (and, for ``--mode fused``, the
-    fused kernel's pool blocks) can address, before the planner overflows a counter."""
+    """``--tokens`` within what the 32-bit pool row indices (and, for ``--mode fused`` or
+    ``split``, the fused kernel's pool blocks) can address, before the planner overflows a counter."""
     from megamoe_rt.kernels.interface.fused import MAX_BLOCKS
 
     max_rows, room = I32_MAX, f"32-bit pool row indices: {I32_MAX:,} rows"
-    if args.mode == "fused":
+    if args.mode in ("fused", "split"):  # both run the fused kernel's block tables
         blocks = int(MAX_BLOCKS.value)
         max_rows, room = min(max_rows, blocks * args.block_m), f"the fused kernel's {blocks:,} pool blocks"
     limit = plan_token_limit(args.ranks, preset.num_topk, experts // args.ranks, args.block_m, max_rows)

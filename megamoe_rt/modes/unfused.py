@@ -157,10 +157,10 @@ class UnfusedMode(Mode):
 
     def load_for_ids(self, idx: str) -> None:
         if self.expert_parallel:
-            self.ep_kernels(idx)
-        self.moe_kernels(idx)
-        if self.ring:
+            self.ep_kernels(idx)  # across ranks the pull fills each window
+        elif self.ring:
             self._fill_window_kernel()
+        self.moe_kernels(idx)
 
     def moe_kernels(self, idx: str) -> dict[str, Any]:
         """Routing, dispatch and combine kernels for ``idx`` ids (across ranks only the combine)."""

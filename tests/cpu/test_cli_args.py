@@ -53,12 +53,13 @@ def test_plan_takes_tokens_up_to_the_limit_it_names(capsys):
     assert f"at most {limit} tokens" in line and "--tokens" in line
 
 
-def test_plan_of_the_fused_mode_stops_at_the_fused_kernels_pool_blocks(capsys):
+@pytest.mark.parametrize("mode", ["fused", "split"])  # split runs the fused kernel's block tables
+def test_plan_of_the_fused_kernels_modes_stops_at_their_pool_blocks(capsys, mode):
     flash = get_preset("flash")
     limit = cli.plan_token_limit(8, flash.num_topk, flash.num_experts // 8, 64, 2**24 * 64)
-    assert cli.main(["plan", "--mode", "fused", "--tokens", str(limit), "--json"]) == 0
+    assert cli.main(["plan", "--mode", mode, "--tokens", str(limit), "--json"]) == 0
     capsys.readouterr()
-    line = usage_line(capsys, cli.main(["plan", "--mode", "fused", "--tokens", str(limit + 1)]))
+    line = usage_line(capsys, cli.main(["plan", "--mode", mode, "--tokens", str(limit + 1)]))
     assert "--tokens" in line and "fused kernel" in line
 
 

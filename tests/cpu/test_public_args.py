@@ -86,6 +86,8 @@ def test_an_output_over_an_input_is_refused():
         check_disjoint(inside, "out", {"x": x, "topk_weights": w})
     beside = as_device_array(FakeCai((4, 256), "<u2", ptr=0x100000 + 8 * 256), "out")
     check_disjoint(beside, "out", {"x": x, "topk_weights": w, "x_sf": None})  # touching is fine
+    empty = as_device_array(FakeCai((0, 4), "<f4", ptr=0x100010), "x_sf")
+    check_disjoint(x, "out", {"x_sf": empty})  # an empty input occupies no byte
     strided = as_device_array(FakeCai((2, 4), "<f4", ptr=0x200000 - 64, strides=(96, 4)), "out")
     with pytest.raises(ValueError, match="out: overlaps topk_weights"):
         check_disjoint(strided, "out", {"topk_weights": w})

@@ -17,6 +17,7 @@ from megamoe_rt.cli.usage import (
     UsageError,
     csv,
     exit_status,
+    mode,
     modes,
     positive_int,
     positive_number,
@@ -502,7 +503,6 @@ def cmd_demo(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from megamoe_rt import __version__
-    from megamoe_rt.modes.registry import mode_names  # the modes a layer takes
     from megamoe_rt.presets import PRESETS
 
     p = Parser(prog="megamoe-rt", description="Expert-parallel FP8 MoE runtime for Hopper GPUs.")
@@ -524,7 +524,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--experts", type=positive_int, default=None, help="total experts (default: the preset's)")
     s.add_argument(
         "--mode",
-        choices=mode_names(),
+        type=mode,
         default=None,
         help="the buffer a MegaMoE of this mode allocates (sets --block-m and --pool)",
     )
@@ -550,7 +550,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--mode",
-        choices=mode_names(),
+        type=mode,
         default=None,
         help="execution mode (default: the layer's, fused where the shape allows)",
     )

@@ -92,6 +92,16 @@ def csv(kind, valid=None):
     return parse
 
 
+def mode(text: str) -> str:
+    """One execution mode. The registry is imported only when the option is given (argparse
+    converts nothing for a default of None), so commands that run without one start fast."""
+    from megamoe_rt.modes.registry import mode_names
+
+    if text not in mode_names():
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(mode_names())}, got {text!r}")
+    return text
+
+
 def modes(text: str, *, transports: bool = False) -> list[str]:
     """A comma-separated list of execution modes; with ``transports`` each may name the
     transport it forces, ``MODE@TRANSPORT`` (the layer benchmark across ranks)."""

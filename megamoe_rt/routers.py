@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from megamoe_rt.kernels.stream import producer_options
+from megamoe_rt.runtime.deadlines import wait_timeout_ns
 
 ROUTER = r"""
 #include "quantize/group_1x128.cuh"
@@ -216,13 +217,15 @@ __device__ TileSlice tile_slice(const float* hidden, u32 num_rows, u32 hidden_di
 // chunk's slot. A one-block launch ahead of each produce_chunks launch on the producer's stream,
 // so the blocks that write slots never wait: a consumer that needs whole SMs (GEMMs) always
 // finds them, and the wait holds one block, not a launch's worth.
-extern "C" __global__ void wait_slots_free(const stream::StreamRing* ring_ptr, u32 first, u32 count) {
+// `timeout_ns`: the layer's own deadline (wait_timeout_ns(layer.timeout_s)), so a slot the layer
+// never releases is reported on the same clock as the layer's waits.
+extern "C" __global__ void wait_slots_free(const stream::StreamRing* ring_ptr, u32 first, u32 count, u64 timeout_ns) {
     const stream::StreamRing ring = *ring_ptr;
     for (u32 i = threadIdx.x; i < count; i += blockDim.x) {
         const u32 chunk = first + i;
-        if (!stream::wait_slot_free(ring, chunk, 60ull * 1000 * 1000 * 1000)) {
-            printf("megamoe_rt.routers: wait 'stream slot free' timed out after 60 s: slot %u (chunk %u) was never "
-                   "released by the layer\n", stream::slot_of(ring, chunk), chunk);
+        if (!stream::wait_slot_free(ring, chunk, timeout_ns)) {
+            printf("megamoe_rt.routers: wait 'stream slot free' timed out after %.1f s: slot %u (chunk %u) was never "
+                   "released by the layer\n", static_cast<double>(timeout_ns) * 1e-9, stream::slot_of(ring, chunk), chunk);
             __trap();
         }
     }
@@ -455,6 +458,7 @@ class Router:
         num_chunks = cfg.num_chunks(t)
         per_launch = chunks_per_launch(cfg.num_slots, c)
         tiles, slices = launch_grid(c, h)
+        timeout_ns = np.uint64(wait_timeout_ns(self.layer.timeout_s))
         with stream:
             logits = cp.empty((t, self.num_experts), cp.float32)
             partials, counters = self._scratch(
@@ -464,7 +468,7 @@ class Router:
             self._slot_done.fill(0)
             for first in range(0, num_chunks, per_launch):
                 count = min(per_launch, num_chunks - first)
-                self._wait_slots_free((1,), (32,), (self._ring_dev, np.uint32(first), np.uint32(count)))
+                self._wait_slots_free((1,), (32,), (self._ring_dev, np.uint32(first), np.uint32(count), timeout_ns))
                 rows = min(t - first * c, count * c)
                 args = (
                     self._ring_dev,

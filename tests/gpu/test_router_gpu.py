@@ -4,6 +4,8 @@ activations, which must be the bytes quantize_fp8 gives."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -80,3 +82,52 @@ def test_route_batch_in_several_launches_gives_the_same_bits(monkeypatch):
     monkeypatch.setattr(routers, "BATCH_TOKENS", 40)  # 6 launches, the last one partial
     for a, b in zip(whole, router.route_batch(h, gate)):
         assert cp.array_equal(a, b)
+
+
+def test_a_slot_the_layer_never_releases_traps_the_router_at_the_layers_deadline():
+    """Two slots, five chunks and no consumer: the router's second round waits for slots the
+    layer never releases and must trap on the layer's deadline (1 s here), naming the slot."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from tests.helpers.traps import SYNC_AND_REPORT
+
+    script = (
+        textwrap.dedent("""
+        import sys, time
+        import cupy as cp
+        from megamoe_rt import MegaMoE
+        from megamoe_rt import reference as ref
+        from megamoe_rt.routers import Router
+        from megamoe_rt.runtime import driver
+        from megamoe_rt.streaming import StreamConfig
+        from cuda.bindings import driver as cu
+        w = ref.random_moe_inputs(0, 1, 512, 256, 16, 4)
+        layer = MegaMoE(512, 256, 16, 4, 1024, streaming=StreamConfig(2, 128), timeout_s=1.0)
+        layer.load_weights(w["w1"], w["w1_sf"], w["w2"], w["w2_sf"])
+        router = Router(16, 4, layer)
+        rs = cp.random.RandomState(5)
+        hidden = rs.standard_normal((600, 512), dtype=cp.float32)
+        gate = rs.standard_normal((512, 16), dtype=cp.float32) / 16
+        stream = cp.cuda.Stream(non_blocking=True)
+        router.warm(hidden, gate, stream)
+        start = time.monotonic()
+        router.produce(hidden, gate, stream)  # nobody consumes
+        try:
+            stream.synchronize()
+        finally:
+            print(f"waited {time.monotonic() - start:.2f} s")
+    """)
+        + SYNC_AND_REPORT
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and "finished" not in out.stdout, text
+    # Chunks 2 and 3 wait at once (a thread each): the report names whichever timed out first.
+    named = re.search(r"wait 'stream slot free' timed out after 1\.0 s: slot (\d) \(chunk (\d)\)", text)
+    assert named is not None, text
+    slot, chunk = (int(g) for g in named.groups())
+    assert chunk in (2, 3) and slot == chunk - 2, text
+    waited = float(text.split("waited ")[1].split(" s")[0])
+    assert 0.9 < waited < 30, text

@@ -18,7 +18,7 @@ enum class WaitSite : u32 {
     kL1OutputPublished = 5,        // fused: a block's L1 output is published (L2 may start)
     kRingSlotFree = 6,             // fused: a ring slot's L2 reads are done (L1 may overwrite; peer: the block that waits,
                                    // its slot's previous block is peer - ring_blocks)
-    kStreamChunkReady = 7,         // streaming: a chunk's route and layout generations are published (peer: the ring slot)
+    kStreamRouteReady = 7,         // streaming: a chunk's routing half (topk_idx, topk_weights) is published (peer: the ring slot)
     kGridBarrier = 8,              // fused: every block of the grid reached the same phase (peer: this block's arrival number,
                                    // expected: the grid's blocks, seen: the barrier's generation word)
     kPoolSlotFree = 9,             // fused: a pool slot's L1 reads are done (dispatch may refill it; peer: the block that waits,
@@ -27,7 +27,8 @@ enum class WaitSite : u32 {
     kSplitRoutingPublished = 11,   // split: K1 has laid out and claimed the pool (K2 may build its tables)
     kStreamSlotFree = 12,          // streaming: every consumer is done with the slot's last chunk (peer: the ring slot)
     kStreamPoolBlockClaimed = 13,  // streaming: the pool block a row falls in has been claimed for its expert (peer: the expert)
-    kCount = 14,
+    kStreamLayoutReady = 14,       // streaming: a chunk's activation half (x, x_sf) is published (peer: the ring slot)
+    kCount = 15,
 };
 
 // The message of each WaitSite (the host reads the same texts).
@@ -40,13 +41,14 @@ __device__ __forceinline__ const char* wait_site_name(WaitSite value) {
         case WaitSite::kL1RowsArrived: return "L1 rows arrived";
         case WaitSite::kL1OutputPublished: return "L1 output published";
         case WaitSite::kRingSlotFree: return "ring slot free";
-        case WaitSite::kStreamChunkReady: return "stream chunk ready";
+        case WaitSite::kStreamRouteReady: return "stream route ready";
         case WaitSite::kGridBarrier: return "grid barrier";
         case WaitSite::kPoolSlotFree: return "pool slot free";
         case WaitSite::kRingOverflow: return "single-wave pool fits the ring";
         case WaitSite::kSplitRoutingPublished: return "split routing published";
         case WaitSite::kStreamSlotFree: return "stream slot free";
         case WaitSite::kStreamPoolBlockClaimed: return "stream pool block claimed";
+        case WaitSite::kStreamLayoutReady: return "stream layout ready";
         default: return "unknown wait";
     }
 }

@@ -133,9 +133,9 @@ __global__ void __launch_bounds__(kDispatchThreads, kConsumeMinBlocks)
         const u32 slot = stream::slot_of(ring, c);
         const u64 gen = stream::generation(epoch, c);
         if (threadIdx.x == 0) {
-            sync::wait_ge_acquire_sys_u64(ring.route_ready_gen + slot, gen, sync::WaitSite::kStreamChunkReady,
+            sync::wait_ge_acquire_sys_u64(ring.route_ready_gen + slot, gen, sync::WaitSite::kStreamRouteReady,
                                           cp.pool.wait, slot);
-            sync::wait_ge_acquire_sys_u64(ring.layout_ready_gen + slot, gen, sync::WaitSite::kStreamChunkReady,
+            sync::wait_ge_acquire_sys_u64(ring.layout_ready_gen + slot, gen, sync::WaitSite::kStreamLayoutReady,
                                           cp.pool.wait, slot);
         }
         __syncthreads();

@@ -111,7 +111,13 @@ class TimeoutRecord:
 
 _RING_OVERFLOW = decl.WAIT_SITE["kRingOverflow"]
 _GRID_BARRIER = decl.WAIT_SITE["kGridBarrier"]
-_STREAM_SITES = {decl.WAIT_SITE["kStreamChunkReady"]: "published", decl.WAIT_SITE["kStreamSlotFree"]: "consumed"}
+# What a timed-out ring wait never saw, by site: a producer may publish the two halves of a
+# chunk from different kernels, so the report says which half is missing.
+_STREAM_SITES = {
+    decl.WAIT_SITE["kStreamRouteReady"]: ("published", "; the routing half (topk_idx / topk_weights) is missing"),
+    decl.WAIT_SITE["kStreamLayoutReady"]: ("published", "; the activation half (x / x_sf) is missing"),
+    decl.WAIT_SITE["kStreamSlotFree"]: ("consumed", ""),
+}
 
 
 def _generation(gen: int) -> str:
@@ -123,10 +129,11 @@ def _generation(gen: int) -> str:
 def describe(rec: _RecordFields) -> str:
     if rec.site in _STREAM_SITES:
         site = WAIT_SITES[rec.site]
+        never, missing = _STREAM_SITES[rec.site]
         return (
             f"megamoe_rt: wait '{site}' timed out after {rec.elapsed_ns * 1e-9:.2f} s on rank {rec.rank}: "
-            f"input ring slot {rec.peer} was never {_STREAM_SITES[rec.site]} for generation "
-            f"{rec.expected:#x} ({_generation(rec.expected)}); it holds {rec.seen:#x}"
+            f"input ring slot {rec.peer} was never {never} for generation "
+            f"{rec.expected:#x} ({_generation(rec.expected)}); it holds {rec.seen:#x}{missing}"
         )
     if rec.site == _RING_OVERFLOW:
         return (

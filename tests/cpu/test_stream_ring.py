@@ -72,7 +72,7 @@ def test_a_timed_out_ring_wait_names_the_slot_and_the_generation():
 
     rec = TimeoutRecord(
         state=2,
-        site=sync.WAIT_SITE["kStreamChunkReady"],
+        site=sync.WAIT_SITE["kStreamRouteReady"],
         rank=1,
         peer=3,
         expected=streaming.chunk_generation(5, 7),
@@ -80,8 +80,11 @@ def test_a_timed_out_ring_wait_names_the_slot_and_the_generation():
         elapsed_ns=2_000_000_000,
     )
     text = describe(rec)
-    assert "wait 'stream chunk ready' timed out after 2.00 s on rank 1" in text
+    assert "wait 'stream route ready' timed out after 2.00 s on rank 1" in text
     assert "input ring slot 3 was never published for generation 0x500000008 (call 5 chunk 7)" in text
+    assert text.endswith("it holds 0x500000004; the routing half (topk_idx / topk_weights) is missing")
+    rec.site = sync.WAIT_SITE["kStreamLayoutReady"]
+    assert describe(rec).endswith("the activation half (x / x_sf) is missing")
     rec.site = sync.WAIT_SITE["kStreamSlotFree"]
     assert "slot 3 was never consumed" in describe(rec)
 

@@ -154,6 +154,56 @@ def test_a_chunk_never_published_traps_naming_the_slot_and_generation():
     assert named is not None, text
     slot, gen, chunk = (int(g) for g in named.groups())
     assert chunk in (0, 1) and slot == chunk and gen == chunk + 1, text
+    assert "wait 'stream route ready'" in text and "the routing half (topk_idx / topk_weights) is missing" in text
+
+
+ROUTE_HALF_ONLY = r"""
+#include "stream/producer.cuh"
+using namespace megamoe_rt;
+extern "C" __global__ void route_half_only(const stream::StreamRing* ring_ptr) {
+    const stream::StreamRing ring = *ring_ptr;
+    stream::publish_route(ring, stream::producer_epoch(ring), blockIdx.x);
+}
+"""
+
+
+def test_a_chunk_with_only_its_routing_half_published_traps_naming_the_missing_half():
+    """A producer of one's own publishes each chunk's routing half and never its activations:
+    the layer's report must say which half of which chunk never came."""
+    script = (
+        textwrap.dedent(f"""
+        import sys
+        import numpy as np
+        import cupy as cp
+        from megamoe_rt import MegaMoE
+        from megamoe_rt import reference as ref
+        from megamoe_rt.kernels.stream import producer_options
+        from megamoe_rt.runtime import driver
+        from megamoe_rt.streaming import ChunkWriter, StreamConfig
+        from cuda.bindings import driver as cu
+        w = ref.random_moe_inputs(0, 1, {H}, {I}, {E}, {K})
+        layer = MegaMoE({H}, {I}, {E}, {K}, 256, streaming=StreamConfig(2, 128), timeout_s=1.0)
+        layer.load_weights(w["w1"], w["w1_sf"], w["w2"], w["w2_sf"])
+        source = {ROUTE_HALF_ONLY!r}
+        kernel = cp.RawModule(code=source, options=tuple(producer_options())).get_function("route_half_only")
+        ring = cp.asarray(np.frombuffer(bytes(layer.input_ring.descriptor), dtype=np.uint8))
+        producer = cp.cuda.Stream(non_blocking=True)
+        ChunkWriter(layer).begin_call(stream=producer)
+        with producer:
+            kernel((2,), (32,), (ring,))  # both chunks' routing, no activations
+        producer.synchronize()
+        layer.consume(200)
+    """)
+        + SYNC_AND_REPORT
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    text = out.stdout + out.stderr
+    assert out.returncode == 3, text
+    named = re.search(r"input ring slot (\d) was never published for generation 0x10000000(\d)", text)
+    assert named is not None, text
+    slot, gen = (int(g) for g in named.groups())
+    assert slot in (0, 1) and gen == slot + 1, text
+    assert "wait 'stream layout ready'" in text and "the activation half (x / x_sf) is missing" in text, text
 
 
 def test_a_writer_behind_the_call_it_feeds_is_refused_and_the_call_still_completes():

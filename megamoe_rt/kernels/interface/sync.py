@@ -52,10 +52,10 @@ WAIT_SITE = Enum(
             "ring slot free",
         ),
         EnumValue(
-            "kStreamChunkReady",
-            "stream_chunk_ready",
-            "streaming: a chunk's route and layout generations are published (peer: the ring slot)",
-            "stream chunk ready",
+            "kStreamRouteReady",
+            "stream_route_ready",
+            "streaming: a chunk's routing half (topk_idx, topk_weights) is published (peer: the ring slot)",
+            "stream route ready",
         ),
         EnumValue(
             "kGridBarrier",
@@ -94,6 +94,12 @@ WAIT_SITE = Enum(
             "stream_pool_block_claimed",
             "streaming: the pool block a row falls in has been claimed for its expert (peer: the expert)",
             "stream pool block claimed",
+        ),
+        EnumValue(
+            "kStreamLayoutReady",
+            "stream_layout_ready",
+            "streaming: a chunk's activation half (x, x_sf) is published (peer: the ring slot)",
+            "stream layout ready",
         ),
     ],
     doc="Where a wait happens. Its message names it in the device's report and in the host's\n"

@@ -88,7 +88,8 @@ __global__ void stream_wait_chunk(const __grid_constant__ RingChunkParams p) {
     const u32 slot = slot_of(p.ring, p.chunk);
     const u64 gen = generation(ptx::ld_acquire_gpu_u32(p.ring.consumer_epoch), p.chunk);
     sync::wait_ge_acquire_sys_u64(p.ring.route_ready_gen + slot, gen, sync::WaitSite::kStreamRouteReady, p.wait, slot);
-    sync::wait_ge_acquire_sys_u64(p.ring.layout_ready_gen + slot, gen, sync::WaitSite::kStreamLayoutReady, p.wait, slot);
+    sync::wait_ge_acquire_sys_u64(p.ring.layout_ready_gen + slot, gen, sync::WaitSite::kStreamLayoutReady, p.wait,
+                                  slot);
 }
 
 // One thread, after the layer's last read of the chunk (earlier kernels on this stream).

@@ -46,20 +46,21 @@
 #include "ptx/tma.cuh"
 #include "sync/deadline_wait.cuh"
 #include "sync/grid_barrier.cuh"
+#include "sync/named_barriers.cuh"
 
 namespace megamoe_rt::fused {
 
 // kBlockM, kBlockN and kNumThreads come from interface/fused.cuh (the host sizes by them too).
 constexpr u32 kNumDispatchWarps = 2;
 constexpr u32 kRelayThread = 96;
-constexpr u32 kPartialsBarrier = 3;  // across ranks: the relay warp tells the math warps every rank's partials are in
+using sync::kPartialsBarrier;
 constexpr u32 kProducerRegs = 72;
 // Split K1 across ranks pulls rows with the tables' base live through the dispatch loop: 72
 // registers spilled it. 128 x 80 + 256 x 208 still fits the register file.
 constexpr u32 kSplitProducerRegs = 80;
 constexpr u32 kMathRegs = 208;
 static_assert(128 * kSplitProducerRegs + 256 * kMathRegs <= 65536, "the register file of one block per SM");
-constexpr u32 kMathBarrier = 2;  // named barrier of the 256 math threads (1 is the epilogue's)
+using sync::kMathBarrier;
 
 template <u32 kStages, u32 kActSfGran>
 using L1Config = gemm::Config<kBlockM, kBlockN, kStages, 128, 64, kActSfGran, 1, gemm::GroupLayout::kContiguous,

@@ -15,6 +15,7 @@
 #include "ptx/cvt.cuh"
 #include "ptx/ld_st.cuh"
 #include "ptx/sync.cuh"
+#include "sync/named_barriers.cuh"
 
 namespace megamoe_rt::gemm {
 
@@ -82,10 +83,10 @@ __device__ __forceinline__ void SwigluFp8Epilogue::store(const GemmParams& p, co
             xchg[mt.wg_n * Cfg::kWgTileM + local] = amax[0];
             xchg[mt.wg_n * Cfg::kWgTileM + local + 8] = amax[1];
         }
-        ptx::bar_sync(1, Cfg::kNumMathThreads);
+        ptx::bar_sync(sync::kEpilogueBarrier, Cfg::kNumMathThreads);
         amax[0] = fmaxf(amax[0], xchg[(1 - mt.wg_n) * Cfg::kWgTileM + local]);
         amax[1] = fmaxf(amax[1], xchg[(1 - mt.wg_n) * Cfg::kWgTileM + local + 8]);
-        ptx::bar_sync(1, Cfg::kNumMathThreads);  // reads done before the next tile writes
+        ptx::bar_sync(sync::kEpilogueBarrier, Cfg::kNumMathThreads);  // reads done before the next tile writes
     }
     const bool pow2 = (p.flags & Flags::kPow2Scale) != 0;
 #pragma unroll

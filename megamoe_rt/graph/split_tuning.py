@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
 from megamoe_rt.jit.cache import default_cache_dir
+from megamoe_rt.runtime.file_trust import read_trusted_file
 from megamoe_rt.schedule.split_sms import SplitSms
 
 FILE_NAME = "split_tuning.json"
@@ -31,9 +33,16 @@ def shape_key(device_name: str, sm_count: int, hidden: int, intermediate: int, n
 
 
 def _read(path: Path) -> dict[str, Any]:
+    """The stored splits; {} where there are none or the file fails the cache's trust checks
+    (its splits choose how a kernel is launched, so only this user's own file counts)."""
+    blob, reason = read_trusted_file(path)
+    if reason is not None:
+        warnings.warn(f"megamoe_rt: ignoring the split tuning file: {reason}", UserWarning, stacklevel=3)
+    if blob is None:
+        return {}
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = json.loads(blob.decode())
+    except (UnicodeDecodeError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
 

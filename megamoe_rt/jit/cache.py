@@ -19,6 +19,10 @@ owned by the user, or writable by group or others, is refused with a warning and
 directory is used instead; entries are opened without following links and must be regular
 files owned by the user and writable by nobody else. The trailing digest catches damage, not
 tampering: the trust comes from ownership and modes.
+
+The cache degrades, it never fails a build: a directory that cannot be created, written or
+trusted, a full disk, or an odd file at an entry's path (a FIFO, a directory) each give one
+warning, and the cubin just compiled is used from memory.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from megamoe_rt.runtime.file_trust import current_uid, untrusted_reason
+from megamoe_rt.runtime.file_trust import current_uid, read_trusted_file, untrusted_reason
 
 MAGIC = b"MMRTCUBIN2\n"
 _TMP_PREFIX = ".tmp-"
@@ -69,6 +73,11 @@ class UntrustedCacheWarning(UserWarning):
     """The configured cache directory could not be trusted; a private one is used instead."""
 
 
+class CacheWriteWarning(UserWarning):
+    """An entry could not be written or removed (read-only or full directory, an odd file in
+    its place): the kernel runs from the cubin in memory and is rebuilt by the next process."""
+
+
 def _private_fallback() -> Path:
     """A per-user directory under the system temp dir, made 0700; a fresh one if that is
     not trustworthy either."""
@@ -81,7 +90,10 @@ def _private_fallback() -> Path:
             return cand
     except OSError:
         pass
-    return Path(tempfile.mkdtemp(prefix="megamoe_rt-cache-"))
+    try:
+        return Path(tempfile.mkdtemp(prefix="megamoe_rt-cache-"))
+    except OSError:  # no room or no rights there either: entries are then not written (store warns)
+        return cand
 
 
 class CubinCache:
@@ -89,17 +101,24 @@ class CubinCache:
         self.directory = Path(directory).expanduser() if directory is not None else default_cache_dir()
         self.rejected = 0  # entries found corrupt, foreign or malformed and removed (tests, `info`)
         self._checked = False
+        self._warned: set[str] = set()  # one warning per kind of trouble, not one per kernel
+
+    def _warn_once(self, kind: str, message: str) -> None:
+        if kind in self._warned:
+            return
+        self._warned.add(kind)
+        warnings.warn(f"megamoe_rt: {message}", CacheWriteWarning, stacklevel=4)
 
     def _ensure_dir(self) -> None:
         """Create the directory (0700), or check an existing one; fall back to a private
         directory, with a warning, when it cannot be trusted."""
         if self._checked:
             return
-        if not os.path.lexists(self.directory):
-            # 0700: cubins are loaded and executed, so other users must not plant them.
-            os.makedirs(self.directory, mode=0o700, exist_ok=True)
-            os.chmod(self.directory, 0o700)
         try:
+            if not os.path.lexists(self.directory):
+                # 0700: cubins are loaded and executed, so other users must not plant them.
+                os.makedirs(self.directory, mode=0o700, exist_ok=True)
+                os.chmod(self.directory, 0o700)
             st = os.stat(self.directory)  # a link to a directory of one's own is fine
             reason = (
                 f"{self.directory} is not a directory"
@@ -107,7 +126,7 @@ class CubinCache:
                 else untrusted_reason(st, str(self.directory))
             )
         except OSError as exc:
-            reason = f"{self.directory} cannot be read ({exc.strerror})"
+            reason = f"{self.directory} cannot be created or read ({exc.strerror})"
         if reason is not None:
             fallback = _private_fallback()
             warnings.warn(
@@ -125,20 +144,10 @@ class CubinCache:
         if not os.path.isdir(self.directory):
             return None
         self._ensure_dir()
-        path = self.path_for(key)
-        try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
-        except FileNotFoundError:
+        blob, reason = read_trusted_file(self.path_for(key))
+        if blob is None and reason is None:
             return None
-        except OSError:  # a symbolic link (ELOOP) or unreadable: never load it
-            self.reject(key)
-            return None
-        with os.fdopen(fd, "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode) or untrusted_reason(st, str(path)) is not None:
-                entry = None
-            else:
-                entry = self._parse(key, f.read())
+        entry = self._parse(key, blob) if blob is not None else None
         if entry is None:
             self.reject(key)
         return entry
@@ -147,10 +156,13 @@ class CubinCache:
         """Remove an entry that must not be loaded (corrupt, foreign, or of an unexpected
         layout), so the next compile rebuilds it."""
         self.rejected += 1
+        path = self.path_for(key)
         try:
-            os.unlink(self.path_for(key))
+            os.unlink(path)
         except FileNotFoundError:
             pass
+        except OSError as exc:  # a directory in its place, or a read-only cache directory
+            self._warn_once("reject", f"cannot remove the unusable cache entry {path} ({exc.strerror}); it is ignored")
 
     @staticmethod
     def _parse(key: str, blob: bytes) -> CacheEntry | None:
@@ -179,11 +191,18 @@ class CubinCache:
             return None
         return CacheEntry(key, meta, payload)
 
-    def store(self, key: str, cubin: bytes, meta: dict[str, Any]) -> Path:
+    def store(self, key: str, cubin: bytes, meta: dict[str, Any]) -> Path | None:
+        """Write an entry; None (with one warning) where it cannot be written."""
         self._ensure_dir()
         header = dict(meta, key=key, cubin_bytes=len(cubin), cubin_sha256=hashlib.sha256(cubin).hexdigest())
         hbytes = json.dumps(header, sort_keys=True).encode()
-        fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, suffix=".cubin", dir=self.directory)
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, suffix=".cubin", dir=self.directory)
+        except OSError as exc:
+            self._warn_once(
+                "store", f"kernel cache {self.directory} is not writable ({exc.strerror}); kernels run from memory"
+            )
+            return None
         try:
             with os.fdopen(fd, "wb") as f:
                 body = MAGIC + _LEN.pack(len(hbytes)) + hbytes + cubin
@@ -191,12 +210,18 @@ class CubinCache:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, self.path_for(key))
-        except BaseException:
+        except BaseException as exc:
             try:
                 os.unlink(tmp)
-            except FileNotFoundError:
+            except OSError:
                 pass
-            raise
+            if not isinstance(exc, OSError):
+                raise
+            self._warn_once(
+                "store",
+                f"cannot write the kernel cache entry {self.path_for(key)} ({exc.strerror}); kernels run from memory",
+            )
+            return None
         return self.path_for(key)
 
     @contextlib.contextmanager

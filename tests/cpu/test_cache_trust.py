@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import warnings
 
 import pytest
 
@@ -95,3 +97,93 @@ def test_clear_leaves_other_processes_temporary_files(toy_kernel_tree, tmp_path)
     assert cache.entries() == [cache.path_for(compile_kernel(TOY, cache=cache).cache_key)]
     assert cache.clear() == 1
     assert writing.exists() and cache.entries() == []
+
+
+# The cache degrades, never fails: each trouble below gives one warning and the cubin just built.
+
+
+@pytest.mark.parametrize("error", [errno.EACCES, errno.EROFS])
+def test_an_unwritable_directory_builds_from_memory_with_one_warning(toy_kernel_tree, tmp_path, monkeypatch, error):
+    cache = CubinCache(tmp_path / "c")
+    first = compile_kernel(TOY, cache=cache)  # the directory exists and holds one entry
+
+    def refuse(*args, **kwargs):  # what mkstemp meets in a read-only directory (root ignores modes)
+        raise OSError(error, os.strerror(error))
+
+    monkeypatch.setattr(cache_mod.tempfile, "mkstemp", refuse)
+    cache.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        built = compile_kernel(TOY, cache=cache)
+        again = compile_kernel(TOY, cache=cache)
+    assert built.cubin == first.cubin and not built.from_cache and not again.from_cache
+    assert [w.category for w in caught] == [cache_mod.CacheWriteWarning]
+    assert "not writable" in str(caught[0].message)
+
+
+def test_a_full_disk_leaves_no_partial_entry(toy_kernel_tree, tmp_path, monkeypatch):
+    cache = CubinCache(tmp_path / "c")
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(cache_mod.os, "fsync", full)
+    with pytest.warns(cache_mod.CacheWriteWarning, match="No space left"):
+        built = compile_kernel(TOY, cache=cache)
+    assert built.cubin and list(cache.directory.iterdir()) == [
+        p for p in cache.directory.iterdir() if p.name.startswith(".lock-")
+    ]
+
+
+def test_a_fifo_at_an_entry_path_neither_hangs_nor_loads(toy_kernel_tree, tmp_path):
+    cache = CubinCache(tmp_path / "c")
+    good = compile_kernel(TOY, cache=cache)
+    path = cache.path_for(good.cache_key)
+    path.unlink()
+    os.mkfifo(path, 0o600)
+    assert cache.load(good.cache_key) is None  # opened without blocking, refused as not a regular file
+    again = compile_kernel(TOY, cache=cache)
+    assert again.cubin == good.cubin and not again.from_cache
+    assert compile_kernel(TOY, cache=cache).from_cache  # the FIFO was replaced by a real entry
+
+
+def test_a_directory_at_an_entry_path_is_ignored_with_one_warning(toy_kernel_tree, tmp_path):
+    cache = CubinCache(tmp_path / "c")
+    good = compile_kernel(TOY, cache=cache)
+    path = cache.path_for(good.cache_key)
+    path.unlink()
+    path.mkdir()
+    (path / "x").write_text("keeps the directory from being replaced")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            again = compile_kernel(TOY, cache=cache)
+            assert again.cubin == good.cubin and not again.from_cache
+    kinds = sorted({str(w.message).split(" (")[0] for w in caught})
+    assert all(w.category is cache_mod.CacheWriteWarning for w in caught) and len(caught) == 2, kinds
+
+
+def test_a_directory_that_cannot_be_created_falls_back(toy_kernel_tree, tmp_path, private_tmp):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the cache's parent directory should be")
+    cache = CubinCache(blocker / "cache")
+    with pytest.warns(cache_mod.UntrustedCacheWarning, match="cannot be created"):
+        compile_kernel(TOY, cache=cache)
+    assert cache.directory.parent == private_tmp and compile_kernel(TOY, cache=cache).from_cache
+
+
+def test_the_split_tuning_file_passes_the_same_trust_checks(tmp_path):
+    from megamoe_rt.graph import split_tuning
+    from megamoe_rt.schedule.split_sms import SplitSms
+
+    key = split_tuning.shape_key("H200", 132, 4096, 2048, 32, 6, 1)
+    split_tuning.store(key, 2048, SplitSms(88, 44, 132), 900.0, cache_dir=tmp_path)
+    assert split_tuning.lookup(key, 2048, cache_dir=tmp_path) == SplitSms(88, 44, 132)
+    path = split_tuning.tuning_path(tmp_path)
+    os.chmod(path, 0o666)  # others could have planted the splits
+    with pytest.warns(UserWarning, match="writable by group or others"):
+        assert split_tuning.lookup(key, 2048, cache_dir=tmp_path) is None
+    path.unlink()
+    os.mkfifo(path, 0o600)
+    with pytest.warns(UserWarning, match="not a regular file"):
+        assert split_tuning.lookup(key, 2048, cache_dir=tmp_path) is None

@@ -10,10 +10,9 @@ Hopper GPU:
 
 import argparse
 
-import cupy as cp
 import numpy as np
 
-from megamoe_rt import MegaMoE, quantize_fp8, quantize_weight_fp8
+from megamoe_rt import MegaMoE, quantize_fp8, quantize_weight_fp8, require_gpu
 from megamoe_rt.cli.timing import capture_layer_call
 from megamoe_rt.presets import DEFAULT_EP_RANKS, get_preset
 
@@ -23,6 +22,11 @@ ap.add_argument("--tokens", type=int, default=32768)
 ap.add_argument("--mode", default="unfused", choices=("unfused", "fused", "split"))
 ap.add_argument("--ratio", type=float, default=0.25, help="the ring as a share of the worst-case pool")
 a = ap.parse_args()
+
+# Before CuPy is imported: without the cu13 extra or a Hopper GPU, one line says what is missing.
+require_gpu()
+
+import cupy as cp
 
 p = get_preset(a.preset)
 experts, t, topk = p.num_experts // DEFAULT_EP_RANKS, a.tokens, p.num_topk  # one rank's EP8 slice

@@ -3,10 +3,14 @@
 Run on a Hopper GPU:  python examples/quickstart.py
 """
 
-import cupy as cp
 import numpy as np
 
 import megamoe_rt
+
+# Before CuPy is imported: without the cu13 extra or a Hopper GPU, one line says what is missing.
+megamoe_rt.require_gpu()
+
+import cupy as cp
 
 tokens, hidden, intermediate, experts, topk = 512, 2048, 1024, 16, 4
 

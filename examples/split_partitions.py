@@ -10,10 +10,9 @@ yardstick. Run on a Hopper GPU:
 
 import argparse
 
-import cupy as cp
 import numpy as np
 
-from megamoe_rt import MegaMoE
+from megamoe_rt import MegaMoE, require_gpu
 from megamoe_rt.kernels.fused import TRACE_EVENTS
 from megamoe_rt.presets import DEFAULT_EP_RANKS, get_preset
 from megamoe_rt.testing import trace_buffer
@@ -23,6 +22,11 @@ ap.add_argument("--preset", default="flash")
 ap.add_argument("--tokens", type=int, default=4096)
 ap.add_argument("--splits", default="64,80,88,96,104", help="K1 SM counts; K2 takes the rest, K3 the whole GPU")
 a = ap.parse_args()
+
+# Before CuPy is imported: without the cu13 extra or a Hopper GPU, one line says what is missing.
+require_gpu()
+
+import cupy as cp
 
 p = get_preset(a.preset)
 experts, t, topk = p.num_experts // DEFAULT_EP_RANKS, a.tokens, p.num_topk  # one rank's EP8 slice

@@ -10,17 +10,18 @@ same call made the usual way (all tokens routed first, then the layer). Run on a
 
 import argparse
 
-import cupy as cp
-
-from megamoe_rt import MegaMoE, quantize_fp8, quantize_weight_fp8
-from megamoe_rt.routers import Router
-from megamoe_rt.streaming import StreamConfig
+from megamoe_rt import MegaMoE, Router, StreamConfig, quantize_fp8, quantize_weight_fp8, require_gpu
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--tokens", type=int, default=4096)
 ap.add_argument("--slots", type=int, default=4)
 ap.add_argument("--chunk", type=int, default=512)
 a = ap.parse_args()
+
+# Before CuPy is imported: without the cu13 extra or a Hopper GPU, one line says what is missing.
+require_gpu()
+
+import cupy as cp
 
 H, I, E, K, T = 1024, 512, 32, 6, a.tokens
 rs = cp.random.RandomState(0)

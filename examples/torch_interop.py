@@ -69,10 +69,11 @@ def main() -> int:
         name = torch.cuda.get_device_name()
         sys.exit(f"torch_interop: {name} is not a Hopper GPU; megamoe_rt kernels need sm_90 (H100/H200)")
 
-    import cupy as cp
-
     import megamoe_rt
     from megamoe_rt import reference as ref
+
+    megamoe_rt.require_gpu("torch_interop", ordinal=torch.cuda.current_device())  # the cu13 extra: CuPy, NVRTC, ...
+    import cupy as cp
 
     tokens, hidden, intermediate, experts, topk = 512, 2048, 1024, 16, 4
     check_tokens = 32

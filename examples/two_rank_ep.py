@@ -8,12 +8,17 @@ or with torchrun (or a plain srun) on one node:
     torchrun --nproc-per-node 2 examples/two_rank_ep.py
 """
 
-import cupy as cp
 import numpy as np
 
 import megamoe_rt
 from megamoe_rt.ep.launch import context_from_env
 from megamoe_rt.ep.symm import NvshmemRuntime
+
+# Before CuPy is imported: without the cu13 extra or a Hopper GPU, one line says what is missing
+# (under `megamoe-rt launch`, once for all ranks).
+megamoe_rt.require_gpu()
+
+import cupy as cp
 
 ctx = context_from_env()
 cp.cuda.Device(ctx.device).use()

@@ -1,7 +1,8 @@
 """megamoe_rt: an expert-parallel FP8 MoE FFN runtime for NVIDIA Hopper (sm_90a).
 
 Importing the package needs no GPU and no driver; GPU entry points raise a
-one-line :class:`GpuUnavailableError` (a RuntimeError) where none is usable.
+one-line :class:`GpuUnavailableError` (a RuntimeError) where none is usable, and scripts
+that call :func:`require_gpu` first end with that one line (exit status 1) instead.
 """
 
 from __future__ import annotations
@@ -20,6 +21,12 @@ _LAZY = {
     "symm_buffer_layout": ("megamoe_rt.schedule.layout", "symm_buffer_layout"),
     "get_preset": ("megamoe_rt.presets", "get_preset"),
     "PRESETS": ("megamoe_rt.presets", "PRESETS"),
+    # Streamed calls: the ring's shape, a producer that copies chunks in, the reference router.
+    "StreamConfig": ("megamoe_rt.schedule.streaming", "StreamConfig"),
+    "ChunkWriter": ("megamoe_rt.streaming", "ChunkWriter"),
+    "Router": ("megamoe_rt.routers", "Router"),
+    # Scripts call it before importing CuPy: one line and exit status 1 where something is missing.
+    "require_gpu": ("megamoe_rt.requirements", "require_gpu"),
 }
 
 __all__ = ["__version__", "CudaError", "DeviceInputError", "GpuUnavailableError", "NvrtcError", *_LAZY]

@@ -62,3 +62,12 @@ def toy_kernel_tree(tmp_path, monkeypatch):
     from tests.helpers.toy_kernel import write_toy_tree
 
     return write_toy_tree(tmp_path / "src", monkeypatch)
+
+
+@pytest.fixture(scope="session")
+def base_install_python(tmp_path_factory) -> str:
+    """A Python that sees only what ``pip install megamoe-rt`` installs, no extra
+    (tests/helpers/base_install.py)."""
+    from tests.helpers.base_install import make_base_install
+
+    return make_base_install(tmp_path_factory.mktemp("base_install"))

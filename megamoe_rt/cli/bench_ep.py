@@ -140,13 +140,18 @@ def ep_arguments(argv: list[str], what: str = "moe") -> argparse.Namespace:
 def main_ep(argv: list[str], what: str = "moe") -> int:
     a = ep_arguments(argv, what)  # bad arguments: SystemExit(2) before any GPU work
 
+    from megamoe_rt.ep.launch import context_from_env
+    from megamoe_rt.requirements import gpu_or_report
+
+    ctx = context_from_env()
+    if gpu_or_report("megamoe-rt bench", ctx.device) is None:  # one line for the launcher to print once
+        return 1
+
     import cupy as cp
 
     from megamoe_rt.ep.group import ranks_share_a_gpu
-    from megamoe_rt.ep.launch import context_from_env
     from megamoe_rt.ep.symm import NvshmemRuntime
 
-    ctx = context_from_env()
     cp.cuda.Device(ctx.device).use()
     if ranks_share_a_gpu(ctx) and ctx.rank == 0:
         print(

@@ -344,6 +344,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in _SCENARIOS]
     if unknown:
         ap.error(f"unknown fault {unknown[0]!r}; known: {', '.join(_SCENARIOS)}")
+    from megamoe_rt.requirements import gpu_or_report
+
+    # Every fault needs the GPU: without one each would run (seconds apiece) only to fail alike.
+    if gpu_or_report(ap.prog) is None:
+        return 1
     rows = []
     for name in names:
         row = run_fault(name, a.limit)

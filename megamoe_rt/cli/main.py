@@ -149,17 +149,23 @@ def cmd_plan(args) -> int:
         raise UsageError(f"megamoe-rt plan: {exc}") from None
     experts = args.experts or preset.num_experts
     ranks = args.ranks
-    if experts % ranks == 0:  # else the planner says why
-        if args.mode is not None:  # the pool and block size the mode's layer allocates
-            from megamoe_rt.modes.base import LayerSpec
-            from megamoe_rt.modes.registry import MODES
+    # Said in the options the user typed; the planner would name its own parameters.
+    whose = f"--experts {experts}" if args.experts else f"the {preset.name} preset's {experts} experts"
+    if experts % ranks:
+        raise UsageError(f"megamoe-rt plan: --ranks {ranks} does not divide {whose}")
+    if preset.num_topk > experts:  # only --experts can be this small
+        raise UsageError(
+            f"megamoe-rt plan: --experts {experts} is fewer than the {preset.name} preset's top-{preset.num_topk} "
+            "(the experts each token is routed to)"
+        )
+    if args.mode is not None:  # the pool and block size the mode's layer allocates
+        from megamoe_rt.modes.base import LayerSpec
+        from megamoe_rt.modes.registry import MODES
 
-            spec = LayerSpec(
-                preset.hidden, preset.intermediate, experts, min(preset.num_topk, experts), args.tokens, num_ranks=ranks
-            )
-            needs = MODES[args.mode].layout_needs(spec)
-            args.block_m, args.pool = needs.block_m, needs.pool
-        _check_plan_tokens(args, preset, experts)
+        spec = LayerSpec(preset.hidden, preset.intermediate, experts, preset.num_topk, args.tokens, num_ranks=ranks)
+        needs = MODES[args.mode].layout_needs(spec)
+        args.block_m, args.pool = needs.block_m, needs.pool
+    _check_plan_tokens(args, preset, experts)
     try:
         layout = symm_buffer_layout(
             preset.hidden,
@@ -237,6 +243,10 @@ def cmd_compile(args) -> int:
         if unknown:
             raise UsageError(f"megamoe-rt compile: unknown kernel {unknown[0]!r}; known: {', '.join(by_name)}")
         chosen = [by_name[n] for n in args.names]
+    from megamoe_rt.requirements import compiler_or_report
+
+    if not compiler_or_report("megamoe-rt compile"):  # NVRTC or a header wheel missing: one line, not NVRTC's traceback
+        return 1
     results = [compile_kernel(s, lineinfo=args.lineinfo, use_cache=not args.no_cache) for s in chosen]
     if args.json:
         out = []
@@ -269,14 +279,11 @@ def cmd_compile(args) -> int:
 
 
 def _hopper_or_none(command: str):
-    """The GPU to run on, or None after printing the one-line reason (exit status 1)."""
-    from megamoe_rt.runtime import driver
+    """The GPU to run on, or None after printing the one-line reason (exit status 1): the GPU
+    stack missing, no driver, no Hopper GPU (megamoe_rt/requirements.py)."""
+    from megamoe_rt.requirements import gpu_or_report
 
-    try:
-        return driver.require_hopper()
-    except RuntimeError as exc:
-        print(f"megamoe-rt {command}: {exc}", file=sys.stderr)
-        return None
+    return gpu_or_report(f"megamoe-rt {command}")
 
 
 MOE_TOKENS = [64, 256, 2048, 8192]  # bench moe's default tokens

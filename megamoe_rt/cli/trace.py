@@ -192,12 +192,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(a: argparse.Namespace) -> int:
     from megamoe_rt.ep.launch import context_from_env, launched
     from megamoe_rt.kernels.fused import TRACE_EVENTS
+    from megamoe_rt.requirements import gpu_or_report
 
     if not launched():
-        return run(a)
+        return 1 if gpu_or_report("megamoe-rt trace") is None else run(a)
     from megamoe_rt.ep.symm import NvshmemRuntime
 
     ctx = context_from_env()
+    if gpu_or_report("megamoe-rt trace", ctx.device) is None:  # one line for the launcher to print once
+        return 1
     import cupy as cp
 
     cp.cuda.Device(ctx.device).use()

@@ -172,6 +172,10 @@ def run(a: argparse.Namespace) -> int:
     if a.ranks > 1 and not launched():
         return launch_script(a.ranks, "megamoe_rt.cli.tune_split", _argv(a), module=True)
     group = context_from_env() if launched() else None
+    from megamoe_rt.requirements import gpu_or_report
+
+    if gpu_or_report("megamoe-rt tune-split", None if group is None else group.device) is None:
+        return 1
     tune_split(a.preset, a.tokens, group=group, step=a.step, json_path=a.json, png_path=a.png, store=not a.no_store)
     if group is not None:
         from megamoe_rt.ep.symm import NvshmemRuntime

@@ -50,3 +50,37 @@ def assigned_device(rank: int, env: dict[str, str] | None = None) -> int | None:
     if not 0 <= rank < len(ordinals):
         raise ValueError(f"${RANK_DEVICES_ENV}={text!r} names {len(ordinals)} GPUs; rank {rank} has none")
     return ordinals[rank]
+
+
+# Where a rank of `megamoe-rt launch` leaves the one line saying why it cannot run (the GPU
+# stack or a GPU missing: megamoe_rt/requirements.py) instead of printing it: every rank would
+# print the same line, and the launcher prints it once in their stead.
+LAUNCH_REPORT_ENV = "MEGAMOE_RT_LAUNCH_REPORT"
+
+
+def leave_launch_report(line: str) -> bool:
+    """Leave ``line`` for the launcher; False outside a launch (the caller prints it). The first
+    rank's line stays: the others' say the same."""
+    path = os.environ.get(LAUNCH_REPORT_ENV)
+    if not path:
+        return False
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return True
+    except OSError:  # the launcher's directory is gone: say it here instead
+        return False
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+    return True
+
+
+def read_launch_report(path: str) -> str | None:
+    """The line a rank left at ``path``, or None."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None

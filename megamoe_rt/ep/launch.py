@@ -27,7 +27,7 @@ from multiprocessing.connection import Client, Listener
 from typing import Any
 
 from megamoe_rt.ep import board as status_board
-from megamoe_rt.ep.env import RANK_DEVICES_ENV, assigned_device, rank_env
+from megamoe_rt.ep.env import LAUNCH_REPORT_ENV, RANK_DEVICES_ENV, assigned_device, rank_env, read_launch_report
 from megamoe_rt.ep.group import RankGroup, frame, unframe
 from megamoe_rt.runtime.deadlines import env_seconds
 
@@ -188,7 +188,7 @@ class _Hub:
         try:
             self._listener.close()
         finally:
-            for path in (self.address, board_path(self.address)):
+            for path in (self.address, board_path(self.address), report_path(self.address)):
                 try:
                     os.unlink(path)
                 except FileNotFoundError:
@@ -199,6 +199,11 @@ class _Hub:
 def board_path(hub_address: str) -> str:
     """The launch's status board (megamoe_rt/ep/board.py), next to the hub's socket."""
     return os.path.join(os.path.dirname(hub_address), "board")
+
+
+def report_path(hub_address: str) -> str:
+    """Where a rank leaves the line saying what it lacks to run (megamoe_rt/ep/env.py)."""
+    return os.path.join(os.path.dirname(hub_address), "report")
 
 
 # --- what a rank sees ------------------------------------------------------------------------
@@ -459,6 +464,7 @@ def launch_script(
         for r in range(nprocs):
             env = rank_env(base)
             env.update({_ENV_RANK: str(r), _ENV_WORLD: str(nprocs), _ENV_HUB: hub.address, _ENV_KEY: hub.key.hex()})
+            env[LAUNCH_REPORT_ENV] = report_path(hub.address)
             target = ["-m", script] if module else [script]
             procs.append(subprocess.Popen([sys.executable, *target, *script_args], env=env))
         start = time.monotonic()
@@ -467,7 +473,14 @@ def launch_script(
             failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
             if failed:
                 r, c = failed[0]
-                print(f"megamoe-rt launch: rank {r} exited with status {c}; stopping the other ranks", file=sys.stderr)
+                # A rank that cannot run at all said why in one line, for every rank alike.
+                missing = read_launch_report(report_path(hub.address))
+                if missing is not None:
+                    print(missing, file=sys.stderr)
+                else:
+                    print(
+                        f"megamoe-rt launch: rank {r} exited with status {c}; stopping the other ranks", file=sys.stderr
+                    )
                 return c if c > 0 else 128 - c
             if all(c == 0 for c in codes):
                 return 0

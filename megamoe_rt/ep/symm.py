@@ -20,6 +20,7 @@ from megamoe_rt.ep.group import RankGroup, ranks_share_a_gpu
 from megamoe_rt.runtime import driver
 from megamoe_rt.runtime.arrays import require_cupy
 from megamoe_rt.runtime.buffer import LaidOutBuffer, typed_view
+from megamoe_rt.runtime.errors import INSTALL_HINT
 from megamoe_rt.schedule.layout import BufferLayout
 
 
@@ -28,9 +29,7 @@ def _nvshmem():
     try:
         import nvshmem.core as nvshmem
     except ImportError as exc:
-        raise RuntimeError(
-            f"nvshmem4py is not importable ({exc}); install megamoe-rt[cu13] (nvshmem4py-cu13 and nvidia-nvshmem-cu13)"
-        ) from None
+        raise RuntimeError(f"nvshmem4py is not importable ({exc}); install: {INSTALL_HINT}") from None
     return nvshmem
 
 

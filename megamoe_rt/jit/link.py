@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from megamoe_rt.runtime.errors import NvrtcError
+from megamoe_rt.runtime.errors import INSTALL_HINT, NvrtcError
 
 
 class LinkError(NvrtcError):
@@ -74,7 +74,7 @@ def nvjitlink_version() -> tuple[int, int]:
         raise LinkError(
             "nvJitLinkVersion",
             f"{type(exc).__name__}: {exc}",
-            "install the nvJitLink wheel (pip install 'megamoe-rt[cu13]' brings nvidia-nvjitlink)",
+            f"install the nvJitLink wheel: {INSTALL_HINT}",
         ) from exc
     return int(major), int(minor)
 

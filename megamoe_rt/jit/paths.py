@@ -14,6 +14,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from megamoe_rt.runtime.errors import INSTALL_HINT
+
 _PKG_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -103,4 +105,4 @@ def header_set_version(name: str) -> str:
 
 def missing_header_message(name: str) -> str:
     wheel = _WHEEL_FOR[name][0]
-    return f"the {name} headers were not found in any installed wheel; install {wheel} (pip install 'megamoe-rt[cu13]')"
+    return f"the {name} headers were not found in any installed wheel ({wheel}); install: {INSTALL_HINT}"

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from megamoe_rt.runtime.errors import INSTALL_HINT
+
 # Canonical element-type names used across the package.
 ELEMENT_SIZE = {
     "e4m3": 1,
@@ -287,7 +289,7 @@ def require_cupy() -> Any:
     try:
         import cupy
     except ImportError:
-        raise RuntimeError("CuPy is needed to allocate outputs: install megamoe-rt[cu13] (cupy-cuda13x)") from None
+        raise RuntimeError(f"CuPy is needed to allocate outputs; install: {INSTALL_HINT}") from None
     return cupy
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from megamoe_rt.runtime.errors import INSTALL_HINT
 from megamoe_rt.runtime.errors import CudaError as CudaError  # re-exported: raised by every call here
 from megamoe_rt.runtime.errors import GpuUnavailableError as GpuUnavailableError
 
@@ -38,7 +39,7 @@ def _cu() -> Any:
     try:
         from cuda.bindings import driver
     except ImportError as exc:  # cuda-bindings is a base dependency; say so plainly
-        raise GpuUnavailableError(f"cuda-bindings is not importable ({exc}); install megamoe-rt[cu13]") from None
+        raise GpuUnavailableError(f"cuda-bindings is not importable ({exc}); install: {INSTALL_HINT}") from None
     return driver
 
 
@@ -107,14 +108,14 @@ def _core() -> Any:
     try:
         import cuda.core as core
     except ImportError as exc:
-        raise GpuUnavailableError(f"cuda-core is not importable ({exc}); install megamoe-rt[cu13]") from None
+        raise GpuUnavailableError(f"cuda-core is not importable ({exc}); install: {INSTALL_HINT}") from None
     try:
         have = tuple(int(p) for p in core.__version__.split(".")[:2])
     except (AttributeError, ValueError):  # a development build: trust it
         have = _CORE_MIN
     if have < _CORE_MIN:
         raise GpuUnavailableError(
-            f"cuda-core {core.__version__} is too old; megamoe_rt needs cuda-core >= 1.2 (megamoe-rt[cu13])"
+            f"cuda-core {core.__version__} is too old; megamoe_rt needs cuda-core >= 1.2: {INSTALL_HINT}"
         )
     return core
 

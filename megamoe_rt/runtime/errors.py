@@ -37,6 +37,13 @@ class NvrtcError(RuntimeError):
         super().__init__(head + (f"\n{log.rstrip()}" if log.strip() else ""))
 
 
+# What a missing piece of the GPU stack (CuPy, cuda-core, NVRTC, nvJitLink, cuRAND, NVSHMEM)
+# points to: pyproject.toml's extras install all of it. Kept here, the bottom of the package,
+# so the driver layer and the entry points' checks (megamoe_rt/requirements.py) say the same.
+INSTALL_COMMAND = 'pip install "megamoe-rt[cu13]"'
+INSTALL_HINT = f'{INSTALL_COMMAND} ("megamoe-rt[cu12]" for a CUDA 12 driver)'
+
+
 class GpuUnavailableError(RuntimeError):
     """A GPU entry point was called where no usable Hopper GPU is present.
 

@@ -11,6 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from megamoe_rt.schedule.layout import symm_buffer_layout
+from tests.helpers.base_install import run_base
+from tests.helpers.one_line import INSTALL, the_one_line
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -208,3 +210,63 @@ def test_bench_stream_passes_its_options_and_defaults(monkeypatch, argv, expecte
 def test_bench_stream_rejects_a_zero_chunk():
     out = run_cli("bench", "stream", "--chunk", "0")
     assert out.returncode == 2 and "--chunk" in out.stderr
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (("--ranks", "7"), "megamoe-rt plan: --ranks 7 does not divide the flash preset's 256 experts"),
+        (("--experts", "100", "--ranks", "8"), "megamoe-rt plan: --ranks 8 does not divide --experts 100"),
+        (("--experts", "4", "--ranks", "4"), "megamoe-rt plan: --experts 4 is fewer than the flash preset's top-6"),
+    ],
+)
+def test_plan_says_what_does_not_fit_in_the_options_typed(args, message):
+    out = run_cli("plan", *args)
+    assert out.returncode == 2 and out.stderr.startswith(message), out.stderr
+    assert "num_experts" not in out.stderr and "num_ranks" not in out.stderr  # the planner's own names
+
+
+# Every command that needs a GPU, as the user starts it: megamoe-rt COMMAND, the modules behind
+# the commands, and the launcher running them as ranks.
+GPU_COMMANDS = [
+    ("-m", "megamoe_rt", "partitions"),
+    ("-m", "megamoe_rt", "demo"),
+    ("-m", "megamoe_rt", "bench", "moe"),
+    ("-m", "megamoe_rt", "sweep", "--spec", str(GRAPHS / "membound_vs_gemm.toml")),
+    ("-m", "megamoe_rt", "tune-split", "--preset", "flash", "--tokens", "64"),
+    ("-m", "megamoe_rt", "trace"),
+    ("-m", "megamoe_rt.cli.faults"),
+    ("-m", "megamoe_rt.cli.bench", "gemm"),
+    ("-m", "megamoe_rt.cli.tune_split", "--preset", "flash", "--tokens", "64"),
+    ("-m", "megamoe_rt.cli.trace"),
+    ("-m", "megamoe_rt", "launch", "-n", "2", "-m", "megamoe_rt.cli.bench", "moe"),
+    ("-m", "megamoe_rt", "launch", "-n", "2", "-m", "megamoe_rt.cli.trace"),
+]
+
+
+def _what(argv) -> str:
+    return " ".join(a for a in argv if a != "-m")
+
+
+@pytest.mark.parametrize("argv", GPU_COMMANDS, ids=_what)
+def test_gpu_command_without_a_hopper_gpu_says_so_in_one_line(argv, tmp_path):
+    from tests.conftest import hopper_gpu_count
+
+    if hopper_gpu_count():
+        pytest.skip("a Hopper GPU is present: the command runs")
+    out = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    line = the_one_line(_what(argv), out)
+    assert "sm_90" in line, line  # no driver, no device or another GPU: the line names the one needed
+
+
+@pytest.mark.parametrize("argv", [*GPU_COMMANDS, ("-m", "megamoe_rt", "compile", "--all")], ids=_what)
+def test_command_without_the_cu13_extra_names_it_and_the_install_command(argv, base_install_python, tmp_path):
+    line = the_one_line(_what(argv), run_base(base_install_python, list(argv), tmp_path))
+    assert INSTALL in line, line
+    assert ("NVRTC" if "compile" in argv else "CuPy") in line, line
+
+
+@pytest.mark.parametrize("args", [("plan", "--preset", "pro"), ("scaleout",), ("info",)])
+def test_commands_that_need_no_gpu_work_without_the_cu13_extra(args, base_install_python, tmp_path):
+    out = run_base(base_install_python, ["-m", "megamoe_rt", *args], tmp_path)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr

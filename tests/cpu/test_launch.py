@@ -165,6 +165,26 @@ def test_launch_command_stops_the_others_when_one_fails(tmp_path):
     assert not any(_alive(int((tmp_path / f"{r}.pid").read_text())) for r in range(3))
 
 
+def test_ranks_that_cannot_run_are_reported_in_one_line_for_all(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(
+        textwrap.dedent("""
+        import sys
+        from megamoe_rt.requirements import report
+        sys.exit(report("job", "the frobnicator is missing; install: pip install frobnicator"))
+    """)
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "megamoe_rt", "launch", "-n", "3", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+    )
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.splitlines() == ["job: the frobnicator is missing; install: pip install frobnicator"], out.stderr
+
+
 def test_a_reused_broadcast_key_carries_the_new_value():
     assert spawn(ranks.broadcast_twice, 3) == [(b"one", b"two")] * 3
 

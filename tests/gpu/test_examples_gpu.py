@@ -24,6 +24,14 @@ def test_torch_interop_runs_on_a_hopper_gpu():
 
 
 @pytest.mark.gpu
+def test_jax_interop_runs_on_a_hopper_gpu():
+    pytest.importorskip("jax")
+    out = _run("jax_interop")
+    assert out.returncode == 0, out.stderr
+    assert "calc_diff vs reference" in out.stdout and "bfloat16" in out.stdout, out.stdout
+
+
+@pytest.mark.gpu
 def test_split_partitions_example_runs_and_every_split_is_bitwise_fused():
     out = subprocess.run(
         [sys.executable, str(EXAMPLES / "split_partitions.py"), "--tokens", "1024", "--splits", "64,88"],

@@ -15,6 +15,7 @@
 #include "interface/fused.cuh"
 #include "ptx/ld_st.cuh"
 #include "ptx/mbarrier.cuh"
+#include "sync/mbarrier_deadline.cuh"
 
 namespace megamoe_rt::fused {
 
@@ -40,19 +41,21 @@ struct SignalRelay {
     }
 
     // Math leader. `posted` is its own count of posts.
-    __device__ __forceinline__ void post(u32& posted, u32 entry) const {
+    __device__ __forceinline__ void post(u32& posted, u32 entry, const sync::MbarrierDeadline& deadline) const {
         const u32 slot = posted % kDepth, phase = (posted / kDepth) & 1;
-        ptx::mbarrier_wait_parity_shared(empty + slot, phase ^ 1);  // the first pass finds it free
+        // The first pass finds it free.
+        sync::mbarrier_wait_parity_shared_or_trap<sync::WaitSite::kRelayPost>(empty + slot, phase ^ 1, deadline, slot);
         entries[slot] = entry;
         ptx::mbarrier_arrive_shared(full + slot);
         ++posted;
     }
 
     // Relay thread: until the stop entry, bump each posted counter with a GPU-scope release.
-    __device__ __forceinline__ void run(u32* bank) const {
+    // Its waits span the whole of the block's tile work: the relay sleeps until a post comes.
+    __device__ __forceinline__ void run(u32* bank, const sync::MbarrierDeadline& deadline) const {
         for (u32 done = 0;; ++done) {
             const u32 slot = done % kDepth, phase = (done / kDepth) & 1;
-            ptx::mbarrier_wait_parity_shared(full + slot, phase);
+            sync::mbarrier_wait_parity_shared_or_trap<sync::WaitSite::kRelayPost>(full + slot, phase, deadline, slot);
             const u32 e = entries[slot];
             ptx::mbarrier_arrive_shared(empty + slot);
             if (e == kStop) return;

@@ -455,9 +455,10 @@ __device__ __forceinline__ void produce_tiles(const FusedParams& p, const Routin
     // is off the path between tiles (holding one position ahead keeps stream order: it is
     // started right after the current one, which depends on earlier positions only).
     u32 next = atomicAdd(ticket, 1u);
+    const sync::MbarrierDeadline deadline{p.wait, sync::kIntraBlockWaitShift};
     for (;;) {
         const u32 t = next;
-        push_ticket(tab.tiles, queue, t);  // past the end too: it tells the math warpgroups to stop
+        push_ticket(tab.tiles, queue, t, deadline);  // past the end too: it tells the math warpgroups to stop
         if (!stream.tile(t, s)) break;
         next = atomicAdd(ticket, 1u);
         gemm::Tile tile = ring_tile(p, tab, s);
@@ -471,13 +472,13 @@ __device__ __forceinline__ void produce_tiles(const FusedParams& p, const Routin
                                               sync::WaitSite::kRingSlotFree, p.wait, s.block, sync::kDerivedWaitShift);
             ptx::fence_proxy_async_global();
             tile.b_row0 = s.expert * p.l1.n + tile.n0;
-            gemm::produce_tile<L1>(tile, p.l1.k / L1::kBlockK, sm1, st, tma_l1_a, tma_l1_b, tma_l1_sfa, 0);
+            gemm::produce_tile<L1>(tile, p.l1.k / L1::kBlockK, sm1, st, tma_l1_a, tma_l1_b, tma_l1_sfa, 0, deadline);
         } else {
             sync::wait_ge_acquire_gpu_u32(bank + p.bank.l1_done + s.block, n1, sync::WaitSite::kL1OutputPublished,
                                           p.wait, s.block, sync::kDerivedWaitShift);
             ptx::fence_proxy_async_global();
             tile.b_row0 = s.expert * p.l2.n + tile.n0;
-            gemm::produce_tile<L2>(tile, p.l2.k / L2::kBlockK, sm2, st, tma_l2_a, tma_l2_b, tma_l2_sfa, 0);
+            gemm::produce_tile<L2>(tile, p.l2.k / L2::kBlockK, sm2, st, tma_l2_a, tma_l2_b, tma_l2_sfa, 0, deadline);
         }
     }
 }
@@ -500,26 +501,28 @@ __device__ __forceinline__ void compute_tiles(const FusedParams& p, const Routin
     float acc[64];
     float out[64];
     StreamTile s;
+    const sync::MbarrierDeadline deadline{p.wait, sync::kIntraBlockWaitShift};
     for (;;) {
-        const u32 t = pop_ticket(tab.tiles, queue, threadIdx.x % 32);
+        const u32 t = pop_ticket(tab.tiles, queue, threadIdx.x % 32, deadline);
         if (!stream.tile(t, s)) break;
         const gemm::Tile tile = ring_tile(p, tab, s);
         if (!s.l2) {
-            gemm::consume_tile<L1>(p.l1, tile, p.l1.k / L1::kBlockK, sm1, st, mt1, acc, out, 0);
+            gemm::consume_tile<L1>(p.l1, tile, p.l1.k / L1::kBlockK, sm1, st, mt1, acc, out, 0, deadline);
             L1::Epilogue::template store<L1>(p.l1, tile, mt1, sm1, out);
             // Every math thread's rows are written before the leader posts them (TMA reads them
             // in another block: the relay adds the proxy fence).
             ptx::bar_sync(kMathBarrier, L1::kNumMathThreads);
             const bool withheld = kRole == Role::kSplitL1 && s.block == p.withhold_block;
-            if (leader && !withheld) relay.post(posted, (p.bank.l1_done + s.block) | SignalRelay::kProxyFence);
+            if (leader && !withheld)
+                relay.post(posted, (p.bank.l1_done + s.block) | SignalRelay::kProxyFence, deadline);
         } else {
-            gemm::consume_tile<L2>(p.l2, tile, p.l2.k / L2::kBlockK, sm2, st, mt2, acc, out, 0);
+            gemm::consume_tile<L2>(p.l2, tile, p.l2.k / L2::kBlockK, sm2, st, mt2, acc, out, 0, deadline);
             // The leader has seen every stage of this tile land: its activation rows are read.
-            if (leader) relay.post(posted, p.bank.l2_read + s.block);
+            if (leader) relay.post(posted, p.bank.l2_read + s.block, deadline);
             L2::Epilogue::template store<L2>(p.l2, tile, mt2, sm2, out);
         }
     }
-    if (leader) relay.post(posted, SignalRelay::kStop);
+    if (leader) relay.post(posted, SignalRelay::kStop, deadline);
 }
 
 template <u32 kStages, u32 kActSfGran, typename IdxT, bool kEp, Role kRole>
@@ -592,7 +595,8 @@ __global__ void __launch_bounds__(kNumThreads, 1)
     if (threadIdx.x < 128) {
         ptx::setmaxnreg_dec_sync_aligned<kRole == Role::kFused ? kProducerRegs : kSplitProducerRegs>();
         if (threadIdx.x / 32 == kRelayThread / 32) {
-            if (threadIdx.x == kRelayThread && !tab.overflow()) tab.relay.run(tab.bank(p));
+            if (threadIdx.x == kRelayThread && !tab.overflow())
+                tab.relay.run(tab.bank(p), sync::MbarrierDeadline{p.wait, sync::kIntraBlockWaitShift});
             if constexpr (kEp && kRole == Role::kFused) {
                 // The relay's warp stays whole: it also waits for every rank's partials and
                 // releases the math warps into the combine, overflow or not (peers still

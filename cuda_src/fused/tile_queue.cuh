@@ -14,6 +14,7 @@
 #include "common/types.cuh"
 #include "interface/fused.cuh"
 #include "ptx/mbarrier.cuh"
+#include "sync/mbarrier_deadline.cuh"
 
 namespace megamoe_rt::fused {
 
@@ -49,16 +50,19 @@ struct TileQueueCursor {
 };
 
 // Producer: publish `ticket` (the first pass finds every slot free).
-__device__ __forceinline__ void push_ticket(const TileQueue& q, TileQueueCursor& c, u32 ticket) {
-    ptx::mbarrier_wait_parity_shared(q.empty + c.slot, c.phase ^ 1);
+__device__ __forceinline__ void push_ticket(const TileQueue& q, TileQueueCursor& c, u32 ticket,
+                                            const sync::MbarrierDeadline& deadline) {
+    sync::mbarrier_wait_parity_shared_or_trap<sync::WaitSite::kTileTicket>(q.empty + c.slot, c.phase ^ 1, deadline,
+                                                                            c.slot);
     q.tickets[c.slot] = ticket;
     ptx::mbarrier_arrive_shared(q.full + c.slot);
     c.advance();
 }
 
 // Math threads: the next ticket; lane 0 of each warp frees the slot once its warp has read it.
-__device__ __forceinline__ u32 pop_ticket(const TileQueue& q, TileQueueCursor& c, u32 lane) {
-    ptx::mbarrier_wait_parity_shared(q.full + c.slot, c.phase);
+__device__ __forceinline__ u32 pop_ticket(const TileQueue& q, TileQueueCursor& c, u32 lane,
+                                          const sync::MbarrierDeadline& deadline) {
+    sync::mbarrier_wait_parity_shared_or_trap<sync::WaitSite::kTileTicket>(q.full + c.slot, c.phase, deadline, c.slot);
     const u32 ticket = q.tickets[c.slot];
     __syncwarp();
     ptx::mbarrier_arrive_shared_if(q.empty + c.slot, lane == 0);

@@ -12,6 +12,7 @@
 #include "ptx/mbarrier.cuh"
 #include "ptx/tma.cuh"
 #include "ptx/wgmma.cuh"
+#include "sync/mbarrier_deadline.cuh"
 
 namespace megamoe_rt::gemm {
 
@@ -51,10 +52,11 @@ template <class Cfg>
 __device__ __forceinline__ void produce_tile(const Tile& tile, u32 num_k_blocks, const SharedStorage<Cfg>& sm,
                                              PipelineState<Cfg::kStages>& st, const ptx::TmaDescriptor* tma_a,
                                              const ptx::TmaDescriptor* tma_b, const ptx::TmaDescriptor* tma_sfa,
-                                             u32 cta_rank) {
+                                             u32 cta_rank, const sync::MbarrierDeadline& deadline) {
     for (u32 kb = 0; kb < num_k_blocks; ++kb) {
         // The first pass finds every stage free: waiting on the parity before phase 0 returns at once.
-        ptx::mbarrier_wait_parity_shared(sm.empty(st.stage), st.phase ^ 1);
+        sync::mbarrier_wait_parity_shared_or_trap<sync::WaitSite::kSmemStageFree>(sm.empty(st.stage), st.phase ^ 1,
+                                                                                deadline, st.stage);
         u64* full = sm.full(st.stage);
         ptx::mbarrier_arrive_expect_tx_shared(full, Cfg::kStageTxBytes);
         const i32 k0 = static_cast<i32>(kb * Cfg::kBlockK);
@@ -146,7 +148,7 @@ template <class Cfg>
 __device__ __forceinline__ void consume_tile(const GemmParams& p, const Tile& tile, u32 num_k_blocks,
                                              const SharedStorage<Cfg>& sm, PipelineState<Cfg::kStages>& st,
                                              const MathThread<Cfg>& mt, float (&acc)[64], float (&out)[64],
-                                             u32 cta_rank) {
+                                             u32 cta_rank, const sync::MbarrierDeadline& deadline) {
 #pragma unroll
     for (int i = 0; i < 64; ++i) out[i] = 0.0f;
     const u32 sfb_per_group = p.n / Cfg::kBSfN;
@@ -161,7 +163,8 @@ __device__ __forceinline__ void consume_tile(const GemmParams& p, const Tile& ti
         // issued before the wait so their latency hides behind it.
         const float sb_lo = ptx::ld_global_nc_f32(sfb + kb);
         const float sb_hi = Cfg::kBSfN == 64 ? ptx::ld_global_nc_f32(sfb + num_k_blocks + kb) : sb_lo;
-        ptx::mbarrier_wait_parity_shared(sm.full(st.stage), st.phase);
+        sync::mbarrier_wait_parity_shared_or_trap<sync::WaitSite::kSmemStageFull>(sm.full(st.stage), st.phase, deadline,
+                                                                                st.stage);
 #pragma unroll
         for (u32 h = 0; h < kSteps; ++h) {
             issue_step<Cfg>(sm, st.stage, h, a_offset, b_offset, acc);

@@ -64,6 +64,8 @@ __global__ void __launch_bounds__(
     const u32 tile_step = gridDim.x / kClusterN;
     const u32 num_k_blocks = p.k / Cfg::kBlockK;
     const u32 warpgroup = threadIdx.x / 128;
+    // Nothing else in this kernel waits: its pipeline waits take the context's deadline as it is.
+    const sync::MbarrierDeadline deadline{p.wait, 0};
 
     if (warpgroup == 0) {
         ptx::setmaxnreg_dec_sync_aligned<kProducerRegs>();
@@ -72,7 +74,7 @@ __global__ void __launch_bounds__(
             for (u32 t = first_tile; t < scheduler.num_tiles; t += tile_step) {
                 const Tile tile = scheduler.get(t, cta_rank);
                 if (!tile.valid) continue;
-                produce_tile<Cfg>(tile, num_k_blocks, sm, st, &tma_a, &tma_b, &tma_sfa, cta_rank);
+                produce_tile<Cfg>(tile, num_k_blocks, sm, st, &tma_a, &tma_b, &tma_sfa, cta_rank, deadline);
             }
         }
     } else {
@@ -84,7 +86,7 @@ __global__ void __launch_bounds__(
         for (u32 t = first_tile; t < scheduler.num_tiles; t += tile_step) {
             const Tile tile = scheduler.get(t, cta_rank);
             if (!tile.valid) continue;
-            consume_tile<Cfg>(p, tile, num_k_blocks, sm, st, mt, acc, out, cta_rank);
+            consume_tile<Cfg>(p, tile, num_k_blocks, sm, st, mt, acc, out, cta_rank, deadline);
             Epilogue::template store<Cfg>(p, tile, mt, sm, out);
         }
     }

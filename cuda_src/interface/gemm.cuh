@@ -4,6 +4,7 @@
 #pragma once
 
 #include "common/types.cuh"
+#include "interface/sync.cuh"
 
 namespace megamoe_rt::gemm {
 
@@ -54,8 +55,9 @@ struct GemmParams {
     const i32* block_map;      // contiguous, optional: where each kBlockMapRows-row block of the group layout lives in A, D and the
                                // per-row metadata (block b's rows at block_map[b] * kBlockMapRows; nullptr: in place). A streamed
                                // call's pool hands blocks out as chunks arrive and lays the experts out over them afterwards
+    sync::WaitContext wait;    // the deadline of the pipeline's shared-memory waits (mbarriers)
 };
-static_assert(sizeof(GemmParams) == 128, "GemmParams: size differs from megamoe_rt/kernels/interface");
+static_assert(sizeof(GemmParams) == 152, "GemmParams: size differs from megamoe_rt/kernels/interface");
 static_assert(alignof(GemmParams) == 8, "GemmParams: alignment differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(GemmParams, num_rows, 0, "GemmParams::num_rows: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(GemmParams, n, 4, "GemmParams::n: offset differs from megamoe_rt/kernels/interface");
@@ -77,6 +79,7 @@ MEGAMOE_RT_ASSERT_OFFSET(GemmParams, swiglu_limit, 104, "GemmParams::swiglu_limi
 MEGAMOE_RT_ASSERT_OFFSET(GemmParams, row_base, 108, "GemmParams::row_base: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(GemmParams, layout_state, 112, "GemmParams::layout_state: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(GemmParams, block_map, 120, "GemmParams::block_map: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(GemmParams, wait, 128, "GemmParams::wait: offset differs from megamoe_rt/kernels/interface");
 
 // Shared memory of one pipeline stage: A and B tiles and an A-scale slot with room for
 // 64-wide groups, so GEMMs that differ only in A-scale granularity share one carve-up.

@@ -28,7 +28,12 @@ enum class WaitSite : u32 {
     kStreamSlotFree = 12,          // streaming: every consumer is done with the slot's last chunk (peer: the ring slot)
     kStreamPoolBlockClaimed = 13,  // streaming: the pool block a row falls in has been claimed for its expert (peer: the expert)
     kStreamLayoutReady = 14,       // streaming: a chunk's activation half (x, x_sf) is published (peer: the ring slot)
-    kCount = 15,
+    kSmemStageFull = 15,           // gemm: a shared-memory pipeline stage's TMA loads have landed (peer: the stage,
+                                   // expected: the phase parity)
+    kSmemStageFree = 16,           // gemm: the math warpgroups released a shared-memory stage (peer: the stage, expected: the parity)
+    kTileTicket = 17,              // fused: the producer's next tile ticket, or a free ticket slot (peer: the queue slot)
+    kRelayPost = 18,               // fused: a tile completion posted to the relay thread, or a free relay slot (peer: the slot)
+    kCount = 19,
 };
 
 // The message of each WaitSite (the host reads the same texts).
@@ -49,6 +54,10 @@ __device__ __forceinline__ const char* wait_site_name(WaitSite value) {
         case WaitSite::kStreamSlotFree: return "stream slot free";
         case WaitSite::kStreamPoolBlockClaimed: return "stream pool block claimed";
         case WaitSite::kStreamLayoutReady: return "stream layout ready";
+        case WaitSite::kSmemStageFull: return "shared-memory stage loaded";
+        case WaitSite::kSmemStageFree: return "shared-memory stage released";
+        case WaitSite::kTileTicket: return "tile ticket handed over";
+        case WaitSite::kRelayPost: return "signal relay post";
         default: return "unknown wait";
     }
 }

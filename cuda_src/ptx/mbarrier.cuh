@@ -54,19 +54,6 @@ __device__ __forceinline__ bool mbarrier_try_wait_parity_shared(u64* bar, u32 pa
     return done != 0;
 }
 
-// Waits until the phase with the given parity has completed. The retry loop lives
-// inside one asm block: a C++ loop would be a divergent path to ptxas, which then
-// serialises any wgmma still in flight across it.
-__device__ __forceinline__ void mbarrier_wait_parity_shared(u64* bar, u32 parity) {
-    asm volatile(
-        "{\n"
-        "  .reg .pred done;\n"
-        "WAIT_%=:\n"
-        "  mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "  @!done bra WAIT_%=;\n"
-        "}\n" ::"r"(smem_addr_u32(bar)),
-        "r"(parity)
-        : "memory");
-}
+// The waiting loop itself is sync/mbarrier_deadline.cuh: every mbarrier wait has a deadline.
 
 }  // namespace megamoe_rt::ptx

@@ -25,14 +25,25 @@ __device__ __forceinline__ void fail_wait(WaitSite site, const WaitContext& ctx,
     __trap();
 }
 
+// Prints the wait's line once per launch, not once per timed-out thread: only the thread
+// that claims the record prints; the others hold back their trap until the line is written
+// (bounded: a record in host memory the host has reset would otherwise keep them here).
 __device__ __noinline__ void report_wait_timeout(WaitSite site, const WaitContext& ctx, u32 peer, u64 expected,
                                                  u64 seen) {
-    printf(
-        "megamoe_rt: wait '%s' timed out after %.1f s: block %u thread %u, rank %u, peer %u, "
-        "expected >= %llu, saw %llu\n",
-        wait_site_name(site), static_cast<double>(ctx.timeout_ns) * 1e-9, blockIdx.x, threadIdx.x, ctx.rank, peer,
-        static_cast<unsigned long long>(expected), static_cast<unsigned long long>(seen));
-    fail_wait(site, ctx, peer, expected, seen, ctx.timeout_ns);
+    if (claim_timeout_record(ctx.record)) {
+        printf(
+            "megamoe_rt: wait '%s' timed out after %.1f s: block %u thread %u, rank %u, peer %u, "
+            "expected >= %llu, saw %llu\n",
+            wait_site_name(site), static_cast<double>(ctx.timeout_ns) * 1e-9, blockIdx.x, threadIdx.x, ctx.rank, peer,
+            static_cast<unsigned long long>(expected), static_cast<unsigned long long>(seen));
+        fill_timeout_record(ctx.record, static_cast<u32>(site), ctx.rank, peer, expected, seen, ctx.timeout_ns);
+    } else if (ctx.record != nullptr) {
+        const u64 start = ptx::globaltimer_ns();
+        while (ptx::ld_acquire_sys_u32(&ctx.record->state) != kRecordComplete &&
+               ptx::globaltimer_ns() - start < kReportGraceNs)
+            __nanosleep(1000);
+    }
+    __trap();
 }
 
 __device__ __forceinline__ u64 ld_acquire_sys(const u64* word) { return ptx::ld_acquire_sys_u64(word); }
@@ -125,8 +136,9 @@ __device__ __forceinline__ u32 wait_ge_acquire_sys_u32_quiet(const u32* word, u3
 }
 
 // Deadline shifts of derived waits (see wait_acquire_gpu_u32).
-constexpr u32 kDerivedWaitShift = 1;  // waits on work that itself waits (published L1 output, freed slots)
-constexpr u32 kBarrierWaitShift = 2;  // grid barriers: downstream of everything
-constexpr u32 kPeerStallShift = 3;    // a peer's end of launch: behind its own grid barriers
+constexpr u32 kDerivedWaitShift = 1;     // waits on work that itself waits (published L1 output, freed slots)
+constexpr u32 kBarrierWaitShift = 2;     // grid barriers: downstream of everything
+constexpr u32 kPeerStallShift = 3;       // a peer's end of launch: behind its own grid barriers
+constexpr u32 kIntraBlockWaitShift = 4;  // mbarrier waits of kernels that also wait across blocks
 
 }  // namespace megamoe_rt::sync

@@ -11,9 +11,18 @@
 
 namespace megamoe_rt::sync {
 
-__device__ __forceinline__ void write_timeout_record(TimeoutRecord* rec, u32 site, u32 rank, u32 peer, u64 expected,
-                                                     u64 seen, u64 elapsed_ns) {
-    if (rec == nullptr || atomicCAS_system(&rec->state, kRecordEmpty, kRecordWriting) != kRecordEmpty) return;
+// How long threads that lost the claim wait for the winner's report before they trap.
+constexpr u64 kReportGraceNs = 100'000'000;
+
+// The first timed-out thread of a launch (and of every launch until the host reads and
+// resets the record) claims it; false for everyone else and for a null record.
+__device__ __forceinline__ bool claim_timeout_record(TimeoutRecord* rec) {
+    return rec != nullptr && atomicCAS_system(&rec->state, kRecordEmpty, kRecordWriting) == kRecordEmpty;
+}
+
+// The claimant's fields, then the state that lets the host read them.
+__device__ __forceinline__ void fill_timeout_record(TimeoutRecord* rec, u32 site, u32 rank, u32 peer, u64 expected,
+                                                    u64 seen, u64 elapsed_ns) {
     volatile TimeoutRecord* r = rec;
     r->site = site;
     r->block = blockIdx.x;
@@ -25,6 +34,11 @@ __device__ __forceinline__ void write_timeout_record(TimeoutRecord* rec, u32 sit
     r->elapsed_ns = elapsed_ns;
     __threadfence_system();
     atomicExch_system(&rec->state, kRecordComplete);
+}
+
+__device__ __forceinline__ void write_timeout_record(TimeoutRecord* rec, u32 site, u32 rank, u32 peer, u64 expected,
+                                                     u64 seen, u64 elapsed_ns) {
+    if (claim_timeout_record(rec)) fill_timeout_record(rec, site, rank, peer, expected, seen, elapsed_ns);
 }
 
 }  // namespace megamoe_rt::sync

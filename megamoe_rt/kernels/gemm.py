@@ -18,6 +18,7 @@ from megamoe_rt.kernels.epilogues import EPILOGUES, get_epilogue
 from megamoe_rt.kernels.interface import gemm as decl
 from megamoe_rt.kernels.interface.decl import TMA_DESCRIPTOR
 from megamoe_rt.kernels.interface.structs import GemmParams as GemmParams
+from megamoe_rt.kernels.interface.structs import WaitContext as WaitContext
 from megamoe_rt.kernels.operands import BLOCK_K as BLOCK_K
 from megamoe_rt.kernels.operands import Fp8Operand
 from megamoe_rt.runtime.launches import Launches

@@ -236,6 +236,7 @@ def plan_grouped_gemm_fp8(
     check_layout: bool = True,
     a_sf_kmajor: bool = False,
     config: k.GemmConfig | None = None,
+    wait: k.WaitContext | None = None,
 ) -> GroupedGemmPlan:
     """Validate and resolve a grouped FP8 GEMM call into a :class:`GroupedGemmPlan`.
 
@@ -250,7 +251,9 @@ def plan_grouped_gemm_fp8(
     ``a_sf_kmajor=True``: ``a_sf`` is already ``[K/gran, rows_pad]`` (rows padded to a
     multiple of 4), the layout the SwiGLU epilogue writes, and is used without a copy.
     ``config`` overrides the heuristic's tile choice (tuning and tests); it must match the
-    call's layout, epilogue and scale granularity.
+    call's layout, epilogue and scale granularity. ``wait``: the deadline of the kernel's
+    pipeline waits and where a timed-out one is recorded (default: the process's timeout
+    record with ``MEGAMOE_RT_TIMEOUT_S``).
     """
     layout = _group_layout(group_offsets, group_counts, masked_counts)
     sh = driver.stream_handle(stream)
@@ -277,7 +280,7 @@ def plan_grouped_gemm_fp8(
             a_sf_gran=_scales(ao).gran_k,
         )
         _check_config(cfg, layout=layout, epilogue=epilogue, a_sf_gran=_scales(ao).gran_k, n=n)
-        p = _params(ao, bo, flags=0)
+        p = _params(ao, bo, wait, flags=0)
         refs = _set_groups(p, layout, group_offsets, group_counts, masked_counts, groups, dev)
         if row_dst is not None:
             if out is not None:
@@ -318,9 +321,15 @@ def _masked_rows(a: Fp8Operand) -> int:
     return a.rows if a.stacked else 0
 
 
-def _params(a: Fp8Operand, b: Fp8Operand, **fields: Any) -> k.GemmParams:
-    """The shape fields of the launch parameters, from its operands."""
+def _params(a: Fp8Operand, b: Fp8Operand, wait: k.WaitContext | None, **fields: Any) -> k.GemmParams:
+    """The shape fields of the launch parameters, from its operands, and the deadline of the
+    pipeline's waits (default: this process's timeout record, MEGAMOE_RT_TIMEOUT_S)."""
+    if wait is None:
+        from megamoe_rt.runtime.deadlines import TimeoutRecord
+
+        wait = TimeoutRecord.get().context()
     return k.GemmParams(
+        wait=wait,
         num_rows=a.total_rows,
         n=b.rows,
         k=b.k,
@@ -447,6 +456,7 @@ def plan_grouped_gemm_swiglu_fp8(
     check_layout: bool = True,
     config: k.GemmConfig | None = None,
     a_sf_kmajor: bool = False,
+    wait: k.WaitContext | None = None,
 ) -> GroupedGemmPlan:
     """L1 GEMM with the SwiGLU x weight -> e4m3 epilogue.
 
@@ -497,6 +507,7 @@ def plan_grouped_gemm_swiglu_fp8(
         p = _params(
             ao,
             bo,
+            wait,
             flags=flags,
             d=qa.ptr,
             d_row_stride_bytes=inter,

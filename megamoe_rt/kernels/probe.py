@@ -45,6 +45,16 @@ WAIT_SPEC = KernelSpec(
 )
 
 
+# wait_for_mbarrier(timeout_ns, arrive, rank, peer, record): an mbarrier wait with a deadline.
+MBARRIER_WAIT_SPEC = KernelSpec(
+    name="wait_for_mbarrier",
+    source="probe/wait_timeout.cu",
+    entry="megamoe_rt::probe::wait_for_mbarrier",
+    block_threads=64,
+    params=(ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint64),
+)
+
+
 # The fused kernel's task stream dumped tile by tile, for tests/gpu/test_task_stream_gpu.py (arguments
 # and shared memory: the header comment of probe/task_stream_order.cu).
 TASK_STREAM_SPEC = KernelSpec(
@@ -71,7 +81,7 @@ NVSHMEM_LINK_SPEC = KernelSpec(
 
 
 def kernel_specs() -> list[KernelSpec]:
-    return [SPEC, COPY_SPEC, WAIT_SPEC, TASK_STREAM_SPEC]
+    return [SPEC, COPY_SPEC, WAIT_SPEC, MBARRIER_WAIT_SPEC, TASK_STREAM_SPEC]
 
 
 def device_link_specs() -> list[KernelSpec]:

@@ -146,6 +146,7 @@ class FusedPlan:
         ring_rows = layout.pool_rows
         b = buffer
         flags = (FLAG_CLAMP if swiglu_limit is not None else 0) | (FLAG_POW2_SCALE if pow2_scale else 0)
+        # The GEMM halves' `wait` stays empty: the fused kernel's pipeline waits take FusedParams::wait.
         self.l1 = GemmParams(
             num_rows=ring_rows,
             n=2 * i,

@@ -131,6 +131,7 @@ class UnfusedMode(Mode):
             check_layout=False,
             a_sf_kmajor=True,
             stream=0,
+            wait=TimeoutRecord.get().context(s.timeout_s, rank=s.rank),
         )
         l1 = plan_grouped_gemm_swiglu_fp8(
             b.view("l1_pool"),

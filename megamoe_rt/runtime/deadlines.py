@@ -110,6 +110,9 @@ class TimeoutRecord:
 
 
 _RING_OVERFLOW = decl.WAIT_SITE["kRingOverflow"]
+# Block-local waits on shared-memory mbarriers (sync/mbarrier_deadline.cuh): peer is the stage
+# or queue slot, expected the phase parity.
+_MBARRIER_SITES = {decl.WAIT_SITE[n] for n in ("kSmemStageFull", "kSmemStageFree", "kTileTicket", "kRelayPost")}
 _GRID_BARRIER = decl.WAIT_SITE["kGridBarrier"]
 # What a timed-out ring wait never saw, by site: a producer may publish the two halves of a
 # chunk from different kernels, so the report says which half is missing.
@@ -147,6 +150,12 @@ def describe(rec: _RecordFields) -> str:
             f"(generation {rec.seen}): a block of this launch is stuck in an earlier wait or never ran"
         )
     site = WAIT_SITES[rec.site] if rec.site < len(WAIT_SITES) else f"site {rec.site}"
+    if rec.site in _MBARRIER_SITES:
+        return (
+            f"megamoe_rt: wait '{site}' timed out after {rec.elapsed_ns * 1e-9:.1f} s: block {rec.block} "
+            f"thread {rec.thread}, rank {rec.rank}: phase {rec.expected} of slot {rec.peer} never completed "
+            "(a wait inside the block: its TMA loads or another of its warps stalled)"
+        )
     return (
         f"megamoe_rt: wait '{site}' timed out after {rec.elapsed_ns * 1e-9:.2f} s: block {rec.block} "
         f"thread {rec.thread}, rank {rec.rank}, peer {rec.peer}, expected >= {rec.expected}, saw {rec.seen}"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from megamoe_rt.runtime.deadlines import wait_timeout_ns
@@ -31,3 +33,34 @@ def test_timeouts_are_clamped_to_what_the_device_can_count():
     for bad in (True, "5", None.__class__):
         with pytest.raises(TypeError, match="timeout_s"):
             wait_timeout_ns(bad)
+
+
+def test_every_mbarrier_wait_in_the_kernels_has_a_deadline():
+    # The only mbarrier waiting loop is sync/mbarrier_deadline.cuh's; a plain try_wait loop
+    # anywhere else would be a wait without a deadline.
+    root = Path(__file__).resolve().parents[2] / "cuda_src"
+    loops = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.cu*") if "mbarrier.try_wait" in p.read_text())
+    assert loops == ["ptx/mbarrier.cuh", "sync/mbarrier_deadline.cuh"], loops
+    ptx = (root / "ptx" / "mbarrier.cuh").read_text()
+    assert " bra " not in ptx  # ptx/ has the single try, not a loop
+
+
+def test_a_timed_out_mbarrier_wait_is_described_by_its_slot_and_phase():
+    from megamoe_rt.kernels.interface import sync as decl
+    from megamoe_rt.kernels.interface.structs import TimeoutRecord as Fields
+    from megamoe_rt.runtime.deadlines import describe
+
+    rec = Fields(
+        state=decl.RECORD_COMPLETE.value,
+        site=decl.WAIT_SITE["kSmemStageFree"],
+        block=7,
+        thread=128,
+        rank=1,
+        peer=3,
+        expected=1,
+        seen=0,
+        elapsed_ns=3 << 32,
+    )
+    text = describe(rec)
+    assert text.startswith("megamoe_rt: wait 'shared-memory stage released' timed out after 12.9 s"), text
+    assert "block 7 thread 128, rank 1: phase 1 of slot 3 never completed" in text, text

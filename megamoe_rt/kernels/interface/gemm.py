@@ -21,6 +21,7 @@ from megamoe_rt.kernels.interface.decl import (
     Value,
     formula,
 )
+from megamoe_rt.kernels.interface.sync import WAIT_CONTEXT
 
 BLOCK_K = Constant("kBlockK", 128, doc="K per pipeline stage; e4m3: one 128-byte swizzled row")
 SMEM_LIMIT = Constant("kSmemLimit", 232448, doc="opt-in dynamic shared memory per block on sm_90 (227 KiB)")
@@ -103,6 +104,7 @@ GEMM_PARAMS = Struct(
             "per-row metadata (block b's rows at block_map[b] * kBlockMapRows; nullptr: in place). A streamed\n"
             "call's pool hands blocks out as chunks arrive and lays the experts out over them afterwards",
         ),
+        Field("wait", WAIT_CONTEXT, "the deadline of the pipeline's shared-memory waits (mbarriers)"),
     ],
     doc="Runtime parameters of the grouped FP8 GEMM. Every offset and stride is computed on the\n"
     "host and arrives ready to use.",

@@ -203,6 +203,7 @@ class GemmParams(ctypes.Structure):
     row_base: int  # contiguous: the group layout's row that is row 0 of A and D (a ring's window of the pool: group offsets and per-row metadata are in pool rows, A and D in window rows); 0 otherwise
     layout_state: int  # written by the group-layout check just before: nonzero = invalid, the GEMM does nothing (nullptr: unchecked)
     block_map: int  # contiguous, optional: where each kBlockMapRows-row block of the group layout lives in A, D and the per-row metadata (block b's rows at block_map[b] * kBlockMapRows; nullptr: in place). A streamed call's pool hands blocks out as chunks arrive and lays the experts out over them afterwards
+    wait: WaitContext  # the deadline of the pipeline's shared-memory waits (mbarriers)
 
     _fields_ = [
         ("num_rows", ctypes.c_uint32),
@@ -225,6 +226,7 @@ class GemmParams(ctypes.Structure):
         ("row_base", ctypes.c_uint32),
         ("layout_state", ctypes.c_uint64),
         ("block_map", ctypes.c_uint64),
+        ("wait", WaitContext),
     ]
 
 

@@ -101,6 +101,31 @@ WAIT_SITE = Enum(
             "streaming: a chunk's activation half (x, x_sf) is published (peer: the ring slot)",
             "stream layout ready",
         ),
+        EnumValue(
+            "kSmemStageFull",
+            "smem_stage_full",
+            "gemm: a shared-memory pipeline stage's TMA loads have landed (peer: the stage,\n"
+            "expected: the phase parity)",
+            "shared-memory stage loaded",
+        ),
+        EnumValue(
+            "kSmemStageFree",
+            "smem_stage_free",
+            "gemm: the math warpgroups released a shared-memory stage (peer: the stage, expected: the parity)",
+            "shared-memory stage released",
+        ),
+        EnumValue(
+            "kTileTicket",
+            "tile_ticket",
+            "fused: the producer's next tile ticket, or a free ticket slot (peer: the queue slot)",
+            "tile ticket handed over",
+        ),
+        EnumValue(
+            "kRelayPost",
+            "relay_post",
+            "fused: a tile completion posted to the relay thread, or a free relay slot (peer: the slot)",
+            "signal relay post",
+        ),
     ],
     doc="Where a wait happens. Its message names it in the device's report and in the host's\n"
     "exception (megamoe_rt.runtime.deadlines.WAIT_SITES).",

@@ -1,0 +1,101 @@
+// Shared-memory pipeline waits (mbarriers) with a deadline.
+//
+// An mbarrier wait inside a block can stall only behind something else: TMA loads that never
+// land, a warp of the block that is itself stuck in a cross-block or cross-rank wait, or a
+// bug. The cross-block waits have deadlines of their own, so these take a longer one (the
+// caller's `shift`, see deadline_wait.cuh): the first report names the root cause, and a wait
+// that nothing else explains still ends in a trap that names it instead of a hang.
+//
+// The whole wait, the timed-out path included, is one asm block. A C++ loop would be a
+// divergent path to ptxas, which then serialises any wgmma still in flight across it; and a
+// C++ branch after the loop (even one that only traps) changes ptxas's register plan at every
+// call site: it spilled in the fused kernel's producer and math warpgroups, where a wait
+// without a deadline did not. In asm, the record is written as fail_wait writes it
+// (timeout_record.cuh) and the thread traps.
+#pragma once
+
+#include "common/types.cuh"
+#include "interface/sync.cuh"
+#include "ptx/mbarrier.cuh"
+
+namespace megamoe_rt::sync {
+
+// The unit of these deadlines: %globaltimer_hi, 2^32 ns (~4.3 s). A start time and a deadline
+// then take one 32-bit register each, read without a shift; the deadlines are a minute or
+// more, so the coarse unit loses nothing that matters.
+constexpr u32 kMbarrierClockShift = 32;
+
+// The deadline every mbarrier wait of a kernel gets: its WaitContext and how far behind the
+// kernel's other waits it comes (kIntraBlockWaitShift in kernels that also wait across blocks).
+struct MbarrierDeadline {
+    const WaitContext& ctx;
+    u32 shift;
+};
+
+// Waits until the phase with `parity` of `bar` has completed. Past the deadline the first
+// timed-out thread of the launch fills the TimeoutRecord (`site`; `peer`: which stage or
+// slot; expected: the parity), and every timed-out thread traps. The clock is read only after
+// a try_wait has come back unsuccessful (each try suspends the thread for a while first), so
+// the path that finds the phase complete costs one branch more than the plain wait.
+template <WaitSite kSite>
+__device__ __forceinline__ void mbarrier_wait_parity_shared_or_trap(u64* bar, u32 parity,
+                                                                    const MbarrierDeadline& deadline, u32 peer) {
+    // Rounded up to whole units and saturated: a deadline past 2^32 units (centuries) is none.
+    const u64 units = ((deadline.ctx.timeout_ns << deadline.shift) >> kMbarrierClockShift) + 1;
+    const u32 limit = units > 0xFFFFFFFFull ? 0xFFFFFFFFu : static_cast<u32>(units);
+    asm volatile(
+        "{\n"
+        "  .reg .pred ok, waiting, lost;\n"
+        "  .reg .u32 t0, dt, v;\n"
+        "  .reg .u64 rec, w;\n"
+        "  mbarrier.try_wait.parity.shared::cta.b64 ok, [%0], %1;\n"
+        "  @ok bra DONE_%=;\n"
+        "  mov.u32 t0, %%globaltimer_hi;\n"
+        "RETRY_%=:\n"
+        "  mbarrier.try_wait.parity.shared::cta.b64 ok, [%0], %1;\n"
+        "  @ok bra DONE_%=;\n"
+        "  mov.u32 dt, %%globaltimer_hi;\n"
+        "  sub.u32 dt, dt, t0;\n"
+        "  setp.le.u32 waiting, dt, %2;\n"
+        "  @waiting bra RETRY_%=;\n"
+        // Timed out: claim the record (state empty -> writing), fill it, mark it complete.
+        "  ld.u64 rec, [%3 + %6];\n"
+        "  setp.eq.u64 lost, rec, 0;\n"
+        "  @lost bra TRAP_%=;\n"
+        "  atom.sys.cas.b32 v, [rec + %8], %15, %16;\n"
+        "  setp.ne.u32 lost, v, %15;\n"
+        "  @lost bra TRAP_%=;\n"
+        "  mov.u32 v, %5;\n"
+        "  st.volatile.u32 [rec + %9], v;\n"
+        "  mov.u32 v, %%ctaid.x;\n"
+        "  st.volatile.u32 [rec + %10], v;\n"
+        "  mov.u32 v, %%tid.x;\n"
+        "  st.volatile.u32 [rec + %11], v;\n"
+        "  ld.u32 v, [%3 + %7];\n"
+        "  st.volatile.u32 [rec + %12], v;\n"
+        "  st.volatile.u32 [rec + %13], %4;\n"
+        "  cvt.u64.u32 w, %1;\n"
+        "  st.volatile.u64 [rec + %14], w;\n"
+        "  xor.b64 w, w, 1;\n"
+        "  st.volatile.u64 [rec + %19], w;\n"
+        "  cvt.u64.u32 w, dt;\n"
+        "  shl.b64 w, w, %18;\n"
+        "  st.volatile.u64 [rec + %20], w;\n"
+        "  membar.sys;\n"
+        "  atom.sys.exch.b32 v, [rec + %8], %17;\n"
+        "TRAP_%=:\n"
+        "  trap;\n"
+        "DONE_%=:\n"
+        "}\n" ::"r"(ptx::smem_addr_u32(bar)),
+        "r"(parity), "r"(limit), "l"(&deadline.ctx), "r"(peer), "n"(static_cast<u32>(kSite)),
+        "n"(__builtin_offsetof(WaitContext, record)), "n"(__builtin_offsetof(WaitContext, rank)),
+        "n"(__builtin_offsetof(TimeoutRecord, state)), "n"(__builtin_offsetof(TimeoutRecord, site)),
+        "n"(__builtin_offsetof(TimeoutRecord, block)), "n"(__builtin_offsetof(TimeoutRecord, thread)),
+        "n"(__builtin_offsetof(TimeoutRecord, rank)), "n"(__builtin_offsetof(TimeoutRecord, peer)),
+        "n"(__builtin_offsetof(TimeoutRecord, expected)), "n"(kRecordEmpty), "n"(kRecordWriting), "n"(kRecordComplete),
+        "n"(kMbarrierClockShift), "n"(__builtin_offsetof(TimeoutRecord, seen)),
+        "n"(__builtin_offsetof(TimeoutRecord, elapsed_ns))
+        : "memory");
+}
+
+}  // namespace megamoe_rt::sync

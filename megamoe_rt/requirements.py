@@ -1,8 +1,8 @@
 """What the entry points need before they start, and the one line that says what is missing.
 
-``pip install megamoe-rt`` alone imports, plans and models. Compiling kernels needs NVRTC,
-nvJitLink and the header wheels; running them also needs CuPy, cuda-core, the CUDA runtime,
-cuRAND, NVSHMEM and a Hopper GPU: the cu13 (or cu12) extra and the machine. Every entry point
+``pip install megamoe-rt`` alone imports, plans and models. Compiling kernels needs NVRTC and
+nvJitLink (header wheels only for the kernels that ask for them); running them also needs CuPy,
+cuda-core, the CUDA runtime, cuRAND, NVSHMEM and a Hopper GPU: the cu13 (or cu12) extra and the machine. Every entry point
 (the ``megamoe-rt`` commands, ``python -m megamoe_rt.cli.*``, the examples) asks here first,
 so a missing piece ends the program with one line naming it and the install command, exit
 status 1, instead of a traceback from deep inside CuPy or NVRTC. Under ``megamoe-rt launch``
@@ -31,24 +31,22 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Piece:
     """One thing the extras install: ``name`` as a message says it; ``kind`` and ``key`` say
-    how it is found (an import name, a cuda.pathfinder library name, a header set or device
-    library of megamoe_rt.jit.paths)."""
+    how it is found (an import name, or a cuda.pathfinder library name)."""
 
     name: str
-    kind: str  # "package" | "library" | "headers" | "device_library"
+    kind: str  # "package" | "library"
     key: str
 
 
 PATHFINDER = Piece("cuda-pathfinder", "package", "cuda.pathfinder")
+# What every kernel build needs. Header sets and device libraries only some kernels ask for
+# (KernelSpec.needs / device_libraries: the CUDA, CCCL and NVSHMEM headers of the NVSHMEM link
+# probe) are checked by that kernel's build, which names the missing wheel (jit.paths); asking
+# for them here would refuse machines that run every other kernel.
 COMPILER: tuple[Piece, ...] = (
     PATHFINDER,
     Piece("NVRTC (libnvrtc)", "library", "nvrtc"),
     Piece("nvJitLink (libnvJitLink)", "library", "nvJitLink"),
-    Piece("the CUDA headers", "headers", "cuda"),
-    Piece("the CCCL headers", "headers", "cccl"),
-    Piece("the CUTLASS headers", "headers", "cutlass"),
-    Piece("the NVSHMEM headers", "headers", "nvshmem"),
-    Piece("NVSHMEM's device library", "device_library", "nvshmem"),
 )
 GPU_STACK: tuple[Piece, ...] = (
     Piece("CuPy", "package", "cupy"),
@@ -86,13 +84,7 @@ def _library_found(name: str) -> bool:
 def found(piece: Piece) -> bool:
     if piece.kind == "package":
         return _package_found(piece.key)
-    if piece.kind == "library":
-        return _package_found(PATHFINDER.key) and _library_found(piece.key)
-    from megamoe_rt.jit import paths
-
-    if piece.kind == "headers":
-        return paths.include_dirs()[piece.key] is not None
-    return paths.device_library_path(piece.key) is not None
+    return _package_found(PATHFINDER.key) and _library_found(piece.key)
 
 
 def missing(pieces: tuple[Piece, ...] = GPU_STACK) -> list[str]:
@@ -150,7 +142,7 @@ def gpu_or_report(program: str, ordinal: int | None = None) -> DeviceInfo | None
 
 
 def compiler_or_report(program: str) -> bool:
-    """Whether kernels can be compiled here (NVRTC, nvJitLink, the header wheels; no GPU
+    """Whether kernels can be compiled here (NVRTC, nvJitLink; no GPU
     needed); False after :func:`report` said what is missing."""
     problem = stack_problem(COMPILER)
     if problem is not None:

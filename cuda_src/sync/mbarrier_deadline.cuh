@@ -25,6 +25,26 @@ namespace megamoe_rt::sync {
 // more, so the coarse unit loses nothing that matters.
 constexpr u32 kMbarrierClockShift = 32;
 
+// Field offsets the asm below writes at. NVRTC 13.0 cannot take offsetof in a constant
+// expression, so they are spelled out here; the generated header (interface/sync.cuh) asserts
+// the declaration's offsets where NVRTC can, and these are asserted against the same fields.
+struct RecordOffsets {
+    static constexpr u32 kContextRecord = 8, kContextRank = 16;
+    static constexpr u32 kState = 0, kSite = 4, kBlock = 8, kThread = 12, kRank = 16, kPeer = 20;
+    static constexpr u32 kExpected = 24, kSeen = 32, kElapsed = 40;
+};
+MEGAMOE_RT_ASSERT_OFFSET(WaitContext, record, RecordOffsets::kContextRecord, "WaitContext::record moved");
+MEGAMOE_RT_ASSERT_OFFSET(WaitContext, rank, RecordOffsets::kContextRank, "WaitContext::rank moved");
+MEGAMOE_RT_ASSERT_OFFSET(TimeoutRecord, state, RecordOffsets::kState, "TimeoutRecord::state moved");
+MEGAMOE_RT_ASSERT_OFFSET(TimeoutRecord, site, RecordOffsets::kSite, "TimeoutRecord::site moved");
+MEGAMOE_RT_ASSERT_OFFSET(TimeoutRecord, block, RecordOffsets::kBlock, "TimeoutRecord::block moved");
+MEGAMOE_RT_ASSERT_OFFSET(TimeoutRecord, thread, RecordOffsets::kThread, "TimeoutRecord::thread moved");
+MEGAMOE_RT_ASSERT_OFFSET(TimeoutRecord, rank, RecordOffsets::kRank, "TimeoutRecord::rank moved");
+MEGAMOE_RT_ASSERT_OFFSET(TimeoutRecord, peer, RecordOffsets::kPeer, "TimeoutRecord::peer moved");
+MEGAMOE_RT_ASSERT_OFFSET(TimeoutRecord, expected, RecordOffsets::kExpected, "TimeoutRecord::expected moved");
+MEGAMOE_RT_ASSERT_OFFSET(TimeoutRecord, seen, RecordOffsets::kSeen, "TimeoutRecord::seen moved");
+MEGAMOE_RT_ASSERT_OFFSET(TimeoutRecord, elapsed_ns, RecordOffsets::kElapsed, "TimeoutRecord::elapsed_ns moved");
+
 // The deadline every mbarrier wait of a kernel gets: its WaitContext and how far behind the
 // kernel's other waits it comes (kIntraBlockWaitShift in kernels that also wait across blocks).
 struct MbarrierDeadline {
@@ -88,13 +108,10 @@ __device__ __forceinline__ void mbarrier_wait_parity_shared_or_trap(u64* bar, u3
         "DONE_%=:\n"
         "}\n" ::"r"(ptx::smem_addr_u32(bar)),
         "r"(parity), "r"(limit), "l"(&deadline.ctx), "r"(peer), "n"(static_cast<u32>(kSite)),
-        "n"(__builtin_offsetof(WaitContext, record)), "n"(__builtin_offsetof(WaitContext, rank)),
-        "n"(__builtin_offsetof(TimeoutRecord, state)), "n"(__builtin_offsetof(TimeoutRecord, site)),
-        "n"(__builtin_offsetof(TimeoutRecord, block)), "n"(__builtin_offsetof(TimeoutRecord, thread)),
-        "n"(__builtin_offsetof(TimeoutRecord, rank)), "n"(__builtin_offsetof(TimeoutRecord, peer)),
-        "n"(__builtin_offsetof(TimeoutRecord, expected)), "n"(kRecordEmpty), "n"(kRecordWriting), "n"(kRecordComplete),
-        "n"(kMbarrierClockShift), "n"(__builtin_offsetof(TimeoutRecord, seen)),
-        "n"(__builtin_offsetof(TimeoutRecord, elapsed_ns))
+        "n"(RecordOffsets::kContextRecord), "n"(RecordOffsets::kContextRank), "n"(RecordOffsets::kState),
+        "n"(RecordOffsets::kSite), "n"(RecordOffsets::kBlock), "n"(RecordOffsets::kThread), "n"(RecordOffsets::kRank),
+        "n"(RecordOffsets::kPeer), "n"(RecordOffsets::kExpected), "n"(kRecordEmpty), "n"(kRecordWriting),
+        "n"(kRecordComplete), "n"(kMbarrierClockShift), "n"(RecordOffsets::kSeen), "n"(RecordOffsets::kElapsed)
         : "memory");
 }
 

@@ -26,8 +26,7 @@ __device__ __forceinline__ void fail_wait(WaitSite site, const WaitContext& ctx,
 }
 
 // Prints the wait's line once per launch, not once per timed-out thread: only the thread
-// that claims the record prints; the others hold back their trap until the line is written
-// (bounded: a record in host memory the host has reset would otherwise keep them here).
+// that claims the record prints; the others hold back their trap until the line is written.
 __device__ __noinline__ void report_wait_timeout(WaitSite site, const WaitContext& ctx, u32 peer, u64 expected,
                                                  u64 seen) {
     if (claim_timeout_record(ctx.record)) {
@@ -37,11 +36,8 @@ __device__ __noinline__ void report_wait_timeout(WaitSite site, const WaitContex
             wait_site_name(site), static_cast<double>(ctx.timeout_ns) * 1e-9, blockIdx.x, threadIdx.x, ctx.rank, peer,
             static_cast<unsigned long long>(expected), static_cast<unsigned long long>(seen));
         fill_timeout_record(ctx.record, static_cast<u32>(site), ctx.rank, peer, expected, seen, ctx.timeout_ns);
-    } else if (ctx.record != nullptr) {
-        const u64 start = ptx::globaltimer_ns();
-        while (ptx::ld_acquire_sys_u32(&ctx.record->state) != kRecordComplete &&
-               ptx::globaltimer_ns() - start < kReportGraceNs)
-            __nanosleep(1000);
+    } else {
+        await_timeout_record(ctx.record);
     }
     __trap();
 }

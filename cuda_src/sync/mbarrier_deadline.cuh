@@ -17,6 +17,7 @@
 #include "common/types.cuh"
 #include "interface/sync.cuh"
 #include "ptx/mbarrier.cuh"
+#include "sync/timeout_record.cuh"
 
 namespace megamoe_rt::sync {
 
@@ -45,24 +46,32 @@ MEGAMOE_RT_ASSERT_OFFSET(TimeoutRecord, expected, RecordOffsets::kExpected, "Tim
 MEGAMOE_RT_ASSERT_OFFSET(TimeoutRecord, seen, RecordOffsets::kSeen, "TimeoutRecord::seen moved");
 MEGAMOE_RT_ASSERT_OFFSET(TimeoutRecord, elapsed_ns, RecordOffsets::kElapsed, "TimeoutRecord::elapsed_ns moved");
 
-// The deadline every mbarrier wait of a kernel gets: its WaitContext and how far behind the
-// kernel's other waits it comes (kIntraBlockWaitShift in kernels that also wait across blocks).
+// The deadline every mbarrier wait of a kernel gets, made once per thread: its WaitContext
+// (read only on the timed-out path) and the limit in kMbarrierClockShift units, `shift` powers
+// of two behind the context's deadline (kIntraBlockWaitShift in kernels that also wait across
+// blocks). The limit is an operand of every wait's asm: computed at each wait, its load from
+// the parameters would sit on the math warpgroups' path between k-blocks (measured: GEMMs 6-7%
+// slower than waits without a deadline).
 struct MbarrierDeadline {
-    const WaitContext& ctx;
-    u32 shift;
+    const WaitContext* ctx;
+    u32 limit;
+
+    __device__ __forceinline__ MbarrierDeadline(const WaitContext& wait, u32 shift) : ctx(&wait) {
+        // Rounded up to whole units and saturated: a deadline past 2^32 units (centuries) is none.
+        const u64 units = ((wait.timeout_ns << shift) >> kMbarrierClockShift) + 1;
+        limit = units > 0xFFFFFFFFull ? 0xFFFFFFFFu : static_cast<u32>(units);
+    }
 };
 
 // Waits until the phase with `parity` of `bar` has completed. Past the deadline the first
 // timed-out thread of the launch fills the TimeoutRecord (`site`; `peer`: which stage or
-// slot; expected: the parity), and every timed-out thread traps. The clock is read only after
+// slot; expected: the parity), and every timed-out thread traps once the record is complete
+// (a whole warpgroup times out on the same barrier at once). The clock is read only after
 // a try_wait has come back unsuccessful (each try suspends the thread for a while first), so
 // the path that finds the phase complete costs one branch more than the plain wait.
 template <WaitSite kSite>
 __device__ __forceinline__ void mbarrier_wait_parity_shared_or_trap(u64* bar, u32 parity,
                                                                     const MbarrierDeadline& deadline, u32 peer) {
-    // Rounded up to whole units and saturated: a deadline past 2^32 units (centuries) is none.
-    const u64 units = ((deadline.ctx.timeout_ns << deadline.shift) >> kMbarrierClockShift) + 1;
-    const u32 limit = units > 0xFFFFFFFFull ? 0xFFFFFFFFu : static_cast<u32>(units);
     asm volatile(
         "{\n"
         "  .reg .pred ok, waiting, lost;\n"
@@ -84,7 +93,7 @@ __device__ __forceinline__ void mbarrier_wait_parity_shared_or_trap(u64* bar, u3
         "  @lost bra TRAP_%=;\n"
         "  atom.sys.cas.b32 v, [rec + %8], %15, %16;\n"
         "  setp.ne.u32 lost, v, %15;\n"
-        "  @lost bra TRAP_%=;\n"
+        "  @lost bra GRACE_%=;\n"
         "  mov.u32 v, %5;\n"
         "  st.volatile.u32 [rec + %9], v;\n"
         "  mov.u32 v, %%ctaid.x;\n"
@@ -103,15 +112,30 @@ __device__ __forceinline__ void mbarrier_wait_parity_shared_or_trap(u64* bar, u3
         "  st.volatile.u64 [rec + %20], w;\n"
         "  membar.sys;\n"
         "  atom.sys.exch.b32 v, [rec + %8], %17;\n"
+        "  bra TRAP_%=;\n"
+        // Lost the claim: a trap ends the whole launch, so hold it until the claimant's record
+        // is complete (at most kReportGraceNs, timed on %globaltimer_lo).
+        "GRACE_%=:\n"
+        "  mov.u32 t0, %%globaltimer_lo;\n"
+        "GRACE_POLL_%=:\n"
+        "  ld.acquire.sys.u32 v, [rec + %8];\n"
+        "  setp.eq.u32 ok, v, %17;\n"
+        "  @ok bra TRAP_%=;\n"
+        "  nanosleep.u32 1000;\n"
+        "  mov.u32 dt, %%globaltimer_lo;\n"
+        "  sub.u32 dt, dt, t0;\n"
+        "  setp.lt.u32 waiting, dt, %21;\n"
+        "  @waiting bra GRACE_POLL_%=;\n"
         "TRAP_%=:\n"
         "  trap;\n"
         "DONE_%=:\n"
         "}\n" ::"r"(ptx::smem_addr_u32(bar)),
-        "r"(parity), "r"(limit), "l"(&deadline.ctx), "r"(peer), "n"(static_cast<u32>(kSite)),
+        "r"(parity), "r"(deadline.limit), "l"(deadline.ctx), "r"(peer), "n"(static_cast<u32>(kSite)),
         "n"(RecordOffsets::kContextRecord), "n"(RecordOffsets::kContextRank), "n"(RecordOffsets::kState),
         "n"(RecordOffsets::kSite), "n"(RecordOffsets::kBlock), "n"(RecordOffsets::kThread), "n"(RecordOffsets::kRank),
         "n"(RecordOffsets::kPeer), "n"(RecordOffsets::kExpected), "n"(kRecordEmpty), "n"(kRecordWriting),
-        "n"(kRecordComplete), "n"(kMbarrierClockShift), "n"(RecordOffsets::kSeen), "n"(RecordOffsets::kElapsed)
+        "n"(kRecordComplete), "n"(kMbarrierClockShift), "n"(RecordOffsets::kSeen), "n"(RecordOffsets::kElapsed),
+        "n"(static_cast<u32>(kReportGraceNs))
         : "memory");
 }
 

@@ -8,6 +8,8 @@
 
 #include "common/types.cuh"
 #include "interface/sync.cuh"
+#include "ptx/ld_st.cuh"
+#include "ptx/special_regs.cuh"
 
 namespace megamoe_rt::sync {
 
@@ -36,9 +38,22 @@ __device__ __forceinline__ void fill_timeout_record(TimeoutRecord* rec, u32 site
     atomicExch_system(&rec->state, kRecordComplete);
 }
 
+// Threads that lost the claim: a trap ends the whole launch, so they hold theirs until the
+// claimant's record is complete (bounded: the host may have reset a record in the meantime).
+__device__ __forceinline__ void await_timeout_record(TimeoutRecord* rec) {
+    if (rec == nullptr) return;
+    const u64 start = ptx::globaltimer_ns();
+    while (ptx::ld_acquire_sys_u32(&rec->state) != kRecordComplete && ptx::globaltimer_ns() - start < kReportGraceNs)
+        __nanosleep(1000);
+}
+
+// The record of a timed-out wait: filled by the first thread, awaited by the others.
 __device__ __forceinline__ void write_timeout_record(TimeoutRecord* rec, u32 site, u32 rank, u32 peer, u64 expected,
                                                      u64 seen, u64 elapsed_ns) {
-    if (claim_timeout_record(rec)) fill_timeout_record(rec, site, rank, peer, expected, seen, elapsed_ns);
+    if (claim_timeout_record(rec))
+        fill_timeout_record(rec, site, rank, peer, expected, seen, elapsed_ns);
+    else
+        await_timeout_record(rec);
 }
 
 }  // namespace megamoe_rt::sync

@@ -53,10 +53,13 @@ __device__ __forceinline__ void produce_tile(const Tile& tile, u32 num_k_blocks,
                                              PipelineState<Cfg::kStages>& st, const ptx::TmaDescriptor* tma_a,
                                              const ptx::TmaDescriptor* tma_b, const ptx::TmaDescriptor* tma_sfa,
                                              u32 cta_rank, const sync::MbarrierDeadline& deadline) {
+    // Unrolled as NVVM unrolls it for a short wait: the deadline's asm, with its cold path, is
+    // long enough that the cost model would leave the loop rolled (GEMMs 7% slower, measured).
+#pragma unroll 4
     for (u32 kb = 0; kb < num_k_blocks; ++kb) {
         // The first pass finds every stage free: waiting on the parity before phase 0 returns at once.
         sync::mbarrier_wait_parity_shared_or_trap<sync::WaitSite::kSmemStageFree>(sm.empty(st.stage), st.phase ^ 1,
-                                                                                deadline, st.stage);
+                                                                                  deadline, st.stage);
         u64* full = sm.full(st.stage);
         ptx::mbarrier_arrive_expect_tx_shared(full, Cfg::kStageTxBytes);
         const i32 k0 = static_cast<i32>(kb * Cfg::kBlockK);
@@ -164,7 +167,7 @@ __device__ __forceinline__ void consume_tile(const GemmParams& p, const Tile& ti
         const float sb_lo = ptx::ld_global_nc_f32(sfb + kb);
         const float sb_hi = Cfg::kBSfN == 64 ? ptx::ld_global_nc_f32(sfb + num_k_blocks + kb) : sb_lo;
         sync::mbarrier_wait_parity_shared_or_trap<sync::WaitSite::kSmemStageFull>(sm.full(st.stage), st.phase, deadline,
-                                                                                st.stage);
+                                                                                  st.stage);
 #pragma unroll
         for (u32 h = 0; h < kSteps; ++h) {
             issue_step<Cfg>(sm, st.stage, h, a_offset, b_offset, acc);

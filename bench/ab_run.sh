@@ -3,7 +3,8 @@
 # both arms see the same GPU, clocks and drift. The baseline is an exported commit:
 #   mkdir .base && git archive <commit> | tar -x -C .base     (.base is git-ignored)
 # Usage: bench/ab_run.sh OUTDIR BENCH_ARGS...   e.g. bench/ab_run.sh /tmp/ab gemm --tokens 2048,8192
-# AB_JSON_FLAG: the option that names the JSON file in the trees' CLI (default -o).
+# AB_JSON_FLAG: the option that names the JSON file in the trees' CLI (default -o; a baseline from before
+# -o/--output took `--json PATH`: AB_JSON_FLAG=--json).
 # AB_BASE_TWICE=0 skips the second base run. AB_TREE names another tree for the second arm (default: this one).
 # Writes OUTDIR/{base,tree}.json and each arm's log; the order is base, tree, base, so drift
 # over the run shows up as a difference between the two base runs.

@@ -31,19 +31,19 @@ tests)
         tests/multigpu/test_random_configs_multigpu.py -rfE 2>&1 | tee -a "$log"
     ;;
 overhead)
-    launch overhead --preset flash --tokens 64,2048 --mode fused,unfused --json "$OUT/ep2_overhead.json" | tee "$log"
+    launch overhead --preset flash --tokens 64,2048 --mode fused,unfused -o "$OUT/ep2_overhead.json" | tee "$log"
     MEGAMOE_RT_TEST_RANKS=2 python3 -m pytest -q -m multigpu tests/multigpu/test_launchers_multigpu.py -rfE 2>&1 \
         | tee -a "$log"
     ;;
 stream)
-    launch stream --preset flash,v3 --tokens 512,2048,8192 --json "$OUT/ep2_stream.json" | tee "$log"
+    launch stream --preset flash,v3 --tokens 512,2048,8192 -o "$OUT/ep2_stream.json" | tee "$log"
     ;;
 transport)
     launch moe --preset flash,v3 --tokens 128,2048,8192 --mode unfused@nvlink,unfused@nvshmem --rounds 3 \
-        --json "$OUT/ep2_transport.json" | tee "$log"
+        -o "$OUT/ep2_transport.json" | tee "$log"
     ;;
 prefill)
-    launch prefill --preset flash,pro --tokens 16384,32768 --json "$OUT/ep2_prefill.json" \
+    launch prefill --preset flash,pro --tokens 16384,32768 -o "$OUT/ep2_prefill.json" \
         --png "$OUT/ep2_prefill.png" | tee "$log"
     ;;
 *)

@@ -28,10 +28,10 @@ MEGAMOE_RT_TEST_RANKS=$N python3 -m pytest -q -m multigpu tests 2>&1 | tee "$OUT
 
 echo "== flash, pro at $FLASH_PRO_TOKENS tokens/rank" | tee -a "$OUT/ep${N}_bench.txt"
 python3 -m megamoe_rt launch -n "$N" -m megamoe_rt.cli.bench moe --preset flash,pro \
-    --tokens "$FLASH_PRO_TOKENS" --mode "$MODES" --rounds 3 --json "$OUT/ep${N}_flash_pro.json" \
+    --tokens "$FLASH_PRO_TOKENS" --mode "$MODES" --rounds 3 -o "$OUT/ep${N}_flash_pro.json" \
     | tee -a "$OUT/ep${N}_bench.txt"
 
 echo "== v3 at $V3_TOKENS tokens/rank" | tee -a "$OUT/ep${N}_bench.txt"
 python3 -m megamoe_rt launch -n "$N" -m megamoe_rt.cli.bench moe --preset v3 \
-    --tokens "$V3_TOKENS" --mode "$MODES" --rounds 3 --json "$OUT/ep${N}_v3.json" \
+    --tokens "$V3_TOKENS" --mode "$MODES" --rounds 3 -o "$OUT/ep${N}_v3.json" \
     | tee -a "$OUT/ep${N}_bench.txt"

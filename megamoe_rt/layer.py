@@ -18,13 +18,13 @@ and hands the call to its mode object (:attr:`MegaMoE.runner`; docs/ARCHITECTURE
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
 import numpy as np
 
 from megamoe_rt.ep import agreement
-from megamoe_rt.ep.group import RankGroup
+from megamoe_rt.ep.group import RankGroup, check_group
 from megamoe_rt.kernels import moe as mk
 from megamoe_rt.kernels.grouped_gemm import prepare_swiglu_weights
 from megamoe_rt.modes.base import Call, LayerSpec, LayoutNeeds, Mode, Weights, buffer_layout, check_transport
@@ -45,10 +45,54 @@ MODES = mode_names()
 _ID_ERRORS = ("expert_id_out_of_range", "repeated_expert_id")
 
 
-def _positive(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f"{name}: expected a positive integer, got {value!r}")
-    return int(value)
+# --- what the ranks agree on -----------------------------------------------------------------
+# Across ranks every setting of a layer is the same on every rank (compared when the layers are
+# constructed, ep/agreement.py), except the few each rank has for itself, listed here with the
+# reason. Agreed: every LayerSpec field not in RANK_LOCAL_SPEC_FIELDS (so a new field is agreed
+# unless listed here), and AGREED_LAYER_SETTINGS, the constructor's settings LayerSpec does not
+# hold. tests/cpu/test_rank_agreement.py holds every constructor parameter to one of the two.
+
+RANK_LOCAL_SPEC_FIELDS: dict[str, str] = {
+    "rank": "the rank's own number in the group",
+    "device": "the rank's own GPU",
+    "sm_count": "the SM count of the rank's own GPU: grids are per rank, nothing across ranks counts SMs",
+    "split_sms": (
+        "the split mode's SM partition of the rank's own GPU (tuned per device); K1, K2 and K3 share it "
+        "on that GPU only, the cross-rank protocol does not depend on it"
+    ),
+}
+
+RANK_LOCAL_PARAMETERS: dict[str, str] = {
+    "device": "the rank's own GPU (checked against the group's device for the rank)",
+    "group": "each rank's own view of the group; its world size is agreed (num_ranks)",
+    "track_expert_stats": "a counter array of the rank's own experts on its own GPU; no peer reads it",
+    "split_sms": RANK_LOCAL_SPEC_FIELDS["split_sms"],
+}
+
+# Constructor settings outside LayerSpec that every rank passes alike (transport as given:
+# "auto" decides which collectives construction makes before it is resolved).
+AGREED_LAYER_SETTINGS = ("mode", "ring_blocks", "chunk_ratio", "validate_ids", "transport")
+
+
+def agreed_settings(spec: LayerSpec, **layer_settings: object) -> dict[str, object]:
+    """Every setting the ranks' layers must share, by name: the fields of ``spec`` but the
+    rank-local ones, then ``layer_settings`` (exactly :data:`AGREED_LAYER_SETTINGS`; a value
+    there wins over the field of the same name)."""
+    if set(layer_settings) != set(AGREED_LAYER_SETTINGS):
+        raise TypeError(f"agreed_settings: expected the settings {AGREED_LAYER_SETTINGS}, got {tuple(layer_settings)}")
+    out: dict[str, object] = {
+        f.name: getattr(spec, f.name) for f in fields(spec) if f.name not in RANK_LOCAL_SPEC_FIELDS
+    }
+    out.update(layer_settings)
+    return out
+
+
+def _agree_on_set_up(group: RankGroup, step: str, failure: BaseException | None) -> None:
+    """Across ranks, after a step of construction that may fail on one rank only: every rank
+    goes on, or every rank raises the failing rank's error (a collective)."""
+    failed = agreement.gather_failures(group, f"MegaMoE set-up: {step}", failure)
+    if failed:
+        raise agreement.refusal(f"MegaMoE set-up ({step})", failed) from failure
 
 
 def describe_findings(findings: tuple[Finding, ...], num_topk: int, num_experts: int, rank: int | None) -> str:
@@ -184,6 +228,15 @@ class MegaMoE:
     device report) through the group's ``allgather``, and either all launch or all raise the
     same error, naming the rank at fault: no rank is left waiting in a kernel for a peer that
     raised. A device report of any rank is raised on every rank, with every rank's findings.
+
+    Construction is collective too. Every setting is the same on every rank (every
+    :class:`~megamoe_rt.modes.base.LayerSpec` field and ``mode``, ``ring_blocks``,
+    ``chunk_ratio``, ``validate_ids``, ``transport``), except those in
+    :data:`RANK_LOCAL_PARAMETERS` (``device``, ``group``, ``track_expert_stats``,
+    ``split_sms``): the ranks compare them before any collective, and settings that differ are
+    one ValueError on every rank naming each setting and every rank's value. An argument refused
+    on one rank, or a step of set-up failing there (its GPU, its layout, the symmetric heap), is
+    raised on every rank as that rank's error, naming it; no rank is left inside NVSHMEM.
     """
 
     def __init__(
@@ -210,67 +263,109 @@ class MegaMoE:
         streaming: StreamConfig | None = None,
         transport: str = "auto",
     ):
-        self.hidden = _positive("hidden", hidden)
-        self.intermediate = _positive("intermediate", intermediate)
-        self.num_experts = _positive("num_experts", num_experts)
-        self.num_topk = _positive("num_topk", num_topk)
-        self.num_max_tokens_per_rank = _positive("num_max_tokens_per_rank", num_max_tokens_per_rank)
-        if self.hidden % 128 or self.intermediate % 128:
-            raise ValueError(f"hidden={hidden}, intermediate={intermediate}: both must be multiples of 128")
-        if self.num_topk > min(self.num_experts, mk.MAX_TOPK):
-            raise ValueError(f"num_topk={num_topk}: expected at most min(num_experts={num_experts}, {mk.MAX_TOPK})")
-        if self.num_experts > mk.MAX_LOCAL_EXPERTS:
-            raise ValueError(f"num_experts={num_experts}: at most {mk.MAX_LOCAL_EXPERTS} experts are supported")
-        act_sf_gran = args.integer_choice("act_sf_gran", act_sf_gran, (64, 128))
-        if swiglu_limit is not None:
-            swiglu_limit = args.positive_float32("swiglu_limit", swiglu_limit)
-        if group is not None and not isinstance(group, RankGroup):
-            raise TypeError(
-                f"group: expected a RankGroup (megamoe_rt.ep.launch.context_from_env(), an MpiRankContext, or any "
-                f"object with rank, world_size, device, broadcast, barrier and allgather), got {type(group).__name__}"
-            )
+        # A group that cannot be one (world size 0, a rank outside it) cannot agree on anything:
+        # refused here, on the rank that has it, before any exchange.
+        rank, world = (0, 1) if group is None else check_group(group)
         if device is not None:
+            # A contradiction between the rank's own arguments, refused on it before any exchange.
             device = args.integer("device", device, minimum=0)
-        world = 1 if group is None else int(group.world_size)
-        if world > 1 and self.num_experts % world:
-            raise ValueError(f"num_experts={num_experts}: expected a multiple of the {world} ranks")
-        rank = 0 if group is None else int(group.rank)
-        transport = check_transport(transport, world)
-        if streaming is not None:
-            if not isinstance(streaming, StreamConfig):
-                raise TypeError(f"streaming: expected a StreamConfig or None, got {type(streaming).__name__}")
-            if streaming.tokens_per_slot > self.num_max_tokens_per_rank:
+            if group is not None and device != group.device:
                 raise ValueError(
-                    f"streaming: tokens_per_slot={streaming.tokens_per_slot} exceeds num_max_tokens_per_rank="
-                    f"{self.num_max_tokens_per_rank} (a chunk runs as a call of at most that many tokens)"
+                    f"device={device}: the rank group runs this rank on device {group.device}; "
+                    "pass device=None or the group's device"
                 )
-            if mode not in (None, "unfused"):
-                raise ValueError(f"streaming: runs in mode='unfused' (a chunk per call of its kernels), not {mode!r}")
-            mode = "unfused"
-        spec = LayerSpec(
-            self.hidden,
-            self.intermediate,
-            self.num_experts,
-            self.num_topk,
-            self.num_max_tokens_per_rank,
-            num_ranks=world,
-            rank=rank,
-            act_sf_gran=act_sf_gran,
-            swiglu_limit=None if swiglu_limit is None else float(swiglu_limit),
-            pow2_scale=bool(pow2_scale),
-            debug=bool(debug),
-            timeout_s=timeout_s,
-            split_sms=split_sms,
-            streaming=streaming,
-            transport="nvshmem" if transport == "nvshmem" else "nvlink",
-        )
-        if device is not None and group is not None and int(device) != int(group.device):
-            raise ValueError(
-                f"device={device}: the rank group runs this rank on device {group.device}; "
-                "pass device=None or the group's device"
+        # Across ranks nothing up to the agreement below is collective: a rank whose arguments
+        # are refused tells the others there, and every rank raises the same error.
+        failure: Exception | None = None
+        settings: dict[str, object] = {}
+        try:
+            self.hidden = args.integer("hidden", hidden, minimum=1)
+            self.intermediate = args.integer("intermediate", intermediate, minimum=1)
+            self.num_experts = args.integer("num_experts", num_experts, minimum=1)
+            self.num_topk = args.integer("num_topk", num_topk, minimum=1)
+            self.num_max_tokens_per_rank = args.integer("num_max_tokens_per_rank", num_max_tokens_per_rank, minimum=1)
+            if self.hidden % 128 or self.intermediate % 128:
+                raise ValueError(f"hidden={hidden}, intermediate={intermediate}: both must be multiples of 128")
+            if self.num_topk > min(self.num_experts, mk.MAX_TOPK):
+                raise ValueError(f"num_topk={num_topk}: expected at most min(num_experts={num_experts}, {mk.MAX_TOPK})")
+            if self.num_experts > mk.MAX_LOCAL_EXPERTS:
+                raise ValueError(f"num_experts={num_experts}: at most {mk.MAX_LOCAL_EXPERTS} experts are supported")
+            act_sf_gran = args.integer_choice("act_sf_gran", act_sf_gran, (64, 128))
+            if swiglu_limit is not None:
+                swiglu_limit = args.positive_float32("swiglu_limit", swiglu_limit)
+            if world > 1 and self.num_experts % world:
+                raise ValueError(f"num_experts={num_experts}: expected a multiple of the {world} ranks")
+            transport = check_transport(transport, world)
+            if streaming is not None:
+                if not isinstance(streaming, StreamConfig):
+                    raise TypeError(f"streaming: expected a StreamConfig or None, got {type(streaming).__name__}")
+                if streaming.tokens_per_slot > self.num_max_tokens_per_rank:
+                    raise ValueError(
+                        f"streaming: tokens_per_slot={streaming.tokens_per_slot} exceeds num_max_tokens_per_rank="
+                        f"{self.num_max_tokens_per_rank} (a chunk runs as a call of at most that many tokens)"
+                    )
+                if mode not in (None, "unfused"):
+                    raise ValueError(
+                        f"streaming: runs in mode='unfused' (a chunk per call of its kernels), not {mode!r}"
+                    )
+                mode = "unfused"
+            if chunk_ratio is not None:
+                chunk_ratio = check_chunk_ratio(chunk_ratio)
+            if ring_blocks is not None:
+                ring_blocks = args.integer("ring_blocks", ring_blocks, minimum=1)
+            if timeout_s is not None:
+                wait_timeout_ns(timeout_s)  # validates
+                timeout_s = float(timeout_s)  # 60 and 60.0 are one setting across ranks
+            spec = LayerSpec(
+                self.hidden,
+                self.intermediate,
+                self.num_experts,
+                self.num_topk,
+                self.num_max_tokens_per_rank,
+                num_ranks=world,
+                rank=rank,
+                act_sf_gran=act_sf_gran,
+                swiglu_limit=None if swiglu_limit is None else float(swiglu_limit),
+                pow2_scale=bool(pow2_scale),
+                debug=bool(debug),
+                timeout_s=timeout_s,
+                split_sms=split_sms,
+                streaming=streaming,
+                transport="nvshmem" if transport == "nvshmem" else "nvlink",
             )
+            # The mode's checks of its arguments (its name, SM counts or a ring it does not
+            # take) before any rank starts NVSHMEM; it is picked again once the transport is known.
+            select_mode(mode, spec, ring_blocks=ring_blocks, split_sms=split_sms, chunk_ratio=chunk_ratio)
+            # "auto" is compared as given: it decides the collectives construction makes.
+            settings = agreed_settings(
+                spec,
+                mode=mode,
+                ring_blocks=ring_blocks,
+                chunk_ratio=chunk_ratio,
+                validate_ids=bool(validate_ids),
+                transport=transport,
+            )
+        except Exception as exc:
+            if world == 1:
+                raise
+            failure = exc
         if world > 1:
-            agreement.require_same_construction(group, f"transport={transport!r}")  # type: ignore[arg-type]
+            agreement.agree_on_construction(group, settings, failure)  # type: ignore[arg-type]
+
+        # Every rank's GPU, before any rank starts NVSHMEM (whose start-up waits for all).
+        failure = None
+        try:
+            if device is None and group is not None:
+                device = group.device
+            self.device_info = driver.require_hopper(device)
+            self.device = self.device_info.ordinal
+            driver.ensure_context(self.device)
+        except Exception as exc:
+            if world == 1:
+                raise
+            failure = exc
+        if world > 1:
+            _agree_on_set_up(group, "the ranks' GPUs", failure)  # type: ignore[arg-type]
         if world > 1 and transport == "auto":
             # Resolved before a mode is picked (where a peer is not mapped, only 'unfused' runs):
             # NVSHMEM starts here, its heap sized for the largest buffer the layer may take.
@@ -281,26 +376,12 @@ class MegaMoE:
             runtime = NvshmemRuntime.initialize(group, heap_bytes=largest.total_bytes)  # type: ignore[arg-type]
             spec = replace(spec, transport="nvlink" if runtime.every_peer_mapped() else "nvshmem")
         self.transport = spec.transport
-        if chunk_ratio is not None:
-            chunk_ratio = check_chunk_ratio(chunk_ratio)
-        if ring_blocks is not None:
-            ring_blocks = args.integer("ring_blocks", ring_blocks, minimum=1)
-        mode_cls = select_mode(mode, spec, ring_blocks=ring_blocks, split_sms=split_sms, chunk_ratio=chunk_ratio)
-        self.mode = mode_cls.name
         self.timeout_s = timeout_s
-        if timeout_s is not None:
-            wait_timeout_ns(timeout_s)  # validates
         self.swiglu_limit = spec.swiglu_limit
         self.act_sf_gran = act_sf_gran
         self.pow2_scale = spec.pow2_scale
         self.validate_ids = bool(validate_ids)
         self.debug = spec.debug
-        # What every rank's layer must share, beyond the buffer layout: these decide which
-        # collective exchanges a call makes and what it raises.
-        self._settings = (
-            f"mode={mode_cls.name} debug={self.debug} validate_ids={self.validate_ids} streaming={streaming} "
-            f"transport={spec.transport}"
-        )
         self.streaming = streaming
         self.group = group if world > 1 else None
         self.num_ranks = world
@@ -308,20 +389,39 @@ class MegaMoE:
         self.num_local_experts = spec.num_local_experts
         self.first_local_expert = spec.first_local_expert
 
-        if device is None and group is not None:
-            device = group.device
-        self.device_info = driver.require_hopper(device)
-        self.device = self.device_info.ordinal
-        driver.ensure_context(self.device)
-        spec = replace(spec, device=self.device, sm_count=self.device_info.sm_count)
-        if chunk_ratio is not None:
-            ring_blocks = _ring_for_chunk_ratio(mode_cls, spec, chunk_ratio)
-        self.layout = buffer_layout(spec, mode_cls.layout_needs(spec, ring_blocks))
-        self.pool_align = self.layout.block_m
-        self.token_capacity = self.layout.num_max_tokens_per_rank
-        # Host-only checks of the layout (fused: a ring below the live window is refused here),
-        # before any memory is allocated.
-        self.runner = mode_cls(spec, self.layout)
+        # The mode and the buffer's layout (host-only; fused: a ring below the live window is
+        # refused here), agreed before any memory is allocated.
+        failure = None
+        try:
+            mode_cls = select_mode(mode, spec, ring_blocks=ring_blocks, split_sms=split_sms, chunk_ratio=chunk_ratio)
+            self.mode = mode_cls.name
+            # What every call compares (a digest: it is posted with every call): the ranks call
+            # layers constructed alike, the mode and transport as resolved.
+            self._settings = agreement.settings_digest(
+                agreement.settings_text(
+                    agreed_settings(
+                        spec,
+                        mode=mode_cls.name,
+                        ring_blocks=ring_blocks,
+                        chunk_ratio=chunk_ratio,
+                        validate_ids=self.validate_ids,
+                        transport=spec.transport,
+                    )
+                )
+            )
+            spec = replace(spec, device=self.device, sm_count=self.device_info.sm_count)
+            if chunk_ratio is not None:
+                ring_blocks = _ring_for_chunk_ratio(mode_cls, spec, chunk_ratio)
+            self.layout = buffer_layout(spec, mode_cls.layout_needs(spec, ring_blocks))
+            self.pool_align = self.layout.block_m
+            self.token_capacity = self.layout.num_max_tokens_per_rank
+            self.runner = mode_cls(spec, self.layout)
+        except Exception as exc:
+            if self.group is None:
+                raise
+            failure = exc
+        if self.group is not None:
+            _agree_on_set_up(self.group, "the mode and the buffer's layout", failure)
         self._weights: Weights | None = None
         self._closed = False
         self.buffer: LayerBuffer
@@ -330,27 +430,44 @@ class MegaMoE:
         else:
             from megamoe_rt.ep.symm import NvshmemRuntime, SymmetricBuffer
 
+            # Each collective (start-up, allocation) agrees first that every rank can enter it.
             runtime = NvshmemRuntime.initialize(self.group, heap_bytes=self.layout.total_bytes)
             # Zeroed on every rank when it returns; peers unmapped only under the NVSHMEM transport.
-            self.buffer = SymmetricBuffer(self.layout, runtime, require_peer_mapping=spec.transport == "nvlink")
-        # The fused kernel's counters, grid barrier and launch epoch start from zero once;
-        # after that every launch leaves them ready for the next. The fills run on CuPy's
-        # stream, the calls on the caller's: finish them before any call can be issued.
-        cupy = require_cupy()
-        with cupy.cuda.Device(self.device):
-            if self.group is None:
-                self.buffer.view("workspace").fill(0)
-            self.expert_recv_stats = (
-                cupy.zeros(self.num_local_experts, dtype=cupy.int32) if track_expert_stats else None
+            symmetric = SymmetricBuffer(self.layout, runtime, require_peer_mapping=spec.transport == "nvlink")
+            self.buffer = symmetric
+        failure = None
+        try:
+            # The fused kernel's counters, grid barrier and launch epoch start from zero once;
+            # after that every launch leaves them ready for the next. The fills run on CuPy's
+            # stream, the calls on the caller's: finish them before any call can be issued.
+            cupy = require_cupy()
+            with cupy.cuda.Device(self.device):
+                if self.group is None:
+                    self.buffer.view("workspace").fill(0)
+                self.expert_recv_stats = (
+                    cupy.zeros(self.num_local_experts, dtype=cupy.int32) if track_expert_stats else None
+                )
+                cupy.cuda.Device(self.device).synchronize()
+            stats = self.expert_recv_stats
+            self._errors = ErrorReport(self.device)
+            self.runner.bind(
+                self.buffer,
+                expert_recv_stats=0 if stats is None else int(stats.data.ptr),
+                error_report=self._errors.device_ptr,
             )
-            cupy.cuda.Device(self.device).synchronize()
-        stats = self.expert_recv_stats
-        self._errors = ErrorReport(self.device)
-        self.runner.bind(
-            self.buffer,
-            expert_recv_stats=0 if stats is None else int(stats.data.ptr),
-            error_report=self._errors.device_ptr,
-        )
+        except Exception as exc:
+            if self.group is None:
+                raise
+            failure = exc
+        if self.group is not None:
+            failed = agreement.gather_failures(self.group, "MegaMoE set-up: after the allocation", failure)
+            if failed:
+                error = agreement.refusal("MegaMoE set-up after the symmetric allocation", failed)
+                try:
+                    symmetric.close()  # collective: every rank is here, none keeps its part
+                except Exception as exc:
+                    raise error from exc
+                raise error from failure
 
     # --- weights -------------------------------------------------------------------------
 

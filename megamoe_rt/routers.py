@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from megamoe_rt.kernels.stream import producer_options
+from megamoe_rt.runtime import args as arg_checks
 from megamoe_rt.runtime.deadlines import wait_timeout_ns
 
 ROUTER = r"""
@@ -351,14 +352,30 @@ class Router:
     calls on different streams do not share it."""
 
     def __init__(self, num_experts: int, num_topk: int, layer: Any = None):
-        import cupy as cp
-
+        # Checked before CuPy is imported or anything compiled: the counts are compiled into
+        # the kernels and size their launches.
+        num_experts = arg_checks.integer("num_experts", num_experts)
+        num_topk = arg_checks.integer("num_topk", num_topk)
         if not 1 <= num_experts <= MAX_EXPERTS:
             raise ValueError(
                 f"num_experts={num_experts}: expected 1..{MAX_EXPERTS} (a token's logits are routed from shared memory)"
             )
         if not 1 <= num_topk <= num_experts:
             raise ValueError(f"num_topk={num_topk}: expected 1..num_experts={num_experts}")
+        if layer is not None:
+            if getattr(layer, "streaming", None) is None:
+                raise ValueError(
+                    f"layer: expected a layer built with streaming=StreamConfig(...) or None, got {type(layer).__name__} "
+                    "without an input ring"
+                )
+            for name, mine in (("num_experts", num_experts), ("num_topk", num_topk)):
+                theirs = getattr(layer, name, None)
+                if theirs != mine:
+                    raise ValueError(
+                        f"{name}={mine}: expected the layer's {name}={theirs} (the router fills its input ring)"
+                    )
+        import cupy as cp
+
         self.cp, self.num_experts, self.num_topk, self.layer = cp, num_experts, num_topk, layer
         module = cp.RawModule(code=ROUTER, options=tuple(router_options(num_experts)))
         # get_function loads each kernel now, not at its first launch (see produce()).

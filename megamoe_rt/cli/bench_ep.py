@@ -16,11 +16,18 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import sys
 from collections.abc import Callable
 
 from megamoe_rt.cli.layer_inputs import preset_slices, rank_inputs
+from megamoe_rt.cli.output import (
+    add_output_options,
+    check_output,
+    check_writable,
+    print_json,
+    progress_to_stderr,
+    write_json,
+)
 from megamoe_rt.cli.timing import DeviceTimer, bracketed, capture_layer_call, every_rank
 from megamoe_rt.cli.usage import Parser, UsageError, csv, modes, positive_int, report
 
@@ -89,8 +96,7 @@ def bench_moe_ep(
         del layers, arms, args, weights
         cp.get_default_memory_pool().free_all_blocks()
     if json_path and ctx.rank == 0:
-        with open(json_path, "w") as f:
-            json.dump(rows, f, indent=2)
+        write_json(json_path, rows)
     return rows
 
 
@@ -126,19 +132,42 @@ def ep_arguments(argv: list[str], what: str = "moe") -> argparse.Namespace:
         type=csv(float),
         help="prefill: rings as shares of the worst-case pool (chunk_ratio), besides the full pool",
     )
-    ap.add_argument("--png", default=None, help="prefill: a bar chart of time against the full pool (rank 0)")
+    ap.add_argument(
+        "--png",
+        default=None,
+        metavar="FILE",
+        help="prefill: a bar chart of time against the full pool (rank 0; matplotlib)",
+    )
     ap.add_argument("--slots", type=positive_int, default=4, help="stream: input ring slots")
     ap.add_argument("--chunk", type=positive_int, default=512, help="stream: tokens per slot (chunk)")
     ap.add_argument("--rounds", type=positive_int, default=3)
-    ap.add_argument("--json", default=None)
+    add_output_options(ap, "the rows (rank 0)")
     try:
         return ap.parse_args(argv)
     except UsageError as exc:  # one line on stderr, then argparse's exit status 2 (each rank exits alike)
         raise SystemExit(report(exc)) from None
 
 
+def check_files(a: argparse.Namespace, what: str) -> bool:
+    """The files rank 0 will write (a one-line SystemExit(2) naming the option, on every rank
+    alike) and matplotlib for ``--png`` (False after one line saying it is missing)."""
+    prog = f"megamoe_rt.cli.bench {what} (across ranks)"
+    try:
+        check_output(prog, a)
+        check_writable(prog, "--png", a.png)
+    except UsageError as exc:
+        raise SystemExit(report(exc)) from None
+    if a.png is None:
+        return True
+    from megamoe_rt.cli.plotting import plotting_or_report
+
+    return plotting_or_report(prog, "--png")
+
+
 def main_ep(argv: list[str], what: str = "moe") -> int:
     a = ep_arguments(argv, what)  # bad arguments: SystemExit(2) before any GPU work
+    if not check_files(a, what):
+        return 1
 
     from megamoe_rt.ep.launch import context_from_env
     from megamoe_rt.requirements import gpu_or_report
@@ -160,28 +189,36 @@ def main_ep(argv: list[str], what: str = "moe") -> int:
             file=sys.stderr,
             flush=True,
         )
+    with progress_to_stderr(a):
+        rows = _run(ctx, a, what)
+    if a.json and ctx.rank == 0:  # rank 0 writes the -o file after every cell, and prints the rows
+        print_json(rows)
+    NvshmemRuntime.initialize(ctx).finalize()
+    return 0
+
+
+def _run(ctx, a: argparse.Namespace, what: str) -> list[dict]:
     if what == "overhead":
         from megamoe_rt.cli.bench_overhead import bench_overhead
 
-        bench_overhead(a.presets, a.tokens, modes=a.mode, rounds=a.rounds, group=ctx, json_path=a.json)
-    elif what == "prefill":
+        return bench_overhead(a.presets, a.tokens, modes=a.mode, rounds=a.rounds, group=ctx, json_path=a.output)
+    if what == "prefill":
         from megamoe_rt.cli.bench_prefill import bench_prefill
 
-        bench_prefill(
+        return bench_prefill(
             a.presets,
             a.tokens,
             modes=a.mode,
             ratios=a.ratios,
             rounds=a.rounds,
             group=ctx,
-            json_path=a.json,
+            json_path=a.output,
             png_path=a.png,
         )
-    elif what == "stream":
+    if what == "stream":
         from megamoe_rt.cli.bench_stream import bench_stream
 
-        bench_stream(a.presets, a.tokens, slots=a.slots, chunk=a.chunk, rounds=a.rounds, group=ctx, json_path=a.json)
-    else:
-        bench_moe_ep(ctx, a.presets, a.tokens, modes=a.mode, rounds=a.rounds, json_path=a.json)
-    NvshmemRuntime.initialize(ctx).finalize()
-    return 0
+        return bench_stream(
+            a.presets, a.tokens, slots=a.slots, chunk=a.chunk, rounds=a.rounds, group=ctx, json_path=a.output
+        )
+    return bench_moe_ep(ctx, a.presets, a.tokens, modes=a.mode, rounds=a.rounds, json_path=a.output)

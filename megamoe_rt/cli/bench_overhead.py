@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from megamoe_rt.cli.output import write_json
 from megamoe_rt.cli.timing import DeviceTimer, bracketed, capture_layer_call
 
 TARGET_US = 40.0  # an eager call may cost at most this much more than its replay
@@ -98,6 +99,5 @@ def bench_overhead(
             del graph, arms
         cp.get_default_memory_pool().free_all_blocks()
     if json_path and rank == 0:
-        with open(json_path, "w") as f:
-            json.dump(rows, f, indent=2)
+        write_json(json_path, rows)
     return rows

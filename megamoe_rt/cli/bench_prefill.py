@@ -14,12 +14,12 @@ a ring saves. Every rank measures; a ring's time is the slowest rank's.
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from megamoe_rt.cli.layer_inputs import preset_slices, rank_inputs
+from megamoe_rt.cli.output import write_json
 from megamoe_rt.cli.timing import (
     DeviceTimer,
     arm_times,
@@ -156,8 +156,7 @@ def bench_prefill(
                 for row in cell:
                     print(format_row(row), flush=True)
                 if json_path:  # after every cell: a long run cut short keeps what it measured
-                    with open(json_path, "w") as f:
-                        json.dump(rows, f, indent=2)
+                    write_json(json_path, rows)
             if group is not None:
                 group.barrier()  # no rank frees its buffers while a peer's last call may still read them
             for layer, _, _ in layers.values():
@@ -167,9 +166,7 @@ def bench_prefill(
         del args, weights
         cp.get_default_memory_pool().free_all_blocks()
     if png_path and rank == 0:
-        from megamoe_rt.cli.png_chart import bar_chart_png
+        from megamoe_rt.cli.plotting import prefill_chart
 
-        # One bar per row: time against the same mode's full pool; the line marks +5%.
-        with open(png_path, "wb") as f:
-            f.write(bar_chart_png([r["time_vs_full"] for r in rows], reference=1.05, bar_px=12))
+        prefill_chart(rows, png_path)  # a bar per row: time against the same mode's full pool; a line at +5%
     return rows

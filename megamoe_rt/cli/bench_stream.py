@@ -19,11 +19,11 @@ checked against the batch call on every rank, and every rank raises if any rank'
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable
 from typing import Any
 
 from megamoe_rt.cli.layer_inputs import preset_slices, rank_inputs
+from megamoe_rt.cli.output import write_json
 from megamoe_rt.cli.timing import DeviceTimer, arm_times, bracketed, every_rank, slowest_rank
 from megamoe_rt.ep.group import RankGroup
 from megamoe_rt.schedule.streaming import StreamConfig
@@ -60,8 +60,7 @@ def bench_stream(
             for row in cell:
                 print(format_row(row), flush=True)
             if json_path:  # after every cell: a run cut short keeps what it measured
-                with open(json_path, "w") as f:
-                    json.dump(rows, f, indent=2)
+                write_json(json_path, rows)
         differ = [r for r, e in enumerate(everyone) if not e["same"]]
         if differ:  # every rank has every rank's check: all raise alike
             where = f" on rank(s) {differ}" if world > 1 else ""

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from megamoe_rt.cli.output import write_json
 from megamoe_rt.cli.timing import HBM_BYTES_PER_S, DeviceTimer, bracketed, capture_layer_call
 from megamoe_rt.presets import DEFAULT_EP_RANKS, get_preset
 from megamoe_rt.schedule.arith import align_up
@@ -174,8 +174,7 @@ def bench_gemm(
         rows.append(row)
         _print_gemm_row(row)
     if json_path:
-        with open(json_path, "w") as f:
-            json.dump(rows, f, indent=2)
+        write_json(json_path, rows)
     return rows
 
 
@@ -307,6 +306,5 @@ def bench_moe(
             del layers, graphs, arms, inp
             cp.get_default_memory_pool().free_all_blocks()
     if json_path:
-        with open(json_path, "w") as f:
-            json.dump(rows, f, indent=2)
+        write_json(json_path, rows)
     return rows

@@ -34,7 +34,8 @@ def random_layer_inputs(cupy, tokens: int, hidden: int, intermediate: int, exper
 
 def run_demo(
     preset_name: str, tokens: int, *, check_tokens: int = 64, device=None, seed: int = 0, mode: str | None = None
-) -> int:
+) -> dict:
+    """Run, check and time the layer, printing as it goes; the result (``ok``: the check passed)."""
     import cupy
 
     from megamoe_rt.layer import MegaMoE
@@ -89,4 +90,20 @@ def run_demo(
     print(f"time {ms * 1e3:.1f} us (median of 10 calls, one stream, no graph)  {tflops:.1f} TFLOP/s")
     report = layer.memory_report().splitlines()
     print("\n".join(line for line in report if line.startswith(("total", "fused pools", "split pools", "split SMs"))))
-    return 0 if ok else 1
+    return {
+        "device": device.name,
+        "sm_count": device.sm_count,
+        "preset": p.name,
+        "hidden": p.hidden,
+        "intermediate": p.intermediate,
+        "experts": experts,
+        "topk": p.num_topk,
+        "tokens": tokens,
+        "mode": layer.mode,
+        "checked_tokens": len(sample),
+        "calc_diff": float(diff),
+        "ok": bool(ok),
+        "median_us": ms * 1e3,
+        "tflops": tflops,
+        "buffer_bytes": layer.layout.total_bytes,
+    }

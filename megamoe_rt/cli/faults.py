@@ -1,6 +1,6 @@
 """The fault suite: inject each fault the runtime must survive, record what happens.
 
-``python -m megamoe_rt.cli.faults [--json F] [--md F]``. Every fault runs in a fresh process (a
+``python -m megamoe_rt.cli.faults [--json] [-o F] [--md F]``. Every fault runs in a fresh process (a
 trap ends the CUDA context of the process it happens in) under a wall-clock limit, so a hang
 shows as a hang. Per fault: the outcome (the error raised, or what the runtime did instead),
 the time from the faulty step to the error, and whether later calls in the same process work.
@@ -17,7 +17,14 @@ import textwrap
 import time
 from dataclasses import asdict, dataclass
 
-from megamoe_rt.cli.usage import positive_seconds
+from megamoe_rt.cli.output import (
+    add_output_options,
+    check_output,
+    check_writable,
+    emit,
+    progress_to_stderr,
+)
+from megamoe_rt.cli.usage import Parser, UsageError, positive_seconds, report
 
 # What each scenario's script shares: a small layer and its inputs.
 _PRELUDE = """
@@ -333,30 +340,41 @@ def markdown(rows: list[FaultRow]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m megamoe_rt.cli.faults", description=__doc__.splitlines()[0])
+def _arguments(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    """The options and the faults to run; a bad option, an unknown fault or a file that cannot
+    be written: one line on stderr and SystemExit(2)."""
+    ap = Parser(prog="python -m megamoe_rt.cli.faults", description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=None, help="comma-separated fault names (default: all)")
     ap.add_argument("--limit", type=positive_seconds, default=240.0, help="seconds before a fault counts as a hang")
-    ap.add_argument("--json", default=None)
-    ap.add_argument("--md", default=None)
-    a = ap.parse_args(argv)
-    names = list(_SCENARIOS) if a.only is None else [n.strip() for n in a.only.split(",") if n.strip()]
-    unknown = [n for n in names if n not in _SCENARIOS]
-    if unknown:
-        ap.error(f"unknown fault {unknown[0]!r}; known: {', '.join(_SCENARIOS)}")
+    add_output_options(ap, "the rows")
+    ap.add_argument("--md", default=None, metavar="FILE", help="write the table as Markdown to FILE")
+    try:
+        a = ap.parse_args(argv)
+        names = list(_SCENARIOS) if a.only is None else [n.strip() for n in a.only.split(",") if n.strip()]
+        unknown = [n for n in names if n not in _SCENARIOS]
+        if unknown:
+            raise UsageError(f"{ap.prog}: unknown fault {unknown[0]!r}; known: {', '.join(_SCENARIOS)}")
+        check_output(ap.prog, a)
+        check_writable(ap.prog, "--md", a.md)
+    except UsageError as exc:
+        raise SystemExit(report(exc)) from None
+    return a, names
+
+
+def main(argv: list[str] | None = None) -> int:
+    a, names = _arguments(argv)  # bad arguments: one line, SystemExit(2), before the GPU check
     from megamoe_rt.requirements import gpu_or_report
 
     # Every fault needs the GPU: without one each would run (seconds apiece) only to fail alike.
-    if gpu_or_report(ap.prog) is None:
+    if gpu_or_report("python -m megamoe_rt.cli.faults") is None:
         return 1
     rows = []
-    for name in names:
-        row = run_fault(name, a.limit)
-        print(f"{row.fault:>28}: {row.outcome} ({row.wall_s:.1f} s)", flush=True)
-        rows.append(row)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump([asdict(r) for r in rows], f, indent=2)
+    with progress_to_stderr(a):
+        for name in names:
+            row = run_fault(name, a.limit)
+            print(f"{row.fault:>28}: {row.outcome} ({row.wall_s:.1f} s)", flush=True)
+            rows.append(row)
+    emit(a, [asdict(r) for r in rows])
     if a.md:
         with open(a.md, "w") as f:
             f.write(markdown(rows))

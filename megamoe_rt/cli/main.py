@@ -1,17 +1,19 @@
 """``megamoe-rt`` command line: info, plan, compile.
 
-Invalid arguments exit with status 2 and one line on stderr.
+Invalid arguments exit with status 2 and one line on stderr. A command with a result takes
+``--json`` (the result as JSON on stdout, alone) and ``-o/--output FILE`` (the JSON to FILE),
+checked before any work (megamoe_rt/cli/output.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
 from collections.abc import Sequence
 
+from megamoe_rt.cli.output import add_output_options, check_output, check_writable, emit, progress_to_stderr
 from megamoe_rt.cli.usage import (
     Parser,
     UsageError,
@@ -45,50 +47,79 @@ def _nvshmem_status() -> str:
     return f"{'available' if found and lib else 'not available'} ({host}, nvidia-nvshmem {lib or 'missing'})"
 
 
-def cmd_info(args) -> int:
+def info_report() -> tuple[list[tuple[str, str]], dict]:
+    """What ``megamoe-rt info`` reports: its table's rows, and the same as JSON (``--json``)."""
     from megamoe_rt import __version__
     from megamoe_rt.jit import CubinCache, include_dirs
     from megamoe_rt.runtime import driver
 
-    rows: list[tuple[str, str]] = [
-        ("megamoe_rt", __version__),
-        ("python", platform.python_version()),
-        ("numpy", _dist_version("numpy") or "missing"),
-        ("ml_dtypes", _dist_version("ml-dtypes") or _dist_version("ml_dtypes") or "missing"),
-        ("cuda-bindings", _dist_version("cuda-bindings") or "missing"),
-        ("cupy", _dist_version("cupy-cuda13x") or _dist_version("cupy-cuda12x") or "missing"),
-        ("cuda-core", _dist_version("cuda-core") or "missing"),
-    ]
+    versions = {
+        "megamoe_rt": __version__,
+        "python": platform.python_version(),
+        "numpy": _dist_version("numpy"),
+        "ml_dtypes": _dist_version("ml-dtypes") or _dist_version("ml_dtypes"),
+        "cuda-bindings": _dist_version("cuda-bindings"),
+        "cupy": _dist_version("cupy-cuda13x") or _dist_version("cupy-cuda12x"),
+        "cuda-core": _dist_version("cuda-core"),
+    }
+    rows: list[tuple[str, str]] = [(k, v or "missing") for k, v in versions.items()]
+    result: dict = {"versions": versions}
     try:
         from megamoe_rt.jit import nvrtc_version
 
-        rows.append(("nvrtc", "{}.{}".format(*nvrtc_version())))
+        result["nvrtc"] = "{}.{}".format(*nvrtc_version())
+        rows.append(("nvrtc", result["nvrtc"]))
     except Exception as exc:
+        result["nvrtc"] = None
         rows.append(("nvrtc", f"unavailable ({type(exc).__name__})"))
-    for name, path in include_dirs().items():
-        rows.append((f"headers[{name}]", str(path) if path else "not found"))
-    rows.append(("nvshmem", _nvshmem_status()))
+    result["headers"] = {name: str(path) if path else None for name, path in include_dirs().items()}
+    rows += [(f"headers[{name}]", path or "not found") for name, path in result["headers"].items()]
+    result["nvshmem"] = _nvshmem_status()
+    rows.append(("nvshmem", result["nvshmem"]))
     cache = CubinCache()
-    rows.append(("cache", f"{cache.directory} ({len(cache.entries())} entries)"))
+    result["cache"] = {"directory": str(cache.directory), "entries": len(cache.entries())}
+    rows.append(("cache", f"{cache.directory} ({result['cache']['entries']} entries)"))
     ver = driver.driver_version()
-    rows.append(("driver", "CUDA {}.{}".format(*ver) if ver else "not found"))
+    result["driver_cuda"] = "{}.{}".format(*ver) if ver else None  # the CUDA version the driver supports
+    rows.append(("driver", f"CUDA {result['driver_cuda']}" if ver else "not found"))
     devices = []
     if ver:
         try:
             devices = driver.list_devices()
         except driver.GpuUnavailableError as exc:  # e.g. cuda-core missing: say why, keep the report
             rows.append(("gpus", str(exc)))
+            result["gpus_unavailable"] = str(exc)
+    result["gpus"] = [
+        {
+            "ordinal": d.ordinal,
+            "name": d.name,
+            "sm_count": d.sm_count,
+            "compute_capability": "{}.{}".format(*d.compute_capability),
+            "total_memory_bytes": d.total_memory_bytes,
+            "l2_cache_bytes": d.l2_cache_bytes,
+            "is_hopper": d.is_hopper,
+        }
+        for d in devices
+    ]
+    return rows, result
+
+
+def cmd_info(args) -> int:
+    check_output("megamoe-rt info", args)
+    rows, result = info_report()
+    emit(args, result)
+    if args.json:
+        return 0
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
-    if not devices:
+    if not result["gpus"]:
         print("gpus" + " " * (width - 2) + "none")
-    for d in devices:
-        cc = "{}.{}".format(*d.compute_capability)
-        mark = "" if d.is_hopper else "  (not sm_90: GPU paths unavailable)"
+    for d in result["gpus"]:
+        mark = "" if d["is_hopper"] else "  (not sm_90: GPU paths unavailable)"
         print(
-            f"gpu {d.ordinal}: {d.name}, {d.sm_count} SMs, compute capability {cc}, "
-            f"{d.total_memory_bytes / 2**30:.0f} GiB, L2 {d.l2_cache_bytes / 2**20:.0f} MiB{mark}"
+            f"gpu {d['ordinal']}: {d['name']}, {d['sm_count']} SMs, compute capability {d['compute_capability']}, "
+            f"{d['total_memory_bytes'] / 2**30:.0f} GiB, L2 {d['l2_cache_bytes'] / 2**20:.0f} MiB{mark}"
         )
     return 0
 
@@ -139,6 +170,7 @@ def _check_plan_tokens(args, preset, experts: int) -> None:
 
 
 def cmd_plan(args) -> int:
+    check_output("megamoe-rt plan", args)
     from megamoe_rt.presets import get_preset
     from megamoe_rt.schedule.layout import symm_buffer_layout
     from megamoe_rt.schedule.plan import fused_schedule
@@ -185,31 +217,29 @@ def cmd_plan(args) -> int:
         raise UsageError(
             f"megamoe-rt plan: --experts {experts} over --ranks {ranks}: a 32-bit workspace counter overflows ({exc})"
         ) from None
+    emit(
+        args,
+        {
+            "preset": preset.name,
+            "hidden": preset.hidden,
+            "intermediate": preset.intermediate,
+            "num_experts": experts,
+            "num_local_experts": layout.num_local_experts,
+            "num_topk": preset.num_topk,
+            "num_max_tokens_per_rank": layout.num_max_tokens_per_rank,
+            "num_ranks": ranks,
+            "pool": layout.pool,
+            "pool_blocks": layout.pool_blocks,
+            "pool_rows": layout.pool_rows,
+            "block_m": layout.block_m,
+            "fused_lag_units": sched.lag_units,
+            "fused_group_units": sched.group_units,
+            "fused_ring_blocks": sched.ring_blocks,
+            "total_bytes": layout.total_bytes,
+            "regions": [{"name": n, "bytes": b, "mib": round(m, 4)} for n, b, m in layout.report()],
+        },
+    )
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "preset": preset.name,
-                    "hidden": preset.hidden,
-                    "intermediate": preset.intermediate,
-                    "num_experts": experts,
-                    "num_local_experts": layout.num_local_experts,
-                    "num_topk": preset.num_topk,
-                    "num_max_tokens_per_rank": layout.num_max_tokens_per_rank,
-                    "num_ranks": ranks,
-                    "pool": layout.pool,
-                    "pool_blocks": layout.pool_blocks,
-                    "pool_rows": layout.pool_rows,
-                    "block_m": layout.block_m,
-                    "fused_lag_units": sched.lag_units,
-                    "fused_group_units": sched.group_units,
-                    "fused_ring_blocks": sched.ring_blocks,
-                    "total_bytes": layout.total_bytes,
-                    "regions": [{"name": n, "bytes": b, "mib": round(m, 4)} for n, b, m in layout.report()],
-                },
-                indent=2,
-            )
-        )
         return 0
     print(
         f"preset {preset.name}: hidden {preset.hidden}, intermediate {preset.intermediate}, "
@@ -229,26 +259,44 @@ def cmd_plan(args) -> int:
 
 
 def cmd_compile(args) -> int:
-    from megamoe_rt.jit import compile_kernel
     from megamoe_rt.kernels.registry import all_kernel_specs
 
     specs = all_kernel_specs()
+    if args.list:
+        if args.names or args.all:
+            raise UsageError("megamoe-rt compile: --list takes no kernel names and no --all")
+        print("\n".join(s.name for s in specs))
+        return 0
     if args.all:
         chosen = specs
     else:
         if not args.names:
-            raise UsageError("megamoe-rt compile: name kernels or pass --all")
+            raise UsageError("megamoe-rt compile: name kernels or pass --all (--list shows them)")
         by_name = {s.name: s for s in specs}
         unknown = [n for n in args.names if n not in by_name]
-        if unknown:
-            raise UsageError(f"megamoe-rt compile: unknown kernel {unknown[0]!r}; known: {', '.join(by_name)}")
+        if unknown:  # one line: up to three names near it (for a family's prefix, its first variants)
+            import difflib
+
+            name, known = unknown[0], list(by_name)
+            near = [k for k in known if k.startswith(name)][:3] or difflib.get_close_matches(name, known, n=3)
+            hint = f"; did you mean: {', '.join(near)}?" if near else ""
+            raise UsageError(
+                f"megamoe-rt compile: unknown kernel {name!r}{hint} (megamoe-rt compile --list shows all {len(known)})"
+            )
         chosen = [by_name[n] for n in args.names]
+    check_output("megamoe-rt compile", args)  # before the builds, which take a minute for --all
     from megamoe_rt.requirements import compiler_or_report
 
     if not compiler_or_report("megamoe-rt compile"):  # NVRTC or a header wheel missing: one line, not NVRTC's traceback
         return 1
-    results = [compile_kernel(s, lineinfo=args.lineinfo, use_cache=not args.no_cache) for s in chosen]
-    if args.json:
+    from megamoe_rt.cli.compile_kernels import build_kernels
+
+    try:  # a progress line per kernel on stderr as it finishes; the results below in this order
+        results = build_kernels(chosen, jobs=args.jobs, lineinfo=args.lineinfo, use_cache=not args.no_cache)
+    except KeyboardInterrupt:  # the workers are ended: one line, no traceback
+        print("megamoe-rt compile: interrupted", file=sys.stderr)
+        return 130
+    if args.json or args.output:
         out = []
         for c in results:
             d = c.resources.as_dict()
@@ -261,8 +309,9 @@ def cmd_compile(args) -> int:
                 block_threads=c.spec.block_threads,
             )
             out.append(d)
-        print(json.dumps(out, indent=2))
-        return 0
+        emit(args, out)
+        if args.json:
+            return 0
     header = f"{'kernel':<34} {'regs':>5} {'spill B':>8} {'stack B':>8} {'smem B':>8} {'cached':>7} {'sec':>6}"
     print(header)
     print("-" * len(header))
@@ -305,9 +354,24 @@ def _check_capacity(args) -> None:
 
 def cmd_bench(args) -> int:
     _check_capacity(args)
+    prog = f"megamoe-rt bench {args.what}"
+    check_output(prog, args)
+    check_writable(prog, "--png", args.png)
+    if args.png is not None:
+        from megamoe_rt.cli.plotting import plotting_or_report
+
+        if not plotting_or_report(prog, "--png"):
+            return 1
     info = _hopper_or_none("bench")
     if info is None:
         return 1
+    with progress_to_stderr(args):
+        rows = _run_bench(args, info)
+    emit(args, rows, written=True)  # the benchmarks write the -o file themselves, after every cell
+    return 0
+
+
+def _run_bench(args, info) -> list[dict]:
     from megamoe_rt.cli.benchmarks import bench_gemm, bench_moe
 
     print(f"device {info.ordinal}: {info.name}, {info.sm_count} SMs")
@@ -316,62 +380,61 @@ def cmd_bench(args) -> int:
     if args.what == "prefill":
         from megamoe_rt.cli.bench_prefill import MODES, RATIOS, TOKENS, bench_prefill
 
-        bench_prefill(
+        return bench_prefill(
             presets,
             args.tokens or TOKENS,
             modes=args.mode or MODES,
             ratios=args.ratios or RATIOS,
             rounds=args.rounds,
-            json_path=args.json,
+            json_path=args.output,
             png_path=args.png,
         )
-    elif args.what == "stream":
+    if args.what == "stream":
         from megamoe_rt.cli.bench_stream import PRESETS as STREAM_PRESETS
         from megamoe_rt.cli.bench_stream import TOKENS as STREAM_TOKENS
         from megamoe_rt.cli.bench_stream import bench_stream
 
-        bench_stream(
+        return bench_stream(
             args.presets or STREAM_PRESETS,
             args.tokens or STREAM_TOKENS,
             slots=args.slots,
             chunk=args.chunk,
             rounds=args.rounds,
-            json_path=args.json,
+            json_path=args.output,
         )
-    elif args.what == "overhead":
+    if args.what == "overhead":
         from megamoe_rt.cli.bench_overhead import bench_overhead
 
-        bench_overhead(
+        return bench_overhead(
             presets,
             args.tokens or [64, 2048],
             modes=chosen_modes,
             rounds=args.rounds,
-            json_path=args.json,
+            json_path=args.output,
         )
-    elif args.what == "gemm":
-        bench_gemm(
+    if args.what == "gemm":
+        return bench_gemm(
             presets,
             args.tokens or [512, 2048, 8192],
             with_torch=not args.no_torch,
             rounds=args.rounds,
-            json_path=args.json,
+            json_path=args.output,
         )
-    else:
-        bench_moe(
-            presets,
-            args.tokens or MOE_TOKENS,
-            mode=chosen_modes,
-            rounds=args.rounds,
-            capacity=args.capacity,
-            json_path=args.json,
-        )
-    return 0
+    return bench_moe(
+        presets,
+        args.tokens or MOE_TOKENS,
+        mode=chosen_modes,
+        rounds=args.rounds,
+        capacity=args.capacity,
+        json_path=args.output,
+    )
 
 
 # --- partitions -------------------------------------------------------------------------
 
 
 def cmd_partitions(args) -> int:
+    check_output("megamoe-rt partitions", args)
     info = _hopper_or_none("partitions")
     if info is None:
         return 1
@@ -380,6 +443,10 @@ def cmd_partitions(args) -> int:
     rows = split_table(info.ordinal, fine=args.fine)
     gran = partition_granularity(info.ordinal, fine=args.fine)
     granted = sorted({g for _, g, _ in rows if g})
+    result = {"device": info.name, "sm_count": info.sm_count, "fine": args.fine, "granularity": gran, "rows": rows}
+    emit(args, result)
+    if args.json:
+        return 0
     print(
         f"device {info.ordinal}: {info.name}, {info.sm_count} SMs; SM co-scheduling "
         f"{'ignored' if args.fine else 'kept'}: partitions in multiples of {gran}"
@@ -390,9 +457,6 @@ def cmd_partitions(args) -> int:
         if asked % gran == 0:
             print(f"{asked:>6} {got:>8} {left:>5}")
     print('what is left is split again the same way (GreenPartitions), or taken whole as "rest"')
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": info.name, "sm_count": info.sm_count, "fine": args.fine, "rows": rows}, f, indent=2)
     return 0
 
 
@@ -400,16 +464,19 @@ def cmd_partitions(args) -> int:
 
 
 def cmd_tune_split(args) -> int:
-    from megamoe_rt.cli.tune_split import run
+    from megamoe_rt.cli.tune_split import check_arguments, run
 
+    if not check_arguments(args):  # output files and matplotlib, before the GPU probe
+        return 1
     if _hopper_or_none("tune-split") is None:
         return 1
     return run(args)
 
 
 def cmd_trace(args) -> int:
-    from megamoe_rt.cli.trace import run
+    from megamoe_rt.cli.trace import check_arguments, run
 
+    check_arguments(args)  # the trace file, before the GPU probe
     if _hopper_or_none("trace") is None:
         return 1
     return run(args)
@@ -417,36 +484,46 @@ def cmd_trace(args) -> int:
 
 def cmd_sweep(args) -> int:
     from megamoe_rt.graph import SpecError, load_spec
-    from megamoe_rt.graph.sweep import format_table, parse_vary, plot, run_sweep, sweep_points
+    from megamoe_rt.graph.spec import resolve_spec
+    from megamoe_rt.graph.sweep import format_table, parse_vary, run_sweep, sweep_points
     from megamoe_rt.graph.workloads import KNOWN
 
     # Without --vary the spec runs once with its own partition sizes.
     if args.vary is None and args.plot:
         raise UsageError("megamoe-rt sweep: --plot needs --vary (a single run has no curve to plot)")
+    check_output("megamoe-rt sweep", args)
+    check_writable("megamoe-rt sweep", "--plot", args.plot)
+    try:
+        path = resolve_spec(args.spec)  # a file, or the name of a shipped spec
+    except SpecError as exc:
+        raise UsageError(f"megamoe-rt sweep: --spec {exc}") from None
     try:
         name, values = parse_vary(args.vary) if args.vary is not None else (None, None)
-        spec = load_spec(args.spec, known_kernels=KNOWN)
+        spec = load_spec(path, known_kernels=KNOWN)
         sweep_points(spec, name, values)  # the varied partition must exist: checked before any GPU work
     except (ValueError, OSError) as exc:
         raise UsageError(f"megamoe-rt sweep: {exc}") from None
+    if args.plot is not None:
+        from megamoe_rt.cli.plotting import plotting_or_report
+
+        if not plotting_or_report("megamoe-rt sweep", "--plot"):  # before the GPU work, not after it
+            return 1
     info = _hopper_or_none("sweep")
     if info is None:
         return 1
-    try:
-        rows = run_sweep(spec, name, values, device=info.ordinal, reps=args.reps)
-    except SpecError as exc:
-        raise UsageError(f"megamoe-rt sweep: {exc}") from None
-    what = "partitions as specified" if name is None else f"varying {name}"
-    print(f"spec {spec.name} on {info.name} ({info.sm_count} SMs), {what}")
-    print(format_table(rows, name))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"spec": spec.name, "vary": name, "device": info.name, "rows": rows}, f, indent=2)
-    if args.plot and not plot(rows, name, args.plot):
-        print(
-            "megamoe-rt sweep: matplotlib is not installed (pip install 'megamoe-rt[plot]'); no plot written",
-            file=sys.stderr,
-        )
+    with progress_to_stderr(args):
+        try:
+            rows = run_sweep(spec, name, values, device=info.ordinal, reps=args.reps)
+        except SpecError as exc:
+            raise UsageError(f"megamoe-rt sweep: {exc}") from None
+        what = "partitions as specified" if name is None else f"varying {name}"
+        print(f"spec {spec.name} on {info.name} ({info.sm_count} SMs), {what}")
+        print(format_table(rows, name))
+        if args.plot:
+            from megamoe_rt.cli.plotting import sweep_chart
+
+            sweep_chart(rows, name, args.plot)
+    emit(args, {"spec": spec.name, "vary": name, "device": info.name, "rows": rows})
     return 0
 
 
@@ -454,6 +531,7 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_scaleout(args) -> int:
+    check_output("megamoe-rt scaleout", args)
     from megamoe_rt.ep.scaleout_model import format_table, scaleout_cost
     from megamoe_rt.presets import get_preset
 
@@ -473,13 +551,13 @@ def cmd_scaleout(args) -> int:
                 costs.append(
                     scaleout_cost(preset, ranks, t, link_bytes_per_s=args.link_gbps * 1e9 / 8, tflops=args.tflops)
                 )
+    emit(args, [c.as_dict() for c in costs])
+    if args.json:
+        return 0
     print(
         f"per rank and call, uniform routing; link {args.link_gbps:g} Gb/s per GPU each way, GEMMs at {args.tflops:g} TFLOP/s"
     )
     print(format_table(costs))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump([c.as_dict() for c in costs], f, indent=2)
     return 0
 
 
@@ -500,12 +578,16 @@ def cmd_launch(args) -> int:
 
 
 def cmd_demo(args) -> int:
+    check_output("megamoe-rt demo", args)
     info = _hopper_or_none("demo")
     if info is None:
         return 1
     from megamoe_rt.cli.demo import run_demo
 
-    return run_demo(args.preset, args.tokens, check_tokens=args.check_tokens, device=info, mode=args.mode)
+    with progress_to_stderr(args):
+        result = run_demo(args.preset, args.tokens, check_tokens=args.check_tokens, device=info, mode=args.mode)
+    emit(args, result)
+    return 0 if result["ok"] else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -517,11 +599,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     s = sub.add_parser("info", help="package, compiler and driver versions; GPUs; NVSHMEM; cache")
+    add_output_options(s, "the report")
     s.set_defaults(func=cmd_info)
 
     s = sub.add_parser("partitions", help="which green-context SM partitions the GPU can form")
     s.add_argument("--fine", action="store_true", help="ignore SM co-scheduling (pairs of SMs; no large clusters)")
-    s.add_argument("--json", default=None, help="write the table to this JSON file")
+    add_output_options(s, "the table")
     s.set_defaults(func=cmd_partitions)
 
     s = sub.add_parser("plan", help="symmetric-buffer memory report and pool sizes (no GPU needed)")
@@ -538,15 +621,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--pool", choices=("full", "ring"), default="full")
     s.add_argument("--block-m", type=int, choices=(64, 128), default=128)
     s.add_argument("--act-sf-gran", type=int, choices=(64, 128), default=128)
-    s.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_output_options(s, "the report")
     s.set_defaults(func=cmd_plan)
 
     s = sub.add_parser("compile", help="build kernel variants into the cache and print their resources")
     s.add_argument("names", nargs="*", help="kernel variant names")
     s.add_argument("--all", action="store_true", help="every kernel variant")
-    s.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    add_output_options(s, "the kernels' resources (instead of the table)")
     s.add_argument("--lineinfo", action="store_true", help="compile with -lineinfo")
     s.add_argument("--no-cache", action="store_true", help="compile even where a cached cubin exists")
+    s.add_argument(
+        "-j",
+        "--jobs",
+        type=positive_int,
+        default=None,
+        help="build in this many processes (default: the usable cores; 1: in this process)",
+    )
+    s.add_argument("--list", action="store_true", help="print the kernel variant names, one a line, and exit")
     s.set_defaults(func=cmd_compile)
 
     s = sub.add_parser("demo", help="run one MoE layer on random inputs and check it against the reference")
@@ -561,6 +652,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="execution mode (default: the layer's, fused where the shape allows)",
     )
+    add_output_options(s, "the result (check, time, TFLOP/s)")
     s.set_defaults(func=cmd_demo)
 
     from megamoe_rt.cli.tune_split import add_arguments as add_tune_split_arguments
@@ -600,7 +692,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=780.0,
         help="the layer's GEMM rate (default 780, one H200's fused layer)",
     )
-    s.add_argument("--json", default=None, help="write the rows to this JSON file")
+    add_output_options(s, "the rows")
     s.set_defaults(func=cmd_scaleout)
 
     s = sub.add_parser("launch", help="run a script as N ranks, one process per GPU")
@@ -623,15 +715,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_launch)
 
     s = sub.add_parser("sweep", help="run a pipeline spec's graph, once or across SM splits of one partition")
-    s.add_argument("--spec", required=True, help="graphs/<file>.toml")
+    s.add_argument(
+        "--spec",
+        required=True,
+        help="a spec file, or the name of one the package ships (graphs/: e.g. membound_vs_gemm)",
+    )
     s.add_argument(
         "--vary",
         default=None,
         help="PARTITION=START..STOP[:STEP], e.g. left=8..120:8 (default: run the spec once as written)",
     )
     s.add_argument("--reps", type=positive_int, default=10, help="timed replays per point (median)")
-    s.add_argument("--json", default=None, help="write the rows to this JSON file")
-    s.add_argument("--plot", default=None, help="write a PNG plot (needs matplotlib and --vary)")
+    add_output_options(s, "the rows")
+    s.add_argument("--plot", default=None, metavar="FILE", help="write a PNG plot (needs matplotlib and --vary)")
     s.set_defaults(func=cmd_sweep)
 
     s = sub.add_parser("bench", help="benchmarks on a Hopper GPU (CUDA-event device time, arms bracketed in rounds)")
@@ -657,7 +753,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="prefill: rings as shares of the worst-case pool (chunk_ratio), besides the full pool "
         "(default 0.5,0.25,0.125)",
     )
-    s.add_argument("--png", default=None, help="prefill: write a bar chart of time against the full pool")
+    s.add_argument(
+        "--png",
+        default=None,
+        metavar="FILE",
+        help="prefill: write a bar chart of time against the full pool (matplotlib)",
+    )
     s.add_argument(
         "--capacity",
         type=positive_int,
@@ -681,7 +782,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--rounds", type=positive_int, default=3)
     s.add_argument("--no-torch", action="store_true", help="skip the PyTorch peer arms")
-    s.add_argument("--json", default=None, help="write the results to this JSON file")
+    add_output_options(s, "the rows")
     s.set_defaults(func=cmd_bench)
     return p
 

@@ -7,7 +7,8 @@ ran on. This module turns those stamps into trace events: a process per rank, a 
 and, in the split mode, K3's reduce blocks -- with one span per stage. Open the file in
 https://ui.perfetto.dev or chrome://tracing.
 
-One GPU: ``megamoe-rt trace --preset flash --tokens 2048 [--mode split] [-o trace.json]``.
+One GPU: ``megamoe-rt trace --preset flash --tokens 2048 [--mode split] [-o trace.json | --json]``
+(the trace file, trace.json by default; ``--json`` prints the trace on stdout instead).
 Across ranks: ``megamoe-rt launch -n 2 -m megamoe_rt.cli.trace --preset flash --tokens 2048``:
 every rank traces its own call and rank 0 writes one file with a process per rank. Times are
 microseconds from the earliest stamp of any rank; ``%globaltimer`` is the GPU's global
@@ -22,7 +23,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from megamoe_rt.cli.output import add_output_options, check_output, emit, progress_to_stderr
 from megamoe_rt.cli.usage import Parser, exit_status, positive_int
+
+DEFAULT_OUTPUT = "trace.json"  # the file written when neither -o nor --json is given
 
 # (span name, role track, first event, last event): a span is drawn when both stamps exist.
 SPANS: tuple[tuple[str, str, str, str], ...] = (
@@ -166,9 +170,17 @@ def traced_call(preset: str, tokens: int, mode: str, *, group: Any = None) -> tu
     return host, kernels, meta
 
 
-def write_trace(path: str, trace: dict) -> None:
-    with open(path, "w") as f:
-        json.dump(trace, f)
+def check_arguments(a: argparse.Namespace) -> None:
+    """Where the trace goes: ``-o`` (or trace.json without ``-o`` and ``--json``), checked
+    writable before the GPU probe (a UsageError naming the option)."""
+    if a.output is None and not a.json:
+        a.output = DEFAULT_OUTPUT
+    check_output("megamoe-rt trace", a)
+
+
+def write_trace(a: argparse.Namespace, trace: dict) -> None:
+    """The trace to ``-o`` and, with ``--json``, stdout (one line: a trace is large)."""
+    emit(a, trace, indent=None)
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -179,14 +191,20 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         "--tokens", type=positive_int, default=2048, help="tokens per rank (the preset's EP8 per-rank slice)"
     )
     ap.add_argument("--mode", default="fused", choices=("fused", "split"))
-    ap.add_argument("-o", "--output", default="trace.json", help="the trace file to write (default trace.json)")
+    add_output_options(ap, f"the Chrome trace (default: to {DEFAULT_OUTPUT})")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Across ranks (under ``megamoe-rt launch``): every rank traces, rank 0 writes the file."""
     ap = Parser(prog="megamoe_rt.cli.trace", description=__doc__.splitlines()[0])
     add_arguments(ap)
-    return exit_status(lambda: _main(ap.parse_args(argv)))
+
+    def command() -> int:
+        a = ap.parse_args(argv)
+        check_arguments(a)
+        return _main(a)
+
+    return exit_status(command)
 
 
 def _main(a: argparse.Namespace) -> int:
@@ -204,15 +222,18 @@ def _main(a: argparse.Namespace) -> int:
     import cupy as cp
 
     cp.cuda.Device(ctx.device).use()
-    stamps, kernels, meta = traced_call(a.preset, a.tokens, a.mode, group=ctx)
+    with progress_to_stderr(a):
+        stamps, kernels, meta = traced_call(a.preset, a.tokens, a.mode, group=ctx)
     mine = json.dumps({"stamps": stamps.tolist(), "kernels": [asdict(k) for k in kernels]}).encode()
     everyone = [
         json.loads(ctx.broadcast(mine if ctx.rank == r else None, key="trace", root=r)) for r in range(ctx.world_size)
     ]
     if ctx.rank == 0:
         ranks = [(r, e["stamps"], [TracedKernel(**k) for k in e["kernels"]]) for r, e in enumerate(everyone)]
-        write_trace(a.output, chrome_trace(ranks, TRACE_EVENTS, meta))
-        print(f"wrote {a.output}: {a.mode}, {a.preset}, {a.tokens} tokens per rank, {ctx.world_size} ranks")
+        write_trace(a, chrome_trace(ranks, TRACE_EVENTS, meta))
+        if a.output:
+            with progress_to_stderr(a):
+                print(f"wrote {a.output}: {a.mode}, {a.preset}, {a.tokens} tokens per rank, {ctx.world_size} ranks")
     NvshmemRuntime.initialize(ctx).finalize()
     return 0
 
@@ -221,11 +242,15 @@ def run(a: argparse.Namespace) -> int:
     """One GPU: trace one call and write the file."""
     from megamoe_rt.kernels.fused import TRACE_EVENTS
 
-    stamps, kernels, meta = traced_call(a.preset, a.tokens, a.mode)
+    check_arguments(a)
+    with progress_to_stderr(a):
+        stamps, kernels, meta = traced_call(a.preset, a.tokens, a.mode)
     trace = chrome_trace([(0, stamps, kernels)], TRACE_EVENTS, meta)
-    write_trace(a.output, trace)
+    write_trace(a, trace)
     spans = sum(1 for e in trace["traceEvents"] if e["ph"] == "X")
-    print(f"wrote {a.output}: {a.mode}, {a.preset}, {a.tokens} tokens, {spans} spans (open in ui.perfetto.dev)")
+    if a.output:
+        with progress_to_stderr(a):
+            print(f"wrote {a.output}: {a.mode}, {a.preset}, {a.tokens} tokens, {spans} spans (open in ui.perfetto.dev)")
     return 0
 
 

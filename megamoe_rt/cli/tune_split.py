@@ -13,11 +13,18 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import sys
 from typing import Any
 
 from megamoe_rt.cli.layer_inputs import preset_slices, rank_inputs
+from megamoe_rt.cli.output import (
+    add_output_options,
+    check_output,
+    check_writable,
+    print_json,
+    progress_to_stderr,
+    write_json,
+)
 from megamoe_rt.cli.timing import DeviceTimer, capture_layer_call
 from megamoe_rt.cli.usage import Parser, UsageError, exit_status, positive_int
 from megamoe_rt.schedule.split_sms import SplitSms, sweep_split_sms, valid_l1_counts
@@ -64,7 +71,9 @@ def tune_split(
     json_path: str | None = None,
     png_path: str | None = None,
     store: bool = True,
-) -> list[dict]:
+) -> dict:
+    """Time the fused mode and every split; the result (rows, the best split), the same on every
+    rank. Rank 0 prints, stores the best split and writes ``json_path`` and ``png_path``."""
     import cupy as cp
 
     from megamoe_rt.graph import split_tuning
@@ -114,33 +123,29 @@ def tune_split(
             f"{r['median_us'] / fused_us:.3f} |"
         )
     say(f"| fused | | | {fused_us:.1f} | 1.000 |", flush=True)
+    result = {
+        "preset": name,
+        "tokens_per_rank": t,
+        "ranks": world,
+        "device": info.name,
+        "fused_us": fused_us,
+        "best": list(best_sms.as_tuple()),
+        "rows": rows,
+    }
     if rank == 0:
         key = split_tuning.shape_key(info.name, info.sm_count, p.hidden, p.intermediate, experts, p.num_topk, world)
         if store:
             path = split_tuning.store(key, t, best_sms, best_us)
             say(f"stored {best_sms.as_tuple()} for {key} T={t} in {path}")
         if png_path:
-            from megamoe_rt.cli.png_chart import bar_chart_png
+            from megamoe_rt.cli.plotting import split_chart
 
-            with open(png_path, "wb") as f:
-                f.write(bar_chart_png([r["median_us"] for r in split_rows], highlight=best, reference=fused_us))
-            say(f"wrote {png_path} (bars: K1 = {', '.join(str(s.l1) for s in candidates)}; red line: fused)")
+            title = f"tune-split {name} T={t}/rank x{world} on {info.name}"
+            split_chart(split_rows, best, fused_us, png_path, title=title)
+            say(f"wrote {png_path} (a bar per K1 | K2 split, the best highlighted; dashed line: fused)")
         if json_path:
-            with open(json_path, "w") as f:
-                json.dump(
-                    {
-                        "preset": name,
-                        "tokens_per_rank": t,
-                        "ranks": world,
-                        "device": info.name,
-                        "fused_us": fused_us,
-                        "best": list(best_sms.as_tuple()),
-                        "rows": rows,
-                    },
-                    f,
-                    indent=2,
-                )
-    return rows
+            write_json(json_path, result)
+    return result
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -152,23 +157,39 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--step", type=positive_int, default=None, help="K1 step in SMs (default the partition granularity)"
     )
-    ap.add_argument("--json", default=None, help="write the rows to this JSON file")
-    ap.add_argument("--png", default=None, help="write a bar chart of the sweep to this PNG file")
+    add_output_options(ap, "the rows and the best split")
+    ap.add_argument(
+        "--png", default=None, metavar="FILE", help="write a bar chart of the sweep to this PNG file (matplotlib)"
+    )
     ap.add_argument("--no-store", action="store_true", help="do not store the best split in the tuning cache")
 
 
 def _argv(a: argparse.Namespace) -> list[str]:
     out = ["--preset", a.preset, "--tokens", str(a.tokens), "--ranks", str(a.ranks)]
-    for flag, value in (("--step", a.step), ("--json", a.json), ("--png", a.png)):
+    for flag, value in (("--step", a.step), ("--output", a.output), ("--png", a.png)):
         if value is not None:
             out += [flag, str(value)]
-    return out + (["--no-store"] if a.no_store else [])
+    return out + (["--json"] if a.json else []) + (["--no-store"] if a.no_store else [])
+
+
+def check_arguments(a: argparse.Namespace) -> bool:
+    """The files it will write (a UsageError naming the option) and matplotlib for ``--png``
+    (False after one line saying it is missing): before the GPU probe and any launch."""
+    check_output("megamoe-rt tune-split", a)
+    check_writable("megamoe-rt tune-split", "--png", a.png)
+    if a.png is None:
+        return True
+    from megamoe_rt.cli.plotting import plotting_or_report
+
+    return plotting_or_report("megamoe-rt tune-split", "--png")
 
 
 def run(a: argparse.Namespace) -> int:
     """The command for parsed arguments; across ranks it re-runs itself under ``launch``."""
     from megamoe_rt.ep.launch import context_from_env, launch_script, launched
 
+    if not check_arguments(a):
+        return 1
     if a.ranks > 1 and not launched():
         return launch_script(a.ranks, "megamoe_rt.cli.tune_split", _argv(a), module=True)
     group = context_from_env() if launched() else None
@@ -176,7 +197,12 @@ def run(a: argparse.Namespace) -> int:
 
     if gpu_or_report("megamoe-rt tune-split", None if group is None else group.device) is None:
         return 1
-    tune_split(a.preset, a.tokens, group=group, step=a.step, json_path=a.json, png_path=a.png, store=not a.no_store)
+    with progress_to_stderr(a):
+        result = tune_split(
+            a.preset, a.tokens, group=group, step=a.step, json_path=a.output, png_path=a.png, store=not a.no_store
+        )
+    if a.json and (group is None or group.rank == 0):
+        print_json(result)
     if group is not None:
         from megamoe_rt.ep.symm import NvshmemRuntime
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
+from megamoe_rt.runtime import args
+
 
 @runtime_checkable
 class RankGroup(Protocol):
@@ -51,12 +53,41 @@ class MpiRankGroup(RankGroup, Protocol):
     def mpi_comm(self) -> Any: ...
 
 
+def check_group(group: Any, name: str = "group") -> tuple[int, int]:
+    """``(rank, world_size)`` of ``group``, checked before any exchange (a group that cannot be
+    one cannot agree on anything): a TypeError for an object that is not a :class:`RankGroup`
+    or a rank or world size that is not an int (a bool is not), a ValueError for a world size
+    below 1 or a rank outside ``[0, world_size)``; each names the attribute and its value."""
+    if not isinstance(group, RankGroup):
+        raise TypeError(
+            f"{name}: expected a RankGroup (megamoe_rt.ep.launch.context_from_env(), an MpiRankContext, or any "
+            f"object with rank, world_size, device, broadcast, barrier and allgather), got {type(group).__name__}"
+        )
+    world = args.integer(f"{name}.world_size", group.world_size, minimum=1)
+    rank = args.integer(f"{name}.rank", group.rank)
+    if not 0 <= rank < world:
+        raise ValueError(f"{name}.rank={rank}: expected 0 <= rank < {name}.world_size={world}")
+    return rank, world
+
+
+_NO_UUID = b"\0no uuid: "  # a GPU's UUID is printable text, so this cannot be one
+
+
 def ranks_share_a_gpu(group: RankGroup) -> bool:
     """Whether two ranks of ``group`` run on one GPU (``MEGAMOE_RT_RANK_DEVICES``, see
-    docs/ARCHITECTURE.md, "Launchers"): their kernels then take turns on it. Collective."""
-    from cuda.core import Device
+    docs/ARCHITECTURE.md, "Launchers"): their kernels then take turns on it. Collective: a rank
+    that cannot name its GPU makes every rank raise, naming it."""
+    try:
+        from cuda.core import Device
 
-    uuids = group.allgather(str(Device(group.device).uuid).encode(), key="gpu-uuids")
+        mine = str(Device(group.device).uuid).encode()
+    except Exception as exc:  # every rank must hear of it: the others are in the exchange
+        mine = _NO_UUID + f"{type(exc).__name__}: {exc}"[:1000].encode()
+    uuids = group.allgather(mine, key="gpu-uuids")
+    failed = [(r, u[len(_NO_UUID) :].decode(errors="replace")) for r, u in enumerate(uuids) if u.startswith(_NO_UUID)]
+    if failed:
+        lines = "; ".join(f"rank {r}: {text}" for r, text in failed)
+        raise RuntimeError(f"GPU identity: rank {failed[0][0]} could not read its GPU's UUID ({lines})")
     return len(set(uuids)) < group.world_size
 
 

@@ -7,6 +7,12 @@ bootstraps through MPI instead. :class:`SymmetricBuffer` puts a :class:`BufferLa
 heap: every rank allocates the same layout, and the base address of each peer's copy (the
 nvshmem_ptr of an NVLink peer) lets kernels load from and store into peer regions directly.
 NVLink multicast (NVLS) is always disabled.
+
+NVSHMEM's host collectives (init, malloc, free, the on-stream barrier, finalize) cannot be
+interrupted: a rank that never enters one leaves its peers inside it for good. So right before
+each, the ranks meet over the group's host channel, whose exchanges have deadlines, and say
+whether each is able to enter (:func:`megamoe_rt.ep.agreement.enter_together`): all enter, or
+every rank raises the same error naming the rank that could not, or the peer that did not come.
 """
 
 from __future__ import annotations
@@ -16,8 +22,9 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from megamoe_rt.ep.group import RankGroup, ranks_share_a_gpu
-from megamoe_rt.runtime import driver
+from megamoe_rt.ep import agreement
+from megamoe_rt.ep.group import RankGroup, check_group, ranks_share_a_gpu
+from megamoe_rt.runtime import args, driver
 from megamoe_rt.runtime.arrays import require_cupy
 from megamoe_rt.runtime.buffer import LaidOutBuffer, typed_view
 from megamoe_rt.runtime.errors import INSTALL_HINT
@@ -53,18 +60,32 @@ class NvshmemRuntime:
 
     def __init__(self, ctx: RankGroup, *, heap_bytes: int = 0):
         import numpy as np
-        from cuda.core import Device
 
-        if heap_bytes and "NVSHMEM_SYMMETRIC_SIZE" not in os.environ:
-            # The default heap (1 GiB) is smaller than a MoE buffer at real shapes; size it for
-            # the first buffer with room for a second (the caller's setting wins).
-            os.environ["NVSHMEM_SYMMETRIC_SIZE"] = str(2 * heap_bytes + (256 << 20))
-        nvshmem = _nvshmem()
+        self.rank, self.world_size = check_group(ctx, "ctx")
         self.ctx = ctx
-        self.rank, self.world_size = ctx.rank, ctx.world_size
-        self.device = ctx.device
-        dev = Device(self.device)
-        dev.set_current()
+        # Set once an allocation failed on some ranks only: the ranks' heaps are out of step
+        # (symmetric addresses would differ), so no rank allocates again.
+        self.heap_out_of_step: str | None = None
+        failure: Exception | None = None
+        nvshmem: Any = None
+        dev: Any = None
+        try:  # nothing here is collective: every rank learns of a failure before nvshmem_init
+            heap_bytes = args.integer("heap_bytes", heap_bytes, minimum=0)
+            if heap_bytes and "NVSHMEM_SYMMETRIC_SIZE" not in os.environ:
+                # The default heap (1 GiB) is smaller than a MoE buffer at real shapes; size it for
+                # the first buffer with room for a second (the caller's setting wins).
+                os.environ["NVSHMEM_SYMMETRIC_SIZE"] = str(2 * heap_bytes + (256 << 20))
+            nvshmem = _nvshmem()
+            from cuda.core import Device
+
+            self.device = ctx.device
+            dev = Device(self.device)
+            dev.set_current()
+        except Exception as exc:  # raised on every rank by the meeting below
+            failure = exc
+        # Heaps of different sizes would take an allocation on some ranks and refuse it on others.
+        heap = {"NVSHMEM_SYMMETRIC_SIZE": os.environ.get("NVSHMEM_SYMMETRIC_SIZE")}
+        agreement.enter_together(ctx, "NVSHMEM start-up", failure, same=heap)
         mpi_comm = getattr(ctx, "mpi_comm", None)
         if mpi_comm is not None:  # ranks from mpirun: NVSHMEM's own MPI bootstrap
             nvshmem.init(device=dev, mpi_comm=mpi_comm, initializer_method="mpi")
@@ -88,11 +109,31 @@ class NvshmemRuntime:
         retry with a fresh id; when only some did, all raise the same error."""
         failures: list[str] = []
         for _ in range(BOOTSTRAP_ATTEMPTS):
-            uid = nvshmem.get_unique_id(empty=self.rank != 0)
-            raw = uid._data.view(np.uint8)
-            data = self.ctx.broadcast(raw.tobytes() if self.rank == 0 else None, key="nvshmem-uid")
-            if self.rank != 0:
-                raw[:] = np.frombuffer(data, dtype=np.uint8)
+            uid: Any = None
+            local: Exception | None = None
+            try:
+                uid = nvshmem.get_unique_id(empty=self.rank != 0)
+                raw = uid._data.view(np.uint8)
+            except Exception as exc:  # rank 0 then hands out no id; all raise before nvshmem_init
+                local = exc
+            if self.rank == 0:
+                self.ctx.broadcast(b"" if local else raw.tobytes(), key="nvshmem-uid")
+            else:
+                data = self.ctx.broadcast(None, key="nvshmem-uid")
+                try:
+                    if local is None:
+                        if not data:
+                            raise RuntimeError("rank 0 handed out no unique id (it could not make one)")
+                        if len(data) != raw.nbytes:
+                            raise RuntimeError(
+                                f"rank 0 handed out a unique id of {len(data)} bytes, this rank's NVSHMEM takes "
+                                f"{raw.nbytes} (do the ranks' NVSHMEM versions differ?)"
+                            )
+                        raw[:] = np.frombuffer(data, dtype=np.uint8)
+                except Exception as exc:
+                    local = exc
+            # nvshmem_init waits for every rank: none enters it unless all can.
+            agreement.enter_together(self.ctx, "nvshmem_init", local)
             error = ""
             try:
                 nvshmem.init(device=dev, uid=uid, rank=self.rank, nranks=self.world_size, initializer_method="uid")
@@ -125,12 +166,14 @@ class NvshmemRuntime:
     def every_peer_mapped(self) -> bool:
         """Whether every rank maps every other rank's symmetric memory (``nvshmem_ptr`` is not
         null: NVLink or PCIe P2P). Collective; every rank gets the same answer."""
-        nvshmem = self._nvshmem
-        probe = nvshmem.buffer(64)
+        probe = symmetric_malloc(self, 64, "the peer-mapping probe")
+        failure: Exception | None = None
+        mine = False
         try:
             mine = all(peer_address(int(probe.handle), pe) != 0 for pe in range(self.world_size) if pe != self.rank)
-        finally:
-            nvshmem.free(probe)  # collective, like the allocation
+        except Exception as exc:  # every rank raises it at the free below (which no rank then enters)
+            failure = exc
+        symmetric_free(self, probe, "the peer-mapping probe", failure)
         return all(v == b"1" for v in self.ctx.allgather(b"1" if mine else b"0", key="nvshmem-peers"))
 
     @classmethod
@@ -176,6 +219,7 @@ class NvshmemRuntime:
             )
         sh = driver.stream_handle(stream)
         capturing = driver.stream_is_capturing(sh)
+        meet_before(self, "nvshmem_barrier_all_on_stream")
         if self._last_barrier is not None and not capturing:
             self._last_barrier.wait_on(sh)
         self._nvshmem.barrier(self._nvshmem.Teams.TEAM_WORLD, stream=driver.core_stream(sh))
@@ -185,48 +229,106 @@ class NvshmemRuntime:
             self._last_barrier.record(sh)
 
     def finalize(self) -> None:
-        """Free every symmetric buffer still open, then finalize NVSHMEM (collective)."""
+        """Free every symmetric buffer still open, then finalize NVSHMEM (collective: the ranks
+        meet first, so a rank that failed or left is raised on every rank, not waited for)."""
         for buf in list(self._buffers):
             buf.close()
-        if self._last_barrier is not None:
-            self._last_barrier.close()
-            self._last_barrier = None
-        if self._device_libraries:
-            from nvshmem import bindings
+        failure: Exception | None = None
+        try:
+            if self._last_barrier is not None:
+                self._last_barrier.close()
+                self._last_barrier = None
+            if self._device_libraries:
+                from nvshmem import bindings
 
-            for library, forget in self._device_libraries:
-                bindings.culibrary_finalize(int(library))
-                forget()  # loaded again (and initialised under the next runtime) if needed later
-            self._device_libraries.clear()
+                for library, forget in self._device_libraries:
+                    bindings.culibrary_finalize(int(library))
+                    forget()  # loaded again (and initialised under the next runtime) if needed later
+                self._device_libraries.clear()
+        except Exception as exc:  # raised on every rank, none entering nvshmem_finalize
+            failure = exc
+        meet_before(self, "nvshmem_finalize", failure)
         self._nvshmem.finalize()
         if NvshmemRuntime._active is self:
             NvshmemRuntime._active = None
 
 
-def _check_same_layout_on_every_rank(layout: BufferLayout, ctx: RankGroup) -> None:
-    """Every rank publishes its layout's shape; all compare, so all raise or none does (one
-    rank raising alone would leave the others blocked in the collective allocation)."""
-    mine = repr(
-        (
-            layout.hidden,
-            layout.intermediate,
-            layout.num_experts,
-            layout.num_topk,
-            layout.num_max_tokens_per_rank,
-            layout.block_m,
-            layout.pool,
-            layout.pool_blocks,
-            layout.act_sf_gran,
-            layout.total_bytes,
-        )
-    ).encode()
-    seen = ctx.allgather(mine, key="symm-layout")
-    if len(set(seen)) > 1:
-        differing = [r for r, s in enumerate(seen) if s != seen[0]]
-        raise ValueError(
-            f"layout: ranks {differing} size their buffer differently from rank 0 "
-            "(hidden, intermediate, experts, top-k and num_max_tokens_per_rank must match)"
-        )
+def _group_of(runtime: Any) -> RankGroup | None:
+    """The rank group ``runtime`` runs in; None for a test's stand-in without one (or with only
+    an ``allgather``), which meets no one."""
+    ctx = getattr(runtime, "ctx", None)
+    return ctx if isinstance(ctx, RankGroup) else None
+
+
+def meet_before(
+    runtime: Any, collective: str, failure: BaseException | None = None, same: dict[str, object] | None = None
+) -> None:
+    """The ranks of ``runtime`` meet on the host right before NVSHMEM host collective
+    ``collective`` (:func:`megamoe_rt.ep.agreement.enter_together`, under the group's deadline):
+    all enter it, or every rank raises, naming the rank that could not (``failure``: this
+    rank's reason) or did not come, or the ``same`` settings that differ. A runtime without a
+    group (a test's stand-in) only raises its own ``failure``."""
+    ctx = _group_of(runtime)
+    if ctx is None:
+        if failure is not None:
+            raise failure
+        return
+    agreement.enter_together(ctx, collective, failure, same)
+
+
+def symmetric_malloc(
+    runtime: Any, nbytes: int, what: str, failure: BaseException | None = None, same: dict[str, object] | None = None
+) -> Any:
+    """``nbytes`` on ``runtime``'s symmetric heap (``nvshmem_malloc``, collective), for ``what``.
+
+    The ranks meet first (``failure``: this rank's reason not to allocate; ``same``: what
+    every rank must allocate alike, a ValueError naming what differs otherwise); after the call they
+    compare outcomes, so an allocation refused on one rank (heap exhausted) raises on every
+    rank, naming it. When some ranks got the memory and others did not, the heaps are out of
+    step: the memory is not freed (a free is collective, and the other ranks have nothing to
+    free) and no rank allocates again until NVSHMEM is finalized."""
+    if failure is None and getattr(runtime, "heap_out_of_step", None):
+        failure = RuntimeError(f"the symmetric heap is out of step across ranks: {runtime.heap_out_of_step}")
+    meet_before(runtime, f"nvshmem_malloc ({what})", failure, same)
+    buf, local = None, None
+    try:
+        buf = runtime._nvshmem.buffer(nbytes)
+    except Exception as exc:  # compared below: the others have returned from the call too
+        local = exc
+    ctx = _group_of(runtime)
+    if ctx is None:
+        if local is not None:
+            raise local
+        return buf
+    failed = agreement.gather_failures(ctx, f"after nvshmem_malloc ({what})", local)
+    if failed:
+        error = agreement.refusal(f"nvshmem_malloc of {nbytes} bytes ({what})", failed)
+        if len(failed) < runtime.world_size:
+            runtime.heap_out_of_step = f"nvshmem_malloc ({what}) failed on ranks {[r for r, _, _ in failed]} only"
+        raise error from local
+    return buf
+
+
+def symmetric_free(runtime: Any, buf: Any, what: str, failure: BaseException | None = None) -> None:
+    """Free ``buf`` (``nvshmem_free``, collective) once the ranks have met; a rank that cannot
+    (``failure``) or does not come makes every rank raise, no rank freeing (the heaps stay alike)."""
+    meet_before(runtime, f"nvshmem_free ({what})", failure)
+    runtime._nvshmem.free(buf)
+
+
+def _layout_shape(layout: BufferLayout) -> dict[str, object]:
+    """What every rank's buffer must share (compared before the collective allocation: a rank
+    allocating another size would leave the heaps out of step)."""
+    names = ("hidden", "intermediate", "num_experts", "num_topk", "num_max_tokens_per_rank", "num_ranks")
+    shape: dict[str, object] = {name: getattr(layout, name) for name in names}
+    shape.update(
+        block_m=layout.block_m,
+        pool=layout.pool,
+        pool_blocks=layout.pool_blocks,
+        act_sf_gran=layout.act_sf_gran,
+        total_bytes=layout.total_bytes,
+    )
+    return {f"layout.{name}": value for name, value in shape.items()}
 
 
 class SymmetricBuffer(LaidOutBuffer):
@@ -239,15 +341,17 @@ class SymmetricBuffer(LaidOutBuffer):
 
     def __init__(self, layout: BufferLayout, runtime: NvshmemRuntime, *, require_peer_mapping: bool = True):
         self._require_peer_mapping = require_peer_mapping
+        self._buf: Any = None
+        failure: Exception | None = None
         if layout.num_ranks != runtime.world_size:
-            raise ValueError(f"layout: computed for {layout.num_ranks} ranks, the runtime has {runtime.world_size}")
-        _check_same_layout_on_every_rank(layout, runtime.ctx)
-        nvshmem = runtime._nvshmem
+            failure = ValueError(f"layout: computed for {layout.num_ranks} ranks, the runtime has {runtime.world_size}")
         self.layout = layout
         self.device: int = runtime.device
         self.rank: int = runtime.rank
         self._runtime = runtime
-        self._buf = nvshmem.buffer(layout.total_bytes)
+        self._buf = symmetric_malloc(
+            runtime, layout.total_bytes, "the symmetric buffer", failure, same=_layout_shape(layout)
+        )
         problem: Exception | None = None
         try:
             self._map_and_zero()
@@ -259,8 +363,8 @@ class SymmetricBuffer(LaidOutBuffer):
         reports = [r.decode() for r in runtime.ctx.allgather(text.encode(), key="symm-buffer")]
         failed = [(r, t) for r, t in enumerate(reports) if t]
         if failed:
-            nvshmem.free(self._buf)  # collective, like the allocation: no rank leaks it
-            self._buf = None
+            buf, self._buf = self._buf, None
+            symmetric_free(runtime, buf, "a symmetric buffer whose set-up failed")  # no rank leaks it
             lines = "; ".join(f"rank {r}: {t}" for r, t in failed)
             raise RuntimeError(
                 f"symmetric buffer: setup failed on rank {failed[0][0]} ({lines}); freed on every rank"
@@ -310,9 +414,16 @@ class SymmetricBuffer(LaidOutBuffer):
 
     def close(self) -> None:
         """Free the symmetric allocation (collective). Waits for this rank's work first: its
-        kernels may still read or write the buffers of peers."""
+        kernels may still read or write the buffers of peers. A rank whose wait fails, or a peer
+        that does not come, makes every rank raise and none free (the heaps stay alike); the
+        buffer is given up either way."""
         if getattr(self, "_buf", None) is not None:
-            require_cupy().cuda.Device(self.device).synchronize()
-            self._runtime._nvshmem.free(self._buf)
-            self._buf = None
-            self._runtime._buffers.remove(self)
+            failure: Exception | None = None
+            try:
+                require_cupy().cuda.Device(self.device).synchronize()
+            except Exception as exc:  # every rank hears of it before any frees
+                failure = exc
+            buf, self._buf = self._buf, None
+            if self in self._runtime._buffers:
+                self._runtime._buffers.remove(self)
+            symmetric_free(self._runtime, buf, "a symmetric buffer", failure)

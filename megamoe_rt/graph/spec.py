@@ -218,3 +218,45 @@ def load_spec(path: str | Path, *, known_kernels: Iterable[str] | None = None) -
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{path}: not valid TOML ({exc})") from None
     return parse_spec(data, name=path.stem, known_kernels=known_kernels)
+
+
+# The specs the package ships: graphs/ of the source tree, packaged as megamoe_rt/graphs in the
+# wheel (pyproject.toml's force-include).
+_PKG_DIR = Path(__file__).resolve().parents[1]
+
+
+def shipped_specs_dir() -> Path | None:
+    """Where the shipped specs are: inside the installed package, or the source checkout's graphs/."""
+    for cand, marker in ((_PKG_DIR / "graphs", None), (_PKG_DIR.parent / "graphs", _PKG_DIR.parent / "pyproject.toml")):
+        if cand.is_dir() and (marker is None or marker.is_file()):
+            return cand
+    return None
+
+
+def shipped_spec_names() -> list[str]:
+    """The shipped specs' names (file names without ``.toml``), sorted."""
+    where = shipped_specs_dir()
+    return sorted(p.stem for p in where.glob("*.toml")) if where is not None else []
+
+
+def resolve_spec(spec: str | Path) -> Path:
+    """The spec file ``spec`` names: a path to a file, or the name of a shipped spec, with or
+    without ``.toml`` (``membound_vs_gemm``). A :class:`SpecError` listing the shipped names
+    when it is neither."""
+    path = Path(spec)
+    if path.is_file():
+        return path
+    where = shipped_specs_dir()
+    if where is not None and path.parent == Path(".") and path.name:
+        shipped = where / (path.name if path.suffix == ".toml" else f"{path.name}.toml")
+        if shipped.is_file():
+            return shipped
+    names = ", ".join(shipped_spec_names()) or "none found"
+    what = (
+        "a directory"
+        if path.is_dir()
+        else "no such file"
+        if path.parent != Path(".")
+        else "no such file or shipped spec"
+    )
+    raise SpecError(f"{spec}: {what} (shipped specs: {names})")

@@ -146,27 +146,3 @@ def format_table(rows: list[dict], vary: str | None) -> str:
             + f" {r['total_us']:>10.1f}"
         )
     return "\n".join(lines)
-
-
-def plot(rows: list[dict], vary: str | None, path: str) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    ok = [r for r in rows if "error" not in r]
-    xs = [r["value"] for r in ok]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for n in ok[0]["nodes_us"] if ok else []:
-        ax.plot(xs, [r["nodes_us"][n] for r in ok], marker="o", label=f"{n} alone")
-    ax.plot(xs, [r["total_us"] for r in ok], marker="s", linewidth=2, label="whole graph")
-    ax.set_xlabel(f"SMs in partition {vary}")
-    ax.set_ylabel("device time (us)")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True

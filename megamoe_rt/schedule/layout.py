@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 from megamoe_rt.kernels.interface import ep as ep_interface
 from megamoe_rt.kernels.interface import fused as fused_interface
+from megamoe_rt.runtime import args
 from megamoe_rt.schedule.arith import align_up, ceil_div
 from megamoe_rt.schedule.plan import (
     _require_choice,
-    _require_int,
     align_tokens,
     fused_schedule,
     pool_blocks_upper_bound,
@@ -192,6 +192,14 @@ class _Packer:
         self.cursor = offset + nbytes
 
 
+def _integer_choice(name: str, value: object, choices: tuple[int, ...]) -> int:
+    """``value`` as an int (runtime/args.py: not a bool, not a float) that is one of ``choices``."""
+    out = args.integer(name, value)
+    if out not in choices:
+        raise ValueError(f"{name}={out}: expected one of {choices}")
+    return out
+
+
 def stream_blocks_per_expert(num_max_tokens_per_rank: int, num_ranks: int, block_m: int) -> int:
     """The most pool blocks one local expert can take in a streamed call: a token routes to an
     expert at most once (repeated ids are refused), so at most every token of every rank."""
@@ -226,28 +234,30 @@ def symm_buffer_layout(
     they are put (the NVSHMEM transport across ranks; with peer pointers it stores them into
     the peers' combine buffers directly).
     """
-    h = _require_int("hidden", hidden, minimum=1)
-    i = _require_int("intermediate", intermediate, minimum=1)
+    h = args.integer("hidden", hidden, minimum=1)
+    i = args.integer("intermediate", intermediate, minimum=1)
     if h % _SF_BLOCK:
         raise ValueError(f"hidden={h}: expected a positive multiple of {_SF_BLOCK}")
     if i % _SF_BLOCK:
         raise ValueError(f"intermediate={i}: expected a positive multiple of {_SF_BLOCK}")
-    r = _require_int("num_ranks", num_ranks, minimum=1)
-    e = _require_int("num_experts", num_experts, minimum=1)
+    r = args.integer("num_ranks", num_ranks, minimum=1)
+    e = args.integer("num_experts", num_experts, minimum=1)
     if e % r:
         raise ValueError(f"num_experts={e}: expected a multiple of num_ranks={r}")
-    k = _require_int("num_topk", num_topk, minimum=1)
+    k = args.integer("num_topk", num_topk, minimum=1)
     if k > e:
         raise ValueError(f"num_topk={k}: expected 1 <= num_topk <= num_experts={e}")
-    t = align_tokens(_require_int("num_max_tokens_per_rank", num_max_tokens_per_rank, minimum=1))
-    _require_choice("block_m", block_m, _BLOCK_M_CHOICES)
-    _require_choice("act_sf_gran", act_sf_gran, _ACT_SF_GRAN_CHOICES)
+    t = align_tokens(args.integer("num_max_tokens_per_rank", num_max_tokens_per_rank, minimum=1))
+    block_m = _integer_choice("block_m", block_m, _BLOCK_M_CHOICES)
+    act_sf_gran = _integer_choice("act_sf_gran", act_sf_gran, _ACT_SF_GRAN_CHOICES)
     _require_choice("pool", pool, _POOL_CHOICES)
+    stream_slots = args.integer("stream_slots", stream_slots, minimum=0)
+    stream_tokens = args.integer("stream_tokens", stream_tokens, minimum=0)
     el = e // r
 
     bound = t
     if num_tokens_bound is not None:
-        bound = _require_int("num_tokens_bound", num_tokens_bound, minimum=1)
+        bound = args.integer("num_tokens_bound", num_tokens_bound, minimum=1)
         if bound > t:
             raise ValueError(f"num_tokens_bound={bound}: expected at most the token capacity {t}")
 
@@ -258,7 +268,7 @@ def symm_buffer_layout(
         pool_blocks = full_blocks
     else:
         if ring_blocks is not None:
-            ring = _require_int("ring_blocks", ring_blocks, minimum=1)
+            ring = args.integer("ring_blocks", ring_blocks, minimum=1)
         else:
             ring = fused_schedule(bound, r, k, e, block_m).ring_blocks
         # A ring larger than the worst-case pool would only waste memory.
@@ -300,8 +310,8 @@ def symm_buffer_layout(
     )
     streaming = stream_slots > 0
     if streaming:
-        sl = _require_int("stream_slots", stream_slots, minimum=1)
-        _require_int("stream_tokens", stream_tokens, minimum=1)
+        sl = args.integer("stream_slots", stream_slots, minimum=1)
+        args.integer("stream_tokens", stream_tokens, minimum=1)
         ws.add("stream_route_ready_gen", "uint64", (sl,), "generation whose routing is in each ring slot")
         ws.add("stream_layout_ready_gen", "uint64", (sl,), "generation whose x / x_sf are in each ring slot")
         ws.add("stream_consumed_gen", "uint64", (sl,), "generation every consumer is done with, per slot")

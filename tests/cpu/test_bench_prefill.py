@@ -15,10 +15,10 @@ from tests.helpers import bench_ranks
 
 
 def test_prefill_across_ranks_takes_the_one_gpu_options_with_its_own_tokens():
-    a = ep_arguments(["--presets", "flash,pro", "--json", "p.json", "--png", "p.png"], "prefill")
+    a = ep_arguments(["--presets", "flash,pro", "-o", "p.json", "--png", "p.png"], "prefill")
     assert (a.presets, a.tokens, a.mode, a.ratios) == (["flash", "pro"], EP_TOKENS, MODES, RATIOS)
     assert EP_TOKENS == [16384, 32768]
-    assert (a.json, a.png) == ("p.json", "p.png")
+    assert (a.output, a.json, a.png) == ("p.json", False, "p.png")
     a = ep_arguments(["--preset", "v3", "--tokens", "16384", "--mode", "split", "--ratios", "0.25"], "prefill")
     assert (a.presets, a.tokens, a.mode, a.ratios) == (["v3"], [16384], ["split"], [0.25])
     # The layer benchmark keeps its own defaults.
@@ -77,5 +77,5 @@ def test_prefill_on_spawned_ranks_makes_the_same_cross_rank_calls_and_rank_0_wri
     full, half = rows0[0], rows0[1]
     assert (full["median_us"], full["median_us_per_rank"]) == (1100.0, [1000.0, 1100.0])
     assert (half["median_us"], half["time_vs_full"]) == (1300.0, pytest.approx(1300 / 1100))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.json", "rank0.png"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.json"]
     assert json.loads((tmp_path / "rank0.json").read_text()) == rows0

@@ -48,6 +48,6 @@ def test_every_benchmark_of_the_two_gpu_runs_parses():
     assert sorted(c[0] for c in commands) == ["moe", "overhead", "prefill", "stream"]
     for what, *argv in commands:
         ns = ep_arguments(argv, what)
-        assert ns.json and ns.json.startswith("out/ep2_"), (what, argv)
+        assert ns.output and ns.output.startswith("out/ep2_"), (what, argv)
     moe = next(c for c in commands if c[0] == "moe")
     assert ep_arguments(moe[1:], "moe").mode == ["unfused@nvlink", "unfused@nvshmem"]

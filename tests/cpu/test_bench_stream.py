@@ -20,11 +20,11 @@ from tests.helpers import bench_ranks
 
 def test_stream_across_ranks_takes_the_one_gpu_options():
     a = ep_arguments([], "stream")
-    assert (a.presets, a.tokens, a.slots, a.chunk, a.json) == (PRESETS, TOKENS, 4, 512, None)
+    assert (a.presets, a.tokens, a.slots, a.chunk, a.output, a.json) == (PRESETS, TOKENS, 4, 512, None, False)
     assert (PRESETS, TOKENS) == (["flash", "v3"], [512, 2048, 8192])
-    argv = ["--presets", "flash,v3", "--tokens", "512,2048,8192", "--slots", "3", "--chunk", "256", "--json", "s.json"]
+    argv = ["--presets", "flash,v3", "--tokens", "512,2048,8192", "--slots", "3", "--chunk", "256", "-o", "s.json"]
     a = ep_arguments(argv, "stream")
-    assert (a.presets, a.tokens, a.slots, a.chunk, a.json) == (["flash", "v3"], [512, 2048, 8192], 3, 256, "s.json")
+    assert (a.presets, a.tokens, a.slots, a.chunk, a.output) == (["flash", "v3"], [512, 2048, 8192], 3, 256, "s.json")
     with pytest.raises(SystemExit):
         ep_arguments(["--chunk", "0"], "stream")
     # The other benchmarks keep their own defaults.
@@ -40,13 +40,13 @@ def test_bench_module_runs_stream_across_ranks_under_a_launch(monkeypatch):
     calls = []
     monkeypatch.setattr(launch, "launched", lambda: True)
     monkeypatch.setattr(bench_ep, "main_ep", lambda argv, what: calls.append((what, argv)) or 0)
-    argv = ["--presets", "flash,v3", "--tokens", "512,2048,8192", "--json", "s.json"]
+    argv = ["--presets", "flash,v3", "--tokens", "512,2048,8192", "-o", "s.json"]
     assert main(["stream", *argv]) == 0
     assert calls == [("stream", argv)]
 
 
 @pytest.mark.parametrize("shared", [False, True])
-def test_main_ep_runs_the_one_gpu_benchmark_with_the_rank_group(monkeypatch, capsys, shared):
+def test_main_ep_runs_the_one_gpu_benchmark_with_the_rank_group(monkeypatch, capsys, tmp_path, shared):
     import cuda.core
 
     import megamoe_rt.cli.bench_ep as bench_ep
@@ -64,14 +64,19 @@ def test_main_ep_runs_the_one_gpu_benchmark_with_the_rank_group(monkeypatch, cap
     monkeypatch.setitem(
         sys.modules, "cupy", SimpleNamespace(cuda=SimpleNamespace(Device=lambda d: SimpleNamespace(use=lambda: None)))
     )
+    import megamoe_rt.requirements as requirements
+
     monkeypatch.setattr(launch, "context_from_env", lambda: ctx)
+    # CuPy is stood in for below, so the stack check would not find it.
+    monkeypatch.setattr(requirements, "gpu_or_report", lambda program, ordinal=None: SimpleNamespace())
     monkeypatch.setattr(symm.NvshmemRuntime, "initialize", classmethod(lambda cls, group: runtime))
     monkeypatch.setattr(
         bench_stream, "bench_stream", lambda presets, tokens, **kw: seen.update(kw, args=(presets, tokens))
     )
-    assert bench_ep.main_ep(["--slots", "2", "--json", "s.json"], what="stream") == 0
+    out = str(tmp_path / "s.json")
+    assert bench_ep.main_ep(["--slots", "2", "-o", out], what="stream") == 0
     assert seen["args"] == (PRESETS, TOKENS)
-    assert (seen["slots"], seen["chunk"], seen["rounds"], seen["json_path"]) == (2, 512, 3, "s.json")
+    assert (seen["slots"], seen["chunk"], seen["rounds"], seen["json_path"]) == (2, 512, 3, out)
     assert seen["group"] is ctx and finalized == [True]
     assert ("ranks share a GPU" in capsys.readouterr().err) == shared
 

@@ -127,6 +127,7 @@ def test_tune_split_rebuilds_its_arguments_for_the_ranks_it_launches():
     ap = argparse.ArgumentParser()
     add_arguments(ap)
     argv = ["--preset", "v3", "--tokens", "512", "--ranks", "2", "--step", "16", "--png", "a.png", "--no-store"]
+    argv += ["--json", "-o", "a.json"]
     a = ap.parse_args(argv)
     assert ap.parse_args(_argv(a)) == a
 

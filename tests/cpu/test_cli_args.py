@@ -133,7 +133,10 @@ def test_tune_split_step_is_checked_before_anything_is_timed(monkeypatch, capsys
 
     fake_cupy = SimpleNamespace(cuda=SimpleNamespace(Device=lambda d: SimpleNamespace(use=lambda: None)))
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    import megamoe_rt.requirements as requirements
+
     monkeypatch.setattr(cli, "_hopper_or_none", lambda command: H200)
+    monkeypatch.setattr(requirements, "gpu_or_report", lambda program, ordinal=None: H200)  # CuPy is stood in for
     monkeypatch.setattr(driver, "require_hopper", lambda device=None: H200)
     monkeypatch.setattr(green, "partition_granularity", lambda device, fine=False: 8)
     monkeypatch.setattr(layer, "MegaMoE", _gpu_probed)

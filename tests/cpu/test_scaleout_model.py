@@ -52,7 +52,7 @@ def test_the_command_prints_and_writes_rows(tmp_path, capsys):
     from megamoe_rt.cli.main import main
 
     out = tmp_path / "s.json"
-    assert main(["scaleout", "--preset", "v3", "--ranks", "16,32", "--tokens", "8192", "--json", str(out)]) == 0
+    assert main(["scaleout", "--preset", "v3", "--ranks", "16,32", "--tokens", "8192", "-o", str(out)]) == 0
     text = capsys.readouterr().out
     assert "| v3 | 16 | 8192 |" in text and "| v3 | 32 | 8192 |" in text
     rows = json.loads(out.read_text())

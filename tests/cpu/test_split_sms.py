@@ -1,15 +1,11 @@
-"""The split mode's SM counts, its tuning cache and the tune-split chart (no GPU)."""
+"""The split mode's SM counts and its tuning cache (no GPU)."""
 
 from __future__ import annotations
-
-import struct
-import zlib
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from megamoe_rt.cli.png_chart import bar_chart_png
 from megamoe_rt.graph import split_tuning
 from megamoe_rt.schedule.split_sms import (
     SplitSms,
@@ -77,33 +73,3 @@ def test_the_tuning_cache_stores_and_finds_the_nearest_token_count(tmp_path):
     # A damaged file is ignored, never an error.
     split_tuning.tuning_path(tmp_path).write_text("{not json")
     assert split_tuning.lookup(key, 2048, tmp_path) is None
-
-
-def _png_rows(data: bytes) -> tuple[int, int, list[bytes]]:
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, chunks = 8, {}
-    while pos < len(data):
-        (n,) = struct.unpack(">I", data[pos : pos + 4])
-        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + n]
-        (crc,) = struct.unpack(">I", data[pos + 8 + n : pos + 12 + n])
-        assert crc == zlib.crc32(kind + body) & 0xFFFFFFFF
-        chunks[kind] = body
-        pos += 12 + n
-    w, h = struct.unpack(">II", chunks[b"IHDR"][:8])
-    raw = zlib.decompress(chunks[b"IDAT"])
-    rows = [raw[r * (3 * w + 1) + 1 : (r + 1) * (3 * w + 1)] for r in range(h)]
-    return w, h, rows
-
-
-def test_the_chart_is_a_valid_png_with_bars_in_proportion():
-    w, h, rows = _png_rows(bar_chart_png([100.0, 50.0, 25.0], highlight=1, reference=80.0))
-    assert (w, h) == (20 + 3 * 36, 240)
-
-    def bar_height(n: int) -> int:
-        x = 10 + n * 36 + 10
-        return sum(1 for r in rows if r[3 * x : 3 * x + 3] not in (b"\xff\xff\xff", b"\x00\x00\x00"))
-
-    tall, mid, short = bar_height(0), bar_height(1), bar_height(2)
-    assert tall == 220 and abs(mid - 110) <= 1 and abs(short - 55) <= 1
-    with pytest.raises(ValueError):
-        bar_chart_png([])

@@ -141,7 +141,7 @@ def test_sweep_runs_a_spec_across_splits(tmp_path):
             "gemm=32..64:32",
             "--reps",
             "3",
-            "--json",
+            "-o",
             str(out_json),
         ],
         capture_output=True,

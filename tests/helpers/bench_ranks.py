@@ -107,7 +107,6 @@ def prefill_rank(ctx: Any, out_dir: str) -> tuple[list[dict], list[tuple]]:
         ratios=[0.5, 0.25],
         group=_Recording(ctx),
         json_path=f"{out_dir}/rank{ctx.rank}.json",
-        png_path=f"{out_dir}/rank{ctx.rank}.png",
     )
     return rows, LOG
 

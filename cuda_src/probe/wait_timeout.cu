@@ -17,13 +17,12 @@ __global__ void wait_for_signal(const u64* word, u64 expected, u64 timeout_ns, u
 }
 
 // Every thread waits on phase 0 of a block-local mbarrier that thread 0 completes only when
-// `arrive` is set.
-__global__ void wait_for_mbarrier(u64 timeout_ns, u32 arrive, u32 rank, u32 peer, sync::TimeoutRecord* record) {
+// `arrive` is set. The context comes as a parameter, as the layer's kernels get theirs.
+__global__ void wait_for_mbarrier(const __grid_constant__ sync::WaitContext ctx, u32 arrive, u32 peer) {
     __shared__ u64 bar;
     if (threadIdx.x == 0) ptx::mbarrier_init_shared(&bar, 1);
     __syncthreads();
     if (arrive != 0 && threadIdx.x == 0) ptx::mbarrier_arrive_shared(&bar);
-    const sync::WaitContext ctx{timeout_ns, record, rank, 0};
     sync::mbarrier_wait_parity_shared_or_trap<sync::WaitSite::kSmemStageFull>(&bar, 0, {ctx, 0}, peer);
 }
 

@@ -14,6 +14,8 @@ payload, then sequence and header again) and checks a CRC over sequence, length 
 so it never takes a half-written payload, or an older exchange's, for this exchange's, also on
 hosts with weaker store ordering than x86. The launcher
 marks a rank that has ended in a word of its own, and an exchange waiting for it fails at once.
+The word says how the rank ended: it left (:data:`ENDED`), its process died (:data:`DIED`), or
+it stopped answering its heartbeat (:data:`STALLED`, megamoe_rt/ep/liveness.py).
 """
 
 from __future__ import annotations
@@ -30,11 +32,20 @@ _META = struct.Struct("<II")  # after it: payload length, CRC-32 of the payload
 _PAYLOAD_AT = _SEQ.size + _META.size
 MAX_PAYLOAD = SLOT_BYTES - _PAYLOAD_AT
 _GONE = struct.Struct("<Q")  # one word per rank past the slots: nonzero once the rank ended
+# What a rank's gone word holds: how it ended (0: it has not).
+ENDED, DIED, STALLED = 1, 2, 3
+_HOW = {ENDED: "ended", DIED: "died", STALLED: "stopped responding"}
 _SPIN_S = 0.002  # spin this long before sleeping between looks
 
 
 class RankGone(RuntimeError):
-    """A rank ended while others waited for it in an exchange."""
+    """A rank ended while others waited for it in an exchange; ``how`` is its gone word
+    (:data:`ENDED`, :data:`DIED` or :data:`STALLED`)."""
+
+    def __init__(self, message: str, rank: int = -1, how: int = ENDED):
+        super().__init__(message)
+        self.rank = rank
+        self.how = how
 
 
 def _checksum(seq: int, payload: bytes) -> int:
@@ -95,12 +106,17 @@ class StatusBoard:
     def _gone_at(self, rank: int) -> int:
         return self.world_size * 2 * SLOT_BYTES + rank * _GONE.size
 
-    def gone(self, rank: int) -> bool:
-        return bool(_GONE.unpack_from(self._map, self._gone_at(rank))[0])
+    def gone(self, rank: int) -> int:
+        """How ``rank`` ended (:data:`ENDED`, :data:`DIED`, :data:`STALLED`), 0 while it runs."""
+        return int(_GONE.unpack_from(self._map, self._gone_at(rank))[0])
 
-    def mark_gone(self, rank: int) -> None:
-        """The launcher's side: ``rank`` has ended."""
-        _GONE.pack_into(self._map, self._gone_at(rank), 1)
+    def mark_gone(self, rank: int, how: int = ENDED) -> None:
+        """The launcher's (or the hub's) side: ``rank`` has ended, ``how``; the first word
+        written stays (a rank declared dead is not later taken for one that left)."""
+        if how not in _HOW:
+            raise ValueError(f"how: expected one of {sorted(_HOW)}, got {how!r}")
+        if not self.gone(rank):
+            _GONE.pack_into(self._map, self._gone_at(rank), how)
 
     def gather(self, seq: int, timeout_s: float, what: str) -> list[bytes]:
         """Every rank's payload of exchange ``seq``, in rank order, once all have posted."""
@@ -118,7 +134,9 @@ class StatusBoard:
                 return [v for v in out if v is not None]
             dead = [r for r in missing if gone[r]]
             if dead:
-                raise RankGone(f"{what}: rank {dead[0]} ended without taking part")
+                r = dead[0]
+                how = gone[r] if gone[r] in _HOW else ENDED
+                raise RankGone(f"{what}: rank {r} {_HOW[how]} without taking part", r, how)
             waited = time.monotonic() - start
             if waited > timeout_s:
                 raise TimeoutError(f"{what}: rank {missing[0]} did not take part within {timeout_s:g} s")

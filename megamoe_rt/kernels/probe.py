@@ -7,6 +7,7 @@ import ctypes
 from megamoe_rt.jit import KernelSpec
 from megamoe_rt.kernels.interface.structs import SmProbeParams as SmProbeParams
 from megamoe_rt.kernels.interface.structs import StreamCopyParams as StreamCopyParams
+from megamoe_rt.kernels.interface.structs import WaitContext
 
 SPEC = KernelSpec(
     name="sm_probe",
@@ -45,13 +46,13 @@ WAIT_SPEC = KernelSpec(
 )
 
 
-# wait_for_mbarrier(timeout_ns, arrive, rank, peer, record): an mbarrier wait with a deadline.
+# wait_for_mbarrier(ctx, arrive, peer): an mbarrier wait with a deadline.
 MBARRIER_WAIT_SPEC = KernelSpec(
     name="wait_for_mbarrier",
     source="probe/wait_timeout.cu",
     entry="megamoe_rt::probe::wait_for_mbarrier",
     block_threads=64,
-    params=(ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint64),
+    params=(WaitContext, ctypes.c_uint32, ctypes.c_uint32),
 )
 
 

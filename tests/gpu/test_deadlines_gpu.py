@@ -69,8 +69,8 @@ _MBARRIER = textwrap.dedent("""
     from cuda.bindings import driver as cu
     driver.ensure_context()
     k = get_kernel(MBARRIER_WAIT_SPEC, driver.current_device())
-    args = [ctypes.c_uint64(200_000_000), ctypes.c_uint32(int(sys.argv[1])), ctypes.c_uint32(3),
-            ctypes.c_uint32(5), ctypes.c_uint64(TimeoutRecord.get().device_ptr)]
+    ctx = TimeoutRecord.get().context(0.2, rank=3)
+    args = [ctx, ctypes.c_uint32(int(sys.argv[1])), ctypes.c_uint32(5)]
     k.launch((4,), (64,), args)
     try:
         driver.call(cu.cuCtxSynchronize)

@@ -481,6 +481,8 @@ __device__ __forceinline__ void produce_tiles(const FusedParams& p, const Routin
             gemm::produce_tile<L2>(tile, p.l2.k / L2::kBlockK, sm2, st, tma_l2_a, tma_l2_b, tma_l2_sfa, 0, deadline);
         }
     }
+    // L1 and L2 tiles share the stages' barriers (one pipeline state): one drain covers both.
+    gemm::drain_stages<L1>(sm1, st, deadline);
 }
 
 template <u32 kStages, u32 kActSfGran, Role kRole>
@@ -507,7 +509,7 @@ __device__ __forceinline__ void compute_tiles(const FusedParams& p, const Routin
         if (!stream.tile(t, s)) break;
         const gemm::Tile tile = ring_tile(p, tab, s);
         if (!s.l2) {
-            gemm::consume_tile<L1>(p.l1, tile, p.l1.k / L1::kBlockK, sm1, st, mt1, acc, out, 0, deadline);
+            gemm::consume_tile<L1>(p.l1, tile, p.l1.k / L1::kBlockK, sm1, st, mt1, acc, out, 0);
             L1::Epilogue::template store<L1>(p.l1, tile, mt1, sm1, out);
             // Every math thread's rows are written before the leader posts them (TMA reads them
             // in another block: the relay adds the proxy fence).
@@ -516,7 +518,7 @@ __device__ __forceinline__ void compute_tiles(const FusedParams& p, const Routin
             if (leader && !withheld)
                 relay.post(posted, (p.bank.l1_done + s.block) | SignalRelay::kProxyFence, deadline);
         } else {
-            gemm::consume_tile<L2>(p.l2, tile, p.l2.k / L2::kBlockK, sm2, st, mt2, acc, out, 0, deadline);
+            gemm::consume_tile<L2>(p.l2, tile, p.l2.k / L2::kBlockK, sm2, st, mt2, acc, out, 0);
             // The leader has seen every stage of this tile land: its activation rows are read.
             if (leader) relay.post(posted, p.bank.l2_read + s.block, deadline);
             L2::Epilogue::template store<L2>(p.l2, tile, mt2, sm2, out);

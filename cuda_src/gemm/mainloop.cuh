@@ -81,6 +81,19 @@ __device__ __forceinline__ void produce_tile(const Tile& tile, u32 num_k_blocks,
     }
 }
 
+// The producer after its last tile: waits, with the deadline, until the math warpgroups have
+// released every stage it filled. This is what bounds their waits for loaded stages (which
+// have no deadline of their own, see consume_tile) once no further fill would wait for them.
+template <class Cfg>
+__device__ __forceinline__ void drain_stages(const SharedStorage<Cfg>& sm, PipelineState<Cfg::kStages> st,
+                                             const sync::MbarrierDeadline& deadline) {
+    for (u32 i = 0; i < Cfg::kStages; ++i) {
+        sync::mbarrier_wait_parity_shared_or_trap<sync::WaitSite::kSmemStageFree>(sm.empty(st.stage), st.phase ^ 1,
+                                                                                  deadline, st.stage);
+        st.advance();
+    }
+}
+
 // Position of this thread's accumulator rows inside the tile.
 template <class Cfg>
 struct MathThread {
@@ -151,7 +164,7 @@ template <class Cfg>
 __device__ __forceinline__ void consume_tile(const GemmParams& p, const Tile& tile, u32 num_k_blocks,
                                              const SharedStorage<Cfg>& sm, PipelineState<Cfg::kStages>& st,
                                              const MathThread<Cfg>& mt, float (&acc)[64], float (&out)[64],
-                                             u32 cta_rank, const sync::MbarrierDeadline& deadline) {
+                                             u32 cta_rank) {
 #pragma unroll
     for (int i = 0; i < 64; ++i) out[i] = 0.0f;
     const u32 sfb_per_group = p.n / Cfg::kBSfN;
@@ -166,8 +179,11 @@ __device__ __forceinline__ void consume_tile(const GemmParams& p, const Tile& ti
         // issued before the wait so their latency hides behind it.
         const float sb_lo = ptx::ld_global_nc_f32(sfb + kb);
         const float sb_hi = Cfg::kBSfN == 64 ? ptx::ld_global_nc_f32(sfb + num_k_blocks + kb) : sb_lo;
-        sync::mbarrier_wait_parity_shared_or_trap<sync::WaitSite::kSmemStageFull>(sm.full(st.stage), st.phase, deadline,
-                                                                                  st.stage);
+        // No deadline here: the math warpgroups wait once per k-block, and a deadline check in
+        // this loop (never taken) made the plain GEMM 6-7% slower (bench/NOTES.md). The wait is
+        // bounded all the same: loads that never land leave their stage unreleased, so the
+        // producer's wait for it (or its drain_stages at the end) times out and traps.
+        ptx::mbarrier_wait_parity_shared_bounded_elsewhere(sm.full(st.stage), st.phase);
 #pragma unroll
         for (u32 h = 0; h < kSteps; ++h) {
             issue_step<Cfg>(sm, st.stage, h, a_offset, b_offset, acc);

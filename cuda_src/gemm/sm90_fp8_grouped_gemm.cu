@@ -76,6 +76,7 @@ __global__ void __launch_bounds__(
                 if (!tile.valid) continue;
                 produce_tile<Cfg>(tile, num_k_blocks, sm, st, &tma_a, &tma_b, &tma_sfa, cta_rank, deadline);
             }
+            drain_stages<Cfg>(sm, st, deadline);
         }
     } else {
         ptx::setmaxnreg_inc_sync_aligned<kMathRegs>();
@@ -86,7 +87,7 @@ __global__ void __launch_bounds__(
         for (u32 t = first_tile; t < scheduler.num_tiles; t += tile_step) {
             const Tile tile = scheduler.get(t, cta_rank);
             if (!tile.valid) continue;
-            consume_tile<Cfg>(p, tile, num_k_blocks, sm, st, mt, acc, out, cta_rank, deadline);
+            consume_tile<Cfg>(p, tile, num_k_blocks, sm, st, mt, acc, out, cta_rank);
             Epilogue::template store<Cfg>(p, tile, mt, sm, out);
         }
     }

@@ -54,6 +54,21 @@ __device__ __forceinline__ bool mbarrier_try_wait_parity_shared(u64* bar, u32 pa
     return done != 0;
 }
 
-// The waiting loop itself is sync/mbarrier_deadline.cuh: every mbarrier wait has a deadline.
+// Waits until the phase with the given parity has completed, with no deadline of its own.
+// Only for waits that another wait with a deadline bounds (the math warpgroups' wait for a
+// loaded stage: gemm/mainloop.cuh says why); every other mbarrier wait goes through
+// sync/mbarrier_deadline.cuh. The retry loop lives inside one asm block: a C++ loop would be
+// a divergent path to ptxas, which then serialises any wgmma still in flight across it.
+__device__ __forceinline__ void mbarrier_wait_parity_shared_bounded_elsewhere(u64* bar, u32 parity) {
+    asm volatile(
+        "{\n"
+        "  .reg .pred done;\n"
+        "WAIT_%=:\n"
+        "  mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "  @!done bra WAIT_%=;\n"
+        "}\n" ::"r"(smem_addr_u32(bar)),
+        "r"(parity)
+        : "memory");
+}
 
 }  // namespace megamoe_rt::ptx

@@ -36,13 +36,20 @@ def test_timeouts_are_clamped_to_what_the_device_can_count():
 
 
 def test_every_mbarrier_wait_in_the_kernels_has_a_deadline():
-    # The only mbarrier waiting loop is sync/mbarrier_deadline.cuh's; a plain try_wait loop
-    # anywhere else would be a wait without a deadline.
+    # The waiting loops are sync/mbarrier_deadline.cuh's and one without a deadline in ptx/,
+    # used only where another wait bounds it: the math warpgroups' wait for a loaded stage,
+    # bounded by the producer's waits and drain (gemm/mainloop.cuh says why).
     root = Path(__file__).resolve().parents[2] / "cuda_src"
-    loops = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.cu*") if "mbarrier.try_wait" in p.read_text())
+    sources = {p.relative_to(root).as_posix(): p.read_text() for p in root.rglob("*.cu*")}
+    loops = sorted(name for name, text in sources.items() if "mbarrier.try_wait" in text)
     assert loops == ["ptx/mbarrier.cuh", "sync/mbarrier_deadline.cuh"], loops
-    ptx = (root / "ptx" / "mbarrier.cuh").read_text()
-    assert " bra " not in ptx  # ptx/ has the single try, not a loop
+    unbounded = "mbarrier_wait_parity_shared_bounded_elsewhere("
+    users = {name: text.count(unbounded) for name, text in sources.items() if unbounded in text}
+    assert users == {"ptx/mbarrier.cuh": 1, "gemm/mainloop.cuh": 1}, users
+    mainloop = sources["gemm/mainloop.cuh"]
+    assert "drain_stages" in sources["gemm/sm90_fp8_grouped_gemm.cu"]
+    assert "drain_stages" in sources["fused/sm90_fp8_fused_moe.cu"]
+    assert "void drain_stages" in mainloop
 
 
 def test_a_timed_out_mbarrier_wait_is_described_by_its_slot_and_phase():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -71,3 +72,27 @@ def test_streaming_router_example_matches_the_batch_call_bitwise():
     assert "streamed == batch, bitwise: True" in out.stdout, out.stdout
     assert "chunk logits == batch logits: True" in out.stdout, out.stdout
     assert "router's activations == quantize_fp8(hidden): True" in out.stdout, out.stdout
+
+
+@pytest.mark.gpu
+def test_quickstart_runs_on_a_hopper_gpu():
+    out = _run("quickstart")
+    assert out.returncode == 0, out.stderr
+    assert "y (512, 2048) mean |y|" in out.stdout and "total" in out.stdout, out.stdout
+
+
+@pytest.mark.gpu
+def test_two_rank_example_runs_with_both_ranks_on_one_gpu():
+    pytest.importorskip("nvshmem.core")
+    env = {**os.environ, "MEGAMOE_RT_RANK_DEVICES": "0"}  # both ranks on GPU 0: correctness, not timing
+    out = subprocess.run(
+        [sys.executable, "-m", "megamoe_rt", "launch", "-n", "2", str(EXAMPLES / "two_rank_ep.py")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    for rank in (0, 1):
+        line = next(ln for ln in out.stdout.splitlines() if ln.startswith(f"rank {rank}: "))
+        assert "fused vs unfused max |diff| 0.00e+00" in line, out.stdout  # the modes are bitwise equal

@@ -9,6 +9,8 @@ import textwrap
 
 import pytest
 
+from tests.helpers.traps import SYNC_AND_REPORT
+
 _WAIT = textwrap.dedent("""
     import ctypes, sys
     import cupy as cp
@@ -60,7 +62,8 @@ def test_a_wait_timing_out_in_every_block_prints_its_line_once():
     assert text.count("wait 'test signal' timed out") == 2, text
 
 
-_MBARRIER = textwrap.dedent("""
+_MBARRIER = (
+    textwrap.dedent("""
     import ctypes, sys
     from megamoe_rt.runtime import driver
     from megamoe_rt.kernels.loader import get_kernel
@@ -72,13 +75,9 @@ _MBARRIER = textwrap.dedent("""
     ctx = TimeoutRecord.get().context(0.2, rank=3)
     args = [ctx, ctypes.c_uint32(int(sys.argv[1])), ctypes.c_uint32(5)]
     k.launch((4,), (64,), args)
-    try:
-        driver.call(cu.cuCtxSynchronize)
-    except driver.CudaError as err:
-        print("ERROR", err)
-        sys.exit(3)
-    print("finished")
 """)
+    + SYNC_AND_REPORT
+)
 
 
 @pytest.mark.gpu

@@ -96,17 +96,23 @@ def _private_fallback() -> Path:
         return cand
 
 
+# (directory, kind) of the write troubles already warned of in this process.
+_WARNED: set[tuple[str, str]] = set()
+
+
 class CubinCache:
     def __init__(self, directory: str | os.PathLike[str] | None = None):
         self.directory = Path(directory).expanduser() if directory is not None else default_cache_dir()
         self.rejected = 0  # entries found corrupt, foreign or malformed and removed (tests, `info`)
         self._checked = False
-        self._warned: set[str] = set()  # one warning per kind of trouble, not one per kernel
 
     def _warn_once(self, kind: str, message: str) -> None:
-        if kind in self._warned:
+        """One warning per kind of trouble and directory in this process, not one per kernel:
+        every build opens the cache afresh."""
+        seen = (str(self.directory), kind)
+        if seen in _WARNED:
             return
-        self._warned.add(kind)
+        _WARNED.add(seen)
         warnings.warn(f"megamoe_rt: {message}", CacheWriteWarning, stacklevel=4)
 
     def _ensure_dir(self) -> None:

@@ -187,3 +187,19 @@ def test_the_split_tuning_file_passes_the_same_trust_checks(tmp_path):
     os.mkfifo(path, 0o600)
     with pytest.warns(UserWarning, match="not a regular file"):
         assert split_tuning.lookup(key, 2048, cache_dir=tmp_path) is None
+
+
+def test_a_full_disk_warns_once_however_many_kernels_are_built(toy_kernel_tree, tmp_path, monkeypatch):
+    # Every build opens the cache afresh (compile_kernel without cache=): the warning is per
+    # directory and process, not per kernel, so a layer's first call prints one line.
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(cache_mod.os, "fsync", full)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            cache = CubinCache(tmp_path / "c")
+            cache.clear()
+            assert compile_kernel(TOY, cache=cache).cubin
+    assert [w.category for w in caught] == [cache_mod.CacheWriteWarning], [str(w.message) for w in caught]

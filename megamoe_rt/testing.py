@@ -37,7 +37,7 @@ def fused_runner(layer: Any) -> FusedMode:
     """The fused mode object of ``layer`` (TypeError for a layer of another mode)."""
     runner = getattr(layer, "runner", layer)
     if not isinstance(runner, FusedMode):
-        raise TypeError(f"expected a layer of mode 'fused', got mode {getattr(runner, 'name', runner)!r}")
+        raise TypeError(f"expected a layer of mode {FusedMode.name!r}, got mode {getattr(runner, 'name', runner)!r}")
     return runner
 
 

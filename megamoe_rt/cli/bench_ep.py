@@ -107,6 +107,7 @@ def ep_arguments(argv: list[str], what: str = "moe") -> argparse.Namespace:
     on stderr and SystemExit(2)."""
     from megamoe_rt.cli import bench_stream
     from megamoe_rt.cli.bench_prefill import EP_TOKENS, MODES, RATIOS
+    from megamoe_rt.modes.registry import baseline_mode
     from megamoe_rt.presets import PRESETS
 
     prefill, stream = what == "prefill", what == "stream"
@@ -122,7 +123,7 @@ def ep_arguments(argv: list[str], what: str = "moe") -> argparse.Namespace:
     ap.add_argument("--tokens", default=tokens, type=csv(int), help="tokens per rank")
     ap.add_argument(
         "--mode",
-        default=MODES if prefill else ["unfused"],
+        default=MODES if prefill else [baseline_mode()],
         type=functools.partial(modes, transports=what == "moe"),
         help="modes, comma-separated; moe: MODE@TRANSPORT forces a transport (unfused@nvshmem,unfused@nvlink)",
     )

@@ -29,19 +29,23 @@ from megamoe_rt.cli.timing import (
     slowest_rank,
 )
 from megamoe_rt.ep.group import RankGroup
-from megamoe_rt.modes.base import POOL_REGIONS
+from megamoe_rt.modes.base import POOL_REGIONS, LayerSpec
+from megamoe_rt.modes.registry import MODES as MODE_CLASSES
+from megamoe_rt.modes.registry import mode_names
 
 FULL = 1.0
-DEFAULT_RING = "default"  # the fused schedule's own ring (its lag window)
-MODES = ["unfused", "fused", "split"]
+DEFAULT_RING = "default"  # a mode's own ring (the fused schedule's: its lag window)
+MODES = list(mode_names())  # the default: every mode
 RATIOS = [0.5, 0.25, 0.125]
 TOKENS = [16384, 32768, 65536]  # per call on one GPU
 EP_TOKENS = [16384, 32768]  # per rank across ranks: the full pool of R ranks is R times one GPU's
 
 
-def _rings(mode: str, ratios: list[float]) -> list[float | str]:
+def _rings(mode: str, ratios: list[float], spec: LayerSpec) -> list[float | str]:
+    """The full pool, the shares of it, and the mode's own ring where its buffer is a ring
+    unless told otherwise (the fused mode's)."""
     rings: list[float | str] = [FULL, *[r for r in ratios if r != FULL]]
-    return [*rings, DEFAULT_RING] if mode == "fused" else rings
+    return [*rings, DEFAULT_RING] if MODE_CLASSES[mode].layout_needs(spec).pool == "ring" else rings
 
 
 def _layer_kwargs(ring: float | str) -> dict[str, Any]:
@@ -134,10 +138,11 @@ def bench_prefill(
     for name, p, local, experts, t in preset_slices(presets, tokens, world):
         args, weights = rank_inputs(cp, rank, t, p.hidden, p.intermediate, experts, local, p.num_topk, t)
         stream = cp.cuda.Stream(non_blocking=True)
+        spec = LayerSpec(p.hidden, p.intermediate, experts, p.num_topk, t, num_ranks=world)
         for mode in modes:
             layers: dict[str, Any] = {}
             arms: dict[str, Callable[[], None]] = {}
-            for ring in _rings(mode, ratios):
+            for ring in _rings(mode, ratios, spec):
                 layer = MegaMoE(
                     p.hidden, p.intermediate, experts, p.num_topk, t, mode=mode, group=group, **_layer_kwargs(ring)
                 )

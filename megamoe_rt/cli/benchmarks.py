@@ -228,7 +228,7 @@ def bench_moe(
     presets: list[str],
     tokens: list[int],
     *,
-    mode: str | list[str] = "unfused",
+    mode: str | list[str] | None = None,
     rounds: int = 3,
     capacity: int | None = None,
     json_path: str | None = None,
@@ -236,7 +236,8 @@ def bench_moe(
     """The layer (a preset's EP8 per-rank slice on one GPU) captured in a CUDA graph and
     replayed: device time, useful TFLOP/s, HBM GB/s of the compulsory traffic, buffer MiB.
 
-    ``mode``: one mode or several, bracketed in rounds against each other (megamoe_rt/cli/timing.py).
+    ``mode``: one mode or several, bracketed in rounds against each other (megamoe_rt/cli/timing.py);
+    default the baseline mode (megamoe_rt.modes.registry.baseline_mode).
     ``capacity``: the buffers' token capacity, at least every row's tokens (default: each
     row's token count); the fused arm passes ``num_tokens_bound`` = the row's tokens, as a
     caller with uniform ranks would.
@@ -245,8 +246,9 @@ def bench_moe(
 
     from megamoe_rt.cli.demo import random_layer_inputs
     from megamoe_rt.layer import MODES, MegaMoE
+    from megamoe_rt.modes.registry import baseline_mode
 
-    modes = [mode] if isinstance(mode, str) else list(mode)
+    modes = [baseline_mode()] if mode is None else [mode] if isinstance(mode, str) else list(mode)
     for m in modes:
         if m not in MODES:
             raise ValueError(f"mode: {m!r} is not one of {MODES}")

@@ -118,9 +118,14 @@ def sweep_chart(rows: list[dict], vary: str | None, path: str) -> None:
     )
 
 
-def split_chart(rows: list[dict], best: int, fused_us: float, path: str, *, title: str = "") -> None:
+def split_chart(
+    rows: list[dict], best: int, fused_us: float, path: str, *, title: str = "", reference_label: str = ""
+) -> None:
     """``megamoe-rt tune-split --png``: a bar per K1/K2 split (``rows``: the split rows), the
-    fastest highlighted, a line at the fused mode's time."""
+    fastest highlighted, a line at the fused mode's time (``reference_label``: that mode's name,
+    by default the registry's default among the fused kernel's modes)."""
+    from megamoe_rt.modes.registry import FUSED_KERNEL, default_mode
+
     bar_chart(
         path,
         [f"{r['split_sms'][0]}|{r['split_sms'][1]}" for r in rows],
@@ -130,7 +135,7 @@ def split_chart(rows: list[dict], best: int, fused_us: float, path: str, *, titl
         title=title,
         highlight=best,
         reference=fused_us,
-        reference_label="fused",
+        reference_label=reference_label or default_mode(FUSED_KERNEL),
     )
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from megamoe_rt.cli.output import add_output_options, check_output, emit, progress_to_stderr
 from megamoe_rt.cli.usage import Parser, exit_status, positive_int
+from megamoe_rt.modes.registry import FUSED_KERNEL, SM_PARTITIONED, default_mode
 
 DEFAULT_OUTPUT = "trace.json"  # the file written when neither -o nor --json is given
 
@@ -54,19 +55,21 @@ class TracedKernel:
 
 
 def kernels_of(mode: str, trace_rows: int, sms: tuple[int, int, int] | None = None) -> list[TracedKernel]:
-    """Which rows of a layer's trace buffer each kernel stamps (see testing.trace_buffer)."""
-    if mode == "fused":
-        return [TracedKernel("fused", 0, trace_rows)]
-    if mode == "split":
-        if sms is None:
-            raise ValueError("mode='split': the SM split (l1, l2, reduce) is needed to tell K1, K2 and K3 apart")
-        l1, l2, _ = sms
-        return [
-            TracedKernel("K1 dispatch+L1", 0, l1),
-            TracedKernel("K2 L2+scatter", l1, l2),
-            TracedKernel("K3 reduce", l1 + l2, trace_rows - l1 - l2, reduce=True),
-        ]
-    raise ValueError(f"mode={mode!r}: a trace is recorded by mode 'fused' or 'split'")
+    """Which rows of a layer's trace buffer each kernel stamps (see testing.trace_buffer): the
+    fused kernel's blocks stamp every row; on SM partitions K1's, then K2's, then K3's."""
+    if mode not in FUSED_KERNEL:
+        traced = " or ".join(repr(name) for name in FUSED_KERNEL)
+        raise ValueError(f"mode={mode!r}: a trace is recorded by mode {traced}")
+    if mode not in SM_PARTITIONED:
+        return [TracedKernel(mode, 0, trace_rows)]
+    if sms is None:
+        raise ValueError(f"mode={mode!r}: the SM split (l1, l2, reduce) is needed to tell K1, K2 and K3 apart")
+    l1, l2, _ = sms
+    return [
+        TracedKernel("K1 dispatch+L1", 0, l1),
+        TracedKernel("K2 L2+scatter", l1, l2),
+        TracedKernel("K3 reduce", l1 + l2, trace_rows - l1 - l2, reduce=True),
+    ]
 
 
 def trace_events(
@@ -162,7 +165,7 @@ def traced_call(preset: str, tokens: int, mode: str, *, group: Any = None) -> tu
             stream.synchronize()
             host = cp.asnumpy(stamps)
         split = getattr(layer.runner, "sms", None)  # SplitMode: the SM counts of K1, K2, K3
-        sms = split.as_tuple() if mode == "split" and split is not None else None
+        sms = split.as_tuple() if mode in SM_PARTITIONED and split is not None else None
         kernels = kernels_of(mode, host.shape[0], sms)
         meta = {"preset": preset, "tokens_per_rank": tokens, "mode": mode, "ranks": world, "split_sms": sms}
     finally:
@@ -190,7 +193,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--tokens", type=positive_int, default=2048, help="tokens per rank (the preset's EP8 per-rank slice)"
     )
-    ap.add_argument("--mode", default="fused", choices=("fused", "split"))
+    ap.add_argument("--mode", default=default_mode(FUSED_KERNEL), choices=FUSED_KERNEL)
     add_output_options(ap, f"the Chrome trace (default: to {DEFAULT_OUTPUT})")
 
 

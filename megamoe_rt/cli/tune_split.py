@@ -27,7 +27,11 @@ from megamoe_rt.cli.output import (
 )
 from megamoe_rt.cli.timing import DeviceTimer, capture_layer_call
 from megamoe_rt.cli.usage import Parser, UsageError, exit_status, positive_int
+from megamoe_rt.modes.registry import FUSED_KERNEL, SM_PARTITIONED, default_mode
 from megamoe_rt.schedule.split_sms import SplitSms, sweep_split_sms, valid_l1_counts
+
+TUNED = SM_PARTITIONED[0]  # the mode whose SM counts are swept
+YARDSTICK = default_mode(FUSED_KERNEL)  # the same kernel in one launch over every SM
 
 
 def _slowest(group: Any, value: float) -> float:
@@ -94,13 +98,13 @@ def tune_split(
     say = print if rank == 0 else (lambda *a, **k: None)
     say(
         f"tune-split {name} T={t}/rank x{world} ranks on {info.name} ({info.sm_count} SMs, partitions of "
-        f"{granularity}): {len(candidates)} splits + fused",
+        f"{granularity}): {len(candidates)} splits + {YARDSTICK}",
         flush=True,
     )
     rows: list[dict] = []
     for n, sms in enumerate([None, *candidates]):
-        label = "fused" if sms is None else f"K1 {sms.l1:>3} | K2 {sms.l2:>3} | K3 {sms.reduce:>3}"
-        kw = {"mode": "fused"} if sms is None else {"mode": "split", "split_sms": sms}
+        label = YARDSTICK if sms is None else f"K1 {sms.l1:>3} | K2 {sms.l2:>3} | K3 {sms.reduce:>3}"
+        kw = {"mode": YARDSTICK} if sms is None else {"mode": TUNED, "split_sms": sms}
         layer = MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, t, group=group, **kw)
         layer.load_weights(*weights)
         y = cp.empty((t, p.hidden), dtype=cp.uint16)
@@ -115,14 +119,14 @@ def tune_split(
     split_rows = rows[1:]
     best = min(range(len(split_rows)), key=lambda i: split_rows[i]["median_us"])
     best_sms, best_us = candidates[best], split_rows[best]["median_us"]
-    say("\n| K1 | K2 | K3 | us | x fused |\n|---:|---:|---:|---:|---:|")
+    say(f"\n| K1 | K2 | K3 | us | x {YARDSTICK} |\n|---:|---:|---:|---:|---:|")
     for r in split_rows:
         mark = " (best)" if r is split_rows[best] else ""
         say(
             f"| {r['split_sms'][0]} | {r['split_sms'][1]} | {r['split_sms'][2]} | {r['median_us']:.1f}{mark} | "
             f"{r['median_us'] / fused_us:.3f} |"
         )
-    say(f"| fused | | | {fused_us:.1f} | 1.000 |", flush=True)
+    say(f"| {YARDSTICK} | | | {fused_us:.1f} | 1.000 |", flush=True)
     result = {
         "preset": name,
         "tokens_per_rank": t,
@@ -141,8 +145,8 @@ def tune_split(
             from megamoe_rt.cli.plotting import split_chart
 
             title = f"tune-split {name} T={t}/rank x{world} on {info.name}"
-            split_chart(split_rows, best, fused_us, png_path, title=title)
-            say(f"wrote {png_path} (a bar per K1 | K2 split, the best highlighted; dashed line: fused)")
+            split_chart(split_rows, best, fused_us, png_path, title=title, reference_label=YARDSTICK)
+            say(f"wrote {png_path} (a bar per K1 | K2 split, the best highlighted; dashed line: {YARDSTICK})")
         if json_path:
             write_json(json_path, result)
     return result

@@ -105,8 +105,8 @@ def mode(text: str) -> str:
 def modes(text: str, *, transports: bool = False) -> list[str]:
     """A comma-separated list of execution modes; with ``transports`` each may name the
     transport it forces, ``MODE@TRANSPORT`` (the layer benchmark across ranks)."""
-    from megamoe_rt.layer import MODES
     from megamoe_rt.modes.base import TRANSPORT_CHOICES
+    from megamoe_rt.modes.registry import MODES
 
     out = [m.strip() for m in text.split(",") if m.strip()]
     split = [m.partition("@") for m in out]

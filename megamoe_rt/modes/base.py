@@ -4,7 +4,7 @@ The layer checks its arguments, owns the weights and the buffer, validates each 
 and hands everything else to one mode object. A mode says which buffer layout it needs, checks
 that layout when it is created (before any memory is allocated), is bound to the allocated
 buffer once, builds its plans and kernels from the weights, and enqueues calls. Adding a mode
-is a subclass of :class:`Mode` plus one entry in :data:`megamoe_rt.modes.registry.MODES`.
+is a subclass of :class:`Mode` plus its name and class in :mod:`megamoe_rt.modes.registry`.
 
 Life of a mode object, driven by the layer:
 

@@ -112,9 +112,10 @@ def test_bench_module_forwards_to_the_cli_outside_a_launch():
 
 
 def test_tune_split_without_a_hopper_gpu_says_why(monkeypatch, capsys):
+    import megamoe_rt.cli.commands as commands
     import megamoe_rt.cli.main as cli
 
-    monkeypatch.setattr(cli, "_hopper_or_none", lambda command: print(f"megamoe-rt {command}: no GPU") or None)
+    monkeypatch.setattr(commands, "hopper_or_none", lambda command: print(f"megamoe-rt {command}: no GPU") or None)
     assert cli.main(["tune-split", "--preset", "flash", "--tokens", "64"]) == 1
     assert "megamoe-rt tune-split: no GPU" in capsys.readouterr().out
 
@@ -136,6 +137,7 @@ GRAPHS = Path(__file__).resolve().parents[2] / "graphs"
 
 
 def test_sweep_without_vary_runs_the_spec_once(monkeypatch, capsys):
+    import megamoe_rt.cli.commands as commands
     import megamoe_rt.cli.main as cli
     import megamoe_rt.graph.sweep as sweep
     from megamoe_rt.graph import load_spec
@@ -155,7 +157,9 @@ def test_sweep_without_vary_runs_the_spec_once(monkeypatch, capsys):
         ]
 
     monkeypatch.setattr(sweep, "run_sweep", fake_run_sweep)
-    monkeypatch.setattr(cli, "_hopper_or_none", lambda command: SimpleNamespace(ordinal=0, name="H200", sm_count=132))
+    monkeypatch.setattr(
+        commands, "hopper_or_none", lambda command: SimpleNamespace(ordinal=0, name="H200", sm_count=132)
+    )
     spec_path = str(GRAPHS / "membound_vs_gemm.toml")
     assert cli.main(["sweep", "--spec", spec_path, "--reps", "3"]) == 0
     assert calls == [("membound_vs_gemm", None, None, 0, 3)]
@@ -194,11 +198,12 @@ def test_sweep_argument_errors_exit_2_before_any_gpu_work(extra, message):
 )
 def test_bench_stream_passes_its_options_and_defaults(monkeypatch, argv, expected):
     import megamoe_rt.cli.bench_stream as bench_stream
+    import megamoe_rt.cli.commands as commands
     import megamoe_rt.cli.main as cli
 
     seen = {}
     info = SimpleNamespace(ordinal=0, name="H200", sm_count=132)
-    monkeypatch.setattr(cli, "_hopper_or_none", lambda command: info)
+    monkeypatch.setattr(commands, "hopper_or_none", lambda command: info)
     monkeypatch.setattr(
         bench_stream,
         "bench_stream",

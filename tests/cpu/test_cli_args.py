@@ -11,7 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
+import megamoe_rt.cli.commands as commands
 import megamoe_rt.cli.main as cli
+from megamoe_rt.cli.commands.plan import plan_token_limit
 from megamoe_rt.presets import get_preset
 
 H200 = SimpleNamespace(ordinal=0, name="NVIDIA H200", sm_count=132)
@@ -23,7 +25,7 @@ def _gpu_probed(*args, **kwargs):
 
 @pytest.fixture
 def no_gpu(monkeypatch):
-    monkeypatch.setattr(cli, "_hopper_or_none", _gpu_probed)
+    monkeypatch.setattr(commands, "hopper_or_none", _gpu_probed)
 
 
 def usage_line(capsys, status: int) -> str:
@@ -45,7 +47,7 @@ def test_plan_tokens_past_the_32_bit_pool_rows_are_a_usage_error(capsys):
 
 def test_plan_takes_tokens_up_to_the_limit_it_names(capsys):
     flash = get_preset("flash")
-    limit = cli.plan_token_limit(8, flash.num_topk, flash.num_experts // 8, 128)
+    limit = plan_token_limit(8, flash.num_topk, flash.num_experts // 8, 128)
     assert limit > 0 and limit % 128 == 0
     assert cli.main(["plan", "--tokens", str(limit), "--json"]) == 0
     capsys.readouterr()
@@ -56,7 +58,7 @@ def test_plan_takes_tokens_up_to_the_limit_it_names(capsys):
 @pytest.mark.parametrize("mode", ["fused", "split"])  # split runs the fused kernel's block tables
 def test_plan_of_the_fused_kernels_modes_stops_at_their_pool_blocks(capsys, mode):
     flash = get_preset("flash")
-    limit = cli.plan_token_limit(8, flash.num_topk, flash.num_experts // 8, 64, 2**24 * 64)
+    limit = plan_token_limit(8, flash.num_topk, flash.num_experts // 8, 64, 2**24 * 64)
     assert cli.main(["plan", "--mode", mode, "--tokens", str(limit), "--json"]) == 0
     capsys.readouterr()
     line = usage_line(capsys, cli.main(["plan", "--mode", mode, "--tokens", str(limit + 1)]))
@@ -135,7 +137,7 @@ def test_tune_split_step_is_checked_before_anything_is_timed(monkeypatch, capsys
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
     import megamoe_rt.requirements as requirements
 
-    monkeypatch.setattr(cli, "_hopper_or_none", lambda command: H200)
+    monkeypatch.setattr(commands, "hopper_or_none", lambda command: H200)
     monkeypatch.setattr(requirements, "gpu_or_report", lambda program, ordinal=None: H200)  # CuPy is stood in for
     monkeypatch.setattr(driver, "require_hopper", lambda device=None: H200)
     monkeypatch.setattr(green, "partition_granularity", lambda device, fine=False: 8)
@@ -189,7 +191,7 @@ def test_bench_moe_takes_a_capacity_of_at_least_the_largest_tokens(monkeypatch, 
     import megamoe_rt.cli.benchmarks as benchmarks
 
     seen = {}
-    monkeypatch.setattr(cli, "_hopper_or_none", lambda command: H200)
+    monkeypatch.setattr(commands, "hopper_or_none", lambda command: H200)
     monkeypatch.setattr(benchmarks, "bench_moe", lambda presets, tokens, **kw: seen.update(kw, tokens=tokens))
     line = usage_line(capsys, cli.main(["bench", "moe", "--tokens", "64,256", "--capacity", "255"]))
     assert "--capacity 255" in line and not seen

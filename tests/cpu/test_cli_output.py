@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
+import megamoe_rt.cli.commands as commands
 import megamoe_rt.cli.main as cli
 from megamoe_rt.cli import output, plotting
 
@@ -29,7 +30,7 @@ def no_gpu(monkeypatch):
     """Every way a command reaches the GPU fails the test."""
     import megamoe_rt.requirements as requirements
 
-    monkeypatch.setattr(cli, "_hopper_or_none", _gpu_probed)
+    monkeypatch.setattr(commands, "hopper_or_none", _gpu_probed)
     monkeypatch.setattr(requirements, "gpu_or_report", _gpu_probed)
 
 
@@ -193,7 +194,7 @@ def test_a_benchmark_with_json_prints_its_rows_alone_and_its_progress_on_stderr(
         print("flash T=64 progress line", flush=True)
         return [{"preset": "flash", "tokens": 64, "median_us": 1.5}]
 
-    monkeypatch.setattr(cli, "_hopper_or_none", lambda command: H200)
+    monkeypatch.setattr(commands, "hopper_or_none", lambda command: H200)
     monkeypatch.setattr(benchmarks, "bench_moe", fake_bench_moe)
     path = str(tmp_path / "b.json")
     assert cli.main(["bench", "moe", "--tokens", "64", "--json", "-o", path]) == 0
@@ -213,7 +214,7 @@ def test_sweep_by_name_with_json(monkeypatch, capsys):
         return [{"value": None, "partitions": {"gemm": 64, "copy": 64}, "nodes_us": {"gemm": 1.0}, "total_us": 2.0}]
 
     monkeypatch.setattr(sweep, "run_sweep", fake_run_sweep)
-    monkeypatch.setattr(cli, "_hopper_or_none", lambda command: H200)
+    monkeypatch.setattr(commands, "hopper_or_none", lambda command: H200)
     assert cli.main(["sweep", "--spec", "membound_vs_gemm", "--json"]) == 0
     captured = capsys.readouterr()
     assert calls == ["membound_vs_gemm"]
@@ -372,6 +373,6 @@ def test_a_chart_across_ranks_without_matplotlib_stops_before_joining_the_group(
 def test_without_a_chart_option_matplotlib_is_not_needed(monkeypatch, no_matplotlib, capsys):
     import megamoe_rt.cli.bench_prefill as bench_prefill
 
-    monkeypatch.setattr(cli, "_hopper_or_none", lambda command: H200)
+    monkeypatch.setattr(commands, "hopper_or_none", lambda command: H200)
     monkeypatch.setattr(bench_prefill, "bench_prefill", lambda *a, **kw: [])
     assert cli.main(["bench", "prefill"]) == 0

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import megamoe_rt.cli.commands as commands
 import megamoe_rt.cli.main as cli
 from megamoe_rt.graph import SpecError, spec
 from megamoe_rt.graph.spec import resolve_spec, shipped_spec_names, shipped_specs_dir
@@ -71,7 +72,7 @@ def test_sweep_with_an_unknown_spec_says_so_in_one_line_before_the_gpu(capsys, m
     def probed(*args, **kwargs):
         raise AssertionError("the GPU was probed")
 
-    monkeypatch.setattr(cli, "_hopper_or_none", probed)
+    monkeypatch.setattr(commands, "hopper_or_none", probed)
     assert cli.main(["sweep", "--spec", "nope", "--vary", "gemm=16..32:16"]) == 2
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]

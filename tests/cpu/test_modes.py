@@ -77,6 +77,31 @@ def test_registry_names_the_mode_classes_and_the_layer_lists_them():
     assert MODES[DEFAULT_ORDER[-1]].refusal(_spec(h=384, num_ranks=64, e=64)) is None
 
 
+def test_the_registry_facts_agree_with_the_mode_classes():
+    from megamoe_rt.modes.fused import FusedMode
+    from megamoe_rt.modes.registry import FUSED_KERNEL, SM_PARTITIONED, baseline_mode, default_mode
+
+    # The fused kernel's modes: its block tables and its per-block trace rows.
+    assert set(FUSED_KERNEL) == {n for n, cls in MODES.items() if issubclass(cls, FusedMode)}
+    assert set(FUSED_KERNEL) == {n for n, cls in MODES.items() if hasattr(cls, "trace_rows")}
+    assert set(SM_PARTITIONED) <= set(FUSED_KERNEL)  # K1 and K2 are the fused kernel's roles
+    assert (default_mode(), baseline_mode()) == (DEFAULT_ORDER[0], DEFAULT_ORDER[-1])
+    assert default_mode(FUSED_KERNEL) == "fused" and default_mode(SM_PARTITIONED) == "split"
+
+
+def test_the_registry_lists_and_checks_names_without_importing_a_mode():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from megamoe_rt.modes import registry as r; "
+        "assert list(r.MODES) == list(r.mode_names()) and 'fused' in r.MODES and 'nope' not in r.MODES; "
+        "print(sorted(k for k in sys.modules if k.startswith('megamoe_rt.modes.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "['megamoe_rt.modes.registry']"
+
+
 @pytest.mark.parametrize(
     "spec,expected",
     [

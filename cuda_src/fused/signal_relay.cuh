@@ -40,11 +40,12 @@ struct SignalRelay {
         }
     }
 
-    // Math leader. `posted` is its own count of posts.
-    __device__ __forceinline__ void post(u32& posted, u32 entry, const sync::MbarrierDeadline& deadline) const {
+    // Math leader. `posted` is its own count of posts. The wait for a free slot has no deadline
+    // check of its own (it sits in the math warpgroups' registers): the relay thread blocks on
+    // nothing but posts, so a slot it has not freed yet is freed as soon as it runs.
+    __device__ __forceinline__ void post(u32& posted, u32 entry) const {
         const u32 slot = posted % kDepth, phase = (posted / kDepth) & 1;
-        // The first pass finds it free.
-        sync::mbarrier_wait_parity_shared_or_trap<sync::WaitSite::kRelayPost>(empty + slot, phase ^ 1, deadline, slot);
+        ptx::mbarrier_wait_parity_shared_bounded_elsewhere(empty + slot, phase ^ 1);  // the first pass finds it free
         entries[slot] = entry;
         ptx::mbarrier_arrive_shared(full + slot);
         ++posted;

@@ -503,9 +503,8 @@ __device__ __forceinline__ void compute_tiles(const FusedParams& p, const Routin
     float acc[64];
     float out[64];
     StreamTile s;
-    const sync::MbarrierDeadline deadline{p.wait, sync::kIntraBlockWaitShift};
     for (;;) {
-        const u32 t = pop_ticket(tab.tiles, queue, threadIdx.x % 32, deadline);
+        const u32 t = pop_ticket(tab.tiles, queue, threadIdx.x % 32);
         if (!stream.tile(t, s)) break;
         const gemm::Tile tile = ring_tile(p, tab, s);
         if (!s.l2) {
@@ -515,16 +514,15 @@ __device__ __forceinline__ void compute_tiles(const FusedParams& p, const Routin
             // in another block: the relay adds the proxy fence).
             ptx::bar_sync(kMathBarrier, L1::kNumMathThreads);
             const bool withheld = kRole == Role::kSplitL1 && s.block == p.withhold_block;
-            if (leader && !withheld)
-                relay.post(posted, (p.bank.l1_done + s.block) | SignalRelay::kProxyFence, deadline);
+            if (leader && !withheld) relay.post(posted, (p.bank.l1_done + s.block) | SignalRelay::kProxyFence);
         } else {
             gemm::consume_tile<L2>(p.l2, tile, p.l2.k / L2::kBlockK, sm2, st, mt2, acc, out, 0);
             // The leader has seen every stage of this tile land: its activation rows are read.
-            if (leader) relay.post(posted, p.bank.l2_read + s.block, deadline);
+            if (leader) relay.post(posted, p.bank.l2_read + s.block);
             L2::Epilogue::template store<L2>(p.l2, tile, mt2, sm2, out);
         }
     }
-    if (leader) relay.post(posted, SignalRelay::kStop, deadline);
+    if (leader) relay.post(posted, SignalRelay::kStop);
 }
 
 template <u32 kStages, u32 kActSfGran, typename IdxT, bool kEp, Role kRole>

@@ -53,16 +53,19 @@ struct TileQueueCursor {
 __device__ __forceinline__ void push_ticket(const TileQueue& q, TileQueueCursor& c, u32 ticket,
                                             const sync::MbarrierDeadline& deadline) {
     sync::mbarrier_wait_parity_shared_or_trap<sync::WaitSite::kTileTicket>(q.empty + c.slot, c.phase ^ 1, deadline,
-                                                                            c.slot);
+                                                                           c.slot);
     q.tickets[c.slot] = ticket;
     ptx::mbarrier_arrive_shared(q.full + c.slot);
     c.advance();
 }
 
 // Math threads: the next ticket; lane 0 of each warp frees the slot once its warp has read it.
-__device__ __forceinline__ u32 pop_ticket(const TileQueue& q, TileQueueCursor& c, u32 lane,
-                                          const sync::MbarrierDeadline& deadline) {
-    sync::mbarrier_wait_parity_shared_or_trap<sync::WaitSite::kTileTicket>(q.full + c.slot, c.phase, deadline, c.slot);
+// No deadline check of its own (the math warpgroups' registers are spoken for, and a check
+// here spilled with NVRTC 13.0): the producer pushes a ticket for every position, the last
+// one past the end included, and each of its own waits has a deadline, so a missing ticket
+// ends in the producer's trap.
+__device__ __forceinline__ u32 pop_ticket(const TileQueue& q, TileQueueCursor& c, u32 lane) {
+    ptx::mbarrier_wait_parity_shared_bounded_elsewhere(q.full + c.slot, c.phase);
     const u32 ticket = q.tickets[c.slot];
     __syncwarp();
     ptx::mbarrier_arrive_shared_if(q.empty + c.slot, lane == 0);

@@ -55,10 +55,11 @@ __device__ __forceinline__ bool mbarrier_try_wait_parity_shared(u64* bar, u32 pa
 }
 
 // Waits until the phase with the given parity has completed, with no deadline of its own.
-// Only for waits that another wait with a deadline bounds (the math warpgroups' wait for a
-// loaded stage: gemm/mainloop.cuh says why); every other mbarrier wait goes through
-// sync/mbarrier_deadline.cuh. The retry loop lives inside one asm block: a C++ loop would be
-// a divergent path to ptxas, which then serialises any wgmma still in flight across it.
+// Only for the math warpgroups' waits, where a deadline check costs (6-7% of a GEMM on the
+// per-k-block wait) or spills (NVRTC 13.0), and that another wait with a deadline bounds:
+// each use says which. Every other mbarrier wait goes through sync/mbarrier_deadline.cuh.
+// The retry loop lives inside one asm block: a C++ loop would be a divergent path to ptxas,
+// which then serialises any wgmma still in flight across it.
 __device__ __forceinline__ void mbarrier_wait_parity_shared_bounded_elsewhere(u64* bar, u32 parity) {
     asm volatile(
         "{\n"

@@ -46,21 +46,16 @@ MEGAMOE_RT_ASSERT_OFFSET(TimeoutRecord, expected, RecordOffsets::kExpected, "Tim
 MEGAMOE_RT_ASSERT_OFFSET(TimeoutRecord, seen, RecordOffsets::kSeen, "TimeoutRecord::seen moved");
 MEGAMOE_RT_ASSERT_OFFSET(TimeoutRecord, elapsed_ns, RecordOffsets::kElapsed, "TimeoutRecord::elapsed_ns moved");
 
-// The deadline every mbarrier wait of a kernel gets, made once per thread: its WaitContext
-// (read only on the timed-out path) and the limit in kMbarrierClockShift units, `shift` powers
-// of two behind the context's deadline (kIntraBlockWaitShift in kernels that also wait across
-// blocks). The limit is an operand of every wait's asm: computed at each wait, its load from
-// the parameters would sit on the math warpgroups' path between k-blocks (measured: GEMMs 6-7%
-// slower than waits without a deadline).
+// The deadline every mbarrier wait of a kernel gets: its WaitContext and how many powers of
+// two behind the context's deadline it comes (kIntraBlockWaitShift in kernels that also wait
+// across blocks). Both are constants of the kernel once inlined (the context is a kernel
+// parameter), and the wait reads the timeout only on its timed path: nothing stays live in a
+// register across the loops that wait, which ptxas would have to find room for (the fused
+// kernel's producer warpgroup runs in 72 registers; a limit held per thread spilled there
+// with NVRTC 13.0).
 struct MbarrierDeadline {
-    const WaitContext* ctx;
-    u32 limit;
-
-    __device__ __forceinline__ MbarrierDeadline(const WaitContext& wait, u32 shift) : ctx(&wait) {
-        // Rounded up to whole units and saturated: a deadline past 2^32 units (centuries) is none.
-        const u64 units = ((wait.timeout_ns << shift) >> kMbarrierClockShift) + 1;
-        limit = units > 0xFFFFFFFFull ? 0xFFFFFFFFu : static_cast<u32>(units);
-    }
+    const WaitContext& ctx;
+    u32 shift;
 };
 
 // Waits until the phase with `parity` of `bar` has completed. Past the deadline the first
@@ -75,17 +70,24 @@ __device__ __forceinline__ void mbarrier_wait_parity_shared_or_trap(u64* bar, u3
     asm volatile(
         "{\n"
         "  .reg .pred ok, waiting, lost;\n"
-        "  .reg .u32 t0, dt, v;\n"
+        "  .reg .u32 t0, dt, v, lim;\n"
         "  .reg .u64 rec, w;\n"
         "  mbarrier.try_wait.parity.shared::cta.b64 ok, [%0], %1;\n"
         "  @ok bra DONE_%=;\n"
         "  mov.u32 t0, %%globaltimer_hi;\n"
+        // The limit in clock units: (timeout_ns << shift) >> 32, rounded up, saturated.
+        "  ld.u64 w, [%3];\n"
+        "  shl.b64 w, w, %2;\n"
+        "  shr.u64 w, w, %18;\n"
+        "  min.u64 w, w, 4294967294;\n"
+        "  cvt.u32.u64 lim, w;\n"
+        "  add.u32 lim, lim, 1;\n"
         "RETRY_%=:\n"
         "  mbarrier.try_wait.parity.shared::cta.b64 ok, [%0], %1;\n"
         "  @ok bra DONE_%=;\n"
         "  mov.u32 dt, %%globaltimer_hi;\n"
         "  sub.u32 dt, dt, t0;\n"
-        "  setp.le.u32 waiting, dt, %2;\n"
+        "  setp.le.u32 waiting, dt, lim;\n"
         "  @waiting bra RETRY_%=;\n"
         // Timed out: claim the record (state empty -> writing), fill it, mark it complete.
         "  ld.u64 rec, [%3 + %6];\n"
@@ -130,7 +132,7 @@ __device__ __forceinline__ void mbarrier_wait_parity_shared_or_trap(u64* bar, u3
         "  trap;\n"
         "DONE_%=:\n"
         "}\n" ::"r"(ptx::smem_addr_u32(bar)),
-        "r"(parity), "r"(deadline.limit), "l"(deadline.ctx), "r"(peer), "n"(static_cast<u32>(kSite)),
+        "r"(parity), "r"(deadline.shift), "l"(&deadline.ctx), "r"(peer), "n"(static_cast<u32>(kSite)),
         "n"(RecordOffsets::kContextRecord), "n"(RecordOffsets::kContextRank), "n"(RecordOffsets::kState),
         "n"(RecordOffsets::kSite), "n"(RecordOffsets::kBlock), "n"(RecordOffsets::kThread), "n"(RecordOffsets::kRank),
         "n"(RecordOffsets::kPeer), "n"(RecordOffsets::kExpected), "n"(kRecordEmpty), "n"(kRecordWriting),

@@ -1,8 +1,10 @@
 """The oldest toolkit wheels each extra of pyproject.toml allows, as pip requirements.
 
 For each extra (cu13, cu12): the lowest version on the package index that satisfies the
-extra's specifier, for the packages that decide how kernels compile (NVRTC, the CCCL headers)
-and for cuda-bindings, which loads NVRTC. Usage: ``python oldest_nvrtc.py EXTRA``.
+extra's specifier, for the packages that decide how kernels compile (NVRTC, the CCCL headers),
+for cuda-core, whose Program passes NVRTC megamoe_rt's options, for cuda-bindings, which
+loads NVRTC, and for nvJitLink, which ``megamoe-rt compile`` asks for before any build
+(megamoe_rt.requirements.COMPILER). Usage: ``python oldest_nvrtc.py EXTRA``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ except ImportError:  # Python 3.10
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-COMPILE_PACKAGES = ("nvidia-cuda-nvrtc", "nvidia-cuda-cccl", "cuda-bindings")
+COMPILE_PACKAGES = ("nvidia-cuda-nvrtc", "nvidia-cuda-cccl", "cuda-core", "cuda-bindings", "nvidia-nvjitlink")
 
 
 def available_versions(name: str) -> list[Version]:

@@ -35,6 +35,8 @@ from megamoe_rt.runtime.buffer import DeviceBuffer, LayerBuffer
 from megamoe_rt.runtime.deadlines import wait_timeout_ns
 from megamoe_rt.runtime.error_report import ErrorReport
 from megamoe_rt.runtime.errors import DeviceInputError, Finding
+from megamoe_rt.schedule.layout import check_channels
+from megamoe_rt.schedule.plan import check_expert_split
 from megamoe_rt.schedule.ring_size import PoolCost, check_chunk_ratio, ring_blocks_for_memory, ring_blocks_for_ratio
 from megamoe_rt.schedule.streaming import StreamConfig
 
@@ -279,22 +281,17 @@ class MegaMoE:
         failure: Exception | None = None
         settings: dict[str, object] = {}
         try:
-            self.hidden = args.integer("hidden", hidden, minimum=1)
-            self.intermediate = args.integer("intermediate", intermediate, minimum=1)
-            self.num_experts = args.integer("num_experts", num_experts, minimum=1)
-            self.num_topk = args.integer("num_topk", num_topk, minimum=1)
+            self.hidden, self.intermediate = check_channels(hidden, intermediate)
+            # The experts over the ranks and the top-k: the layout's and the planner's one check.
+            self.num_experts, self.num_topk, _ = check_expert_split(num_experts, num_topk, world)
             self.num_max_tokens_per_rank = args.integer("num_max_tokens_per_rank", num_max_tokens_per_rank, minimum=1)
-            if self.hidden % 128 or self.intermediate % 128:
-                raise ValueError(f"hidden={hidden}, intermediate={intermediate}: both must be multiples of 128")
-            if self.num_topk > min(self.num_experts, mk.MAX_TOPK):
-                raise ValueError(f"num_topk={num_topk}: expected at most min(num_experts={num_experts}, {mk.MAX_TOPK})")
+            if self.num_topk > mk.MAX_TOPK:
+                raise ValueError(f"num_topk={self.num_topk}: expected at most {mk.MAX_TOPK} (the kernels' slot masks)")
             if self.num_experts > mk.MAX_LOCAL_EXPERTS:
                 raise ValueError(f"num_experts={num_experts}: at most {mk.MAX_LOCAL_EXPERTS} experts are supported")
             act_sf_gran = args.integer_choice("act_sf_gran", act_sf_gran, (64, 128))
             if swiglu_limit is not None:
                 swiglu_limit = args.positive_float32("swiglu_limit", swiglu_limit)
-            if world > 1 and self.num_experts % world:
-                raise ValueError(f"num_experts={num_experts}: expected a multiple of the {world} ranks")
             transport = check_transport(transport, world)
             if streaming is not None:
                 if not isinstance(streaming, StreamConfig):
@@ -789,9 +786,7 @@ class MegaMoE:
     def _check_bound(self, num_tokens_bound: Any, t: int) -> int:
         if num_tokens_bound is None:
             return self.num_max_tokens_per_rank
-        if isinstance(num_tokens_bound, bool) or not isinstance(num_tokens_bound, (int, np.integer)):
-            raise TypeError(f"num_tokens_bound: expected an int or None, got {type(num_tokens_bound).__name__}")
-        bound = int(num_tokens_bound)
+        bound = args.integer("num_tokens_bound", num_tokens_bound)
         if not t <= bound <= self.num_max_tokens_per_rank:
             raise ValueError(
                 f"num_tokens_bound={bound}: expected at least this call's {t} tokens and at most "

@@ -2,7 +2,8 @@
 
 Every GPU kernel in this package is tested against the functions here, so the
 recipes below are the contract, not an approximation of it.  Only NumPy and
-ml_dtypes are used; importing this module never touches a GPU library.
+ml_dtypes are used (arguments are checked by runtime/args.py, itself NumPy only);
+importing this module never touches a GPU library.
 
 Formats
     E4M3 is ``ml_dtypes.float8_e4m3fn`` (max finite 448, no infinities),
@@ -37,10 +38,11 @@ MoE forward
 
 from __future__ import annotations
 
-import operator
-
 import ml_dtypes
 import numpy as np
+
+# The scalar checks every entry point shares: runtime/args.py imports nothing of the package.
+from megamoe_rt.runtime import args
 
 __all__ = [
     "FP8_E4M3_MAX",
@@ -123,15 +125,7 @@ def _check_finite(name: str, arr: np.ndarray) -> None:
 
 
 def _check_gran(name: str, gran) -> int:
-    if isinstance(gran, bool):
-        raise TypeError(f"{name}: expected an int (64 or 128), got bool")
-    try:
-        g = operator.index(gran)
-    except TypeError:
-        raise TypeError(f"{name}: expected an int (64 or 128), got {type(gran).__name__}") from None
-    if g not in _ACT_GRANS:
-        raise ValueError(f"{name}: expected 64 or 128, got {gran!r}")
-    return g
+    return args.integer_choice(name, gran, _ACT_GRANS)
 
 
 def _check_limit(name: str, limit):
@@ -468,13 +462,7 @@ def calc_diff(a, b) -> float:
 
 
 def _check_count(name: str, value, minimum: int) -> int:
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__}") from None
-    if v < minimum:
-        raise ValueError(f"{name}: expected an int >= {minimum}, got {v}")
-    return v
+    return args.integer(name, value, minimum=minimum)
 
 
 def random_moe_inputs(

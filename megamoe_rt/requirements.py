@@ -1,8 +1,8 @@
 """What the entry points need before they start, and the one line that says what is missing.
 
-``pip install megamoe-rt`` alone imports, plans and models. Compiling kernels needs NVRTC and
-nvJitLink (header wheels only for the kernels that ask for them); running them also needs CuPy,
-cuda-core, the CUDA runtime, cuRAND, NVSHMEM and a Hopper GPU: the cu13 (or cu12) extra and the machine. Every entry point
+``pip install megamoe-rt`` alone imports, plans and models. Compiling kernels needs cuda-core, NVRTC
+and nvJitLink (header wheels only for the kernels that ask for them); running them also needs CuPy,
+the CUDA runtime, cuRAND, NVSHMEM and a Hopper GPU: the cu13 (or cu12) extra and the machine. Every entry point
 (the ``megamoe-rt`` commands, ``python -m megamoe_rt.cli.*``, the examples) asks here first,
 so a missing piece ends the program with one line naming it and the install command, exit
 status 1, instead of a traceback from deep inside CuPy or NVRTC. Under ``megamoe-rt launch``
@@ -43,14 +43,15 @@ PATHFINDER = Piece("cuda-pathfinder", "package", "cuda.pathfinder")
 # (KernelSpec.needs / device_libraries: the CUDA, CCCL and NVSHMEM headers of the NVSHMEM link
 # probe) are checked by that kernel's build, which names the missing wheel (jit.paths); asking
 # for them here would refuse machines that run every other kernel.
+# cuda-core runs NVRTC (Program) and nvJitLink (Linker) for megamoe_rt.jit.
 COMPILER: tuple[Piece, ...] = (
     PATHFINDER,
+    Piece("cuda-core", "package", "cuda.core"),
     Piece("NVRTC (libnvrtc)", "library", "nvrtc"),
     Piece("nvJitLink (libnvJitLink)", "library", "nvJitLink"),
 )
 GPU_STACK: tuple[Piece, ...] = (
     Piece("CuPy", "package", "cupy"),
-    Piece("cuda-core", "package", "cuda.core"),
     Piece("nvshmem4py", "package", "nvshmem"),
     *COMPILER,
     Piece("the CUDA runtime (libcudart)", "library", "cudart"),

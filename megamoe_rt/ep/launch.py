@@ -34,6 +34,7 @@ from megamoe_rt.ep.env import LAUNCH_REPORT_ENV, RANK_DEVICES_ENV, assigned_devi
 from megamoe_rt.ep.group import RankGroup, frame, unframe
 from megamoe_rt.ep.hub import Hub, board_path, report_path
 from megamoe_rt.ep.liveness import LAUNCHER_PID_ENV, RankFailed, signal_note
+from megamoe_rt.runtime import args as arg_checks
 from megamoe_rt.runtime.deadlines import env_seconds
 
 __all__ = [
@@ -227,7 +228,8 @@ class RankContext:
         """
         if not isinstance(key, str):
             raise TypeError(f"broadcast: key must be a str, got {type(key).__name__}")
-        if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < self.world_size:
+        root = arg_checks.integer("root", root)
+        if not 0 <= root < self.world_size:
             raise ValueError(f"broadcast: root must be a rank in [0, {self.world_size}), got {root!r}")
         self._uses[key] = n = self._uses.get(key, 0) + 1
         slot = f"{key}#{n}"
@@ -344,11 +346,13 @@ def _meet_on_this_node(ranks: Any) -> RankContext:
 
 
 def _check_nprocs(nprocs: Any) -> int:
-    if isinstance(nprocs, bool) or not isinstance(nprocs, numbers.Integral):
-        raise ArgumentTypeError(f"nprocs: expected an integer >= 1, got {type(nprocs).__name__} {nprocs!r}")
-    if nprocs < 1:
-        raise ValueError(f"nprocs: expected an integer >= 1, got {nprocs!r}")
-    return int(nprocs)
+    try:
+        n = arg_checks.integer("nprocs", nprocs)
+    except TypeError as exc:
+        raise ArgumentTypeError(str(exc)) from None
+    if n < 1:  # the launchers' messages start with the argument's name
+        raise ValueError(f"nprocs: expected an integer >= 1, got {n}")
+    return n
 
 
 def _check_timeout(timeout: Any) -> float | None:

@@ -6,6 +6,12 @@ us the lowered name), preprocessor defines, the header sets it needs and its
 dynamic shared memory. :func:`compile_kernel` returns the cubin, the lowered
 name and the ptxas resource report, from the cache when a verified entry exists.
 
+NVRTC runs through cuda.core's ``Program`` (the lowered name from the ``ObjectCode``'s
+symbol mapping, the log through ``logs``). The options stay written as NVRTC's command
+line (:func:`build_options`): that list is the cache key's material and what
+:class:`CompiledKernel` records; :func:`program_options` maps each one onto its
+``ProgramOptions`` field, and cuda.core passes NVRTC the same options again.
+
 The cache key hashes the entry source, every project header it or the spec's
 pre-included headers reach through ``#include "..."`` (content), the versions of
 the wheels external headers come from, the options and the NVRTC version.
@@ -16,16 +22,19 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import io
 import json
 import os
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from megamoe_rt._version import __version__
 from megamoe_rt.jit.cache import CubinCache
-from megamoe_rt.jit.link import link_cubin, nvjitlink_version
+from megamoe_rt.jit.link import cuda_core, is_cuda_core_error, link_cubin, nvjitlink_version
 from megamoe_rt.jit.paths import (
     cuda_src_dir,
     device_library_path,
@@ -79,36 +88,15 @@ class CompiledKernel:
     options: tuple[str, ...] = field(default=())
 
 
-def _nvrtc():
-    from cuda.bindings import nvrtc
-
-    return nvrtc
-
-
-def _check(nvrtc, call: str, result, *, prog=None, source_name: str = ""):
-    err = result[0] if isinstance(result, tuple) else result
-    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        log = _program_log(nvrtc, prog) if prog is not None else ""
-        raise NvrtcError(call, getattr(err, "name", str(err)), log, source_name)
-    if isinstance(result, tuple):
-        rest = result[1:]
-        return rest[0] if len(rest) == 1 else (rest or None)
-    return None
-
-
-def _program_log(nvrtc, prog) -> str:
-    err, n = nvrtc.nvrtcGetProgramLogSize(prog)
-    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS or n <= 1:
-        return ""
-    buf = b" " * n
-    nvrtc.nvrtcGetProgramLog(prog, buf)
-    return buf.rstrip(b"\0").decode(errors="replace")
-
-
 @functools.cache
 def nvrtc_version() -> tuple[int, int]:
-    nvrtc = _nvrtc()
-    major, minor = _check(nvrtc, "nvrtcVersion", nvrtc.nvrtcVersion())
+    """(major, minor) of the NVRTC library (part of every cache key). cuda.core has no public
+    query for it, so it comes from cuda.bindings, the library cuda.core's Program runs."""
+    from cuda.bindings import nvrtc
+
+    err, major, minor = nvrtc.nvrtcVersion()
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise NvrtcError("nvrtcVersion", getattr(err, "name", str(err)))
     return int(major), int(minor)
 
 
@@ -319,28 +307,79 @@ def _cubin_with_resources(
     return cubin, res
 
 
+# NVRTC's spellings of the options build_options writes (and KernelSpec.extra_options may
+# add) -> the ProgramOptions field cuda.core writes each with. Prefixed options carry a
+# value; the list ones may repeat and keep their order (include paths are searched in it).
+_VALUE_OPTIONS = {"--gpu-architecture=": "arch", "--std=": "std"}
+_LIST_OPTIONS = {
+    "--ptxas-options=": "ptxas_options",
+    "-I": "include_path",
+    "--pre-include=": "pre_include",
+    "-D": "define_macro",  # "NAME=VALUE" as it stands: cuda.core writes --define-macro=NAME=VALUE
+}
+_FLAG_OPTIONS = {
+    "--relocatable-device-code=true": "relocatable_device_code",
+    "-default-device": "device_as_default_execution_space",
+    "-lineinfo": "lineinfo",
+}
+
+
+def program_options(options: Sequence[str], *, name: str) -> Any:
+    """``options`` (NVRTC's command line, as :func:`build_options` writes it) as cuda.core
+    ``ProgramOptions`` for a program called ``name``. ProgramOptions takes no raw option, so
+    one with no field mapped here is refused (ValueError naming it)."""
+    fields: dict[str, Any] = {"name": name}
+    lists: dict[str, list[str]] = {}
+    for opt in options:
+        if opt in _FLAG_OPTIONS:
+            fields[_FLAG_OPTIONS[opt]] = True
+            continue
+        prefix = next((p for p in (*_VALUE_OPTIONS, *_LIST_OPTIONS) if opt.startswith(p) and len(opt) > len(p)), None)
+        if prefix is None:
+            raise ValueError(f"NVRTC option {opt!r}: megamoe_rt maps no cuda.core ProgramOptions field to it")
+        if prefix in _VALUE_OPTIONS:
+            fields[_VALUE_OPTIONS[prefix]] = opt[len(prefix) :]
+        else:
+            lists.setdefault(_LIST_OPTIONS[prefix], []).append(opt[len(prefix) :])
+    return cuda_core().ProgramOptions(**fields, **lists)
+
+
+def _nvrtc_failure(exc: BaseException) -> tuple[str, str]:
+    """cuda.core's NVRTCError as (NVRTC's result name, the compile log): its message is the
+    result, then ``, compilation log:``, a blank line and the log (the only place cuda.core
+    hands a failed compile's log)."""
+    head, _, log = str(exc).partition(", compilation log:\n\n")
+    result = re.search(r"NVRTC_[A-Z_]+", head)
+    return (result.group(0) if result else head.strip()), log.rstrip("\0")
+
+
 def _nvrtc_compile(spec: KernelSpec, options: list[str]) -> tuple[bytes, str, str]:
-    nvrtc = _nvrtc()
+    """One NVRTC run (cuda.core Program): the cubin, the lowered name and the log."""
+    core = cuda_core()
     entry = cuda_src_dir() / spec.source
-    src = entry.read_bytes()
-    prog = _check(
-        nvrtc,
-        "nvrtcCreateProgram",
-        nvrtc.nvrtcCreateProgram(src, str(entry).encode(), 0, [], []),
-        source_name=spec.source,
-    )
+    # The program is named by the entry's path (quoted includes resolve against its directory);
+    # the source goes in byte for byte (read_text would translate line endings).
+    src = entry.read_bytes().decode()
+    what = f"{spec.source} ({spec.name})"
+    opts = program_options(options, name=str(entry))
     try:
-        name_expr = spec.entry.encode()
-        _check(nvrtc, "nvrtcAddNameExpression", nvrtc.nvrtcAddNameExpression(prog, name_expr))
-        opts = [o.encode() for o in options]
-        result = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-        _check(nvrtc, "nvrtcCompileProgram", result, prog=prog, source_name=f"{spec.source} ({spec.name})")
-        log = _program_log(nvrtc, prog)
-        lowered = _check(nvrtc, "nvrtcGetLoweredName", nvrtc.nvrtcGetLoweredName(prog, name_expr))
-        lowered = lowered.decode() if isinstance(lowered, bytes) else str(lowered)
-        size = _check(nvrtc, "nvrtcGetCUBINSize", nvrtc.nvrtcGetCUBINSize(prog))
-        buf = b" " * size
-        _check(nvrtc, "nvrtcGetCUBIN", nvrtc.nvrtcGetCUBIN(prog, buf))
-        return bytes(buf), lowered, log
+        program = core.Program(src, "c++", opts)
+    except Exception as exc:
+        if not is_cuda_core_error(exc):
+            raise
+        raise NvrtcError("nvrtcCreateProgram", _nvrtc_failure(exc)[0], "", spec.source) from None
+    log = io.StringIO()
+    try:
+        obj = program.compile("cubin", name_expressions=(spec.entry,), logs=log)
+    except Exception as exc:
+        if not is_cuda_core_error(exc):
+            raise
+        result, text = _nvrtc_failure(exc)
+        raise NvrtcError("nvrtcCompileProgram" if text else "Program.compile", result, text, what) from None
     finally:
-        nvrtc.nvrtcDestroyProgram(prog)
+        program.close()
+    lowered = obj.symbol_mapping.get(spec.entry)
+    if lowered is None:
+        raise NvrtcError("nvrtcGetLoweredName", "no lowered name", f"name expression {spec.entry!r}", what)
+    lowered = lowered.decode() if isinstance(lowered, bytes) else str(lowered)
+    return bytes(obj.code), lowered, log.getvalue().rstrip("\0")

@@ -57,19 +57,39 @@ class LinkError(NvrtcError):
             )
 
 
-def _nvjitlink() -> Any:
+_CORE_MIN = (1, 2)  # Program, ProgramOptions, Linker, LinkerOptions and ObjectCode as used here
+
+
+def cuda_core() -> Any:
+    """cuda.core, which compiles (Program) and links (Linker) every kernel; imported on first
+    use, as it comes with the cu13/cu12 extras and ``import megamoe_rt`` should not pay for it."""
     try:
-        from cuda.bindings import nvjitlink
-    except ImportError as exc:  # pragma: no cover - cuda-bindings is a dependency
-        raise LinkError("import cuda.bindings.nvjitlink", str(exc)) from exc
-    return nvjitlink
+        import cuda.core as core
+    except ImportError as exc:
+        raise NvrtcError("import cuda.core", str(exc), f"install cuda-core: {INSTALL_HINT}") from None
+    try:
+        too_old = tuple(int(p) for p in core.__version__.split(".")[:2]) < _CORE_MIN
+    except (AttributeError, ValueError):  # a development build: trust it
+        too_old = False
+    if too_old:
+        raise NvrtcError("import cuda.core", f"cuda-core {core.__version__} is too old", f"need >= 1.2: {INSTALL_HINT}")
+    return core
+
+
+def is_cuda_core_error(exc: BaseException) -> bool:
+    """An error cuda.core raised for a failed NVRTC or driver call (its CUDAError and NVRTCError
+    live in a private module: matched by name and package)."""
+    return any(c.__name__ == "CUDAError" and c.__module__.startswith("cuda.core") for c in type(exc).__mro__)
 
 
 @functools.cache
 def nvjitlink_version() -> tuple[int, int]:
-    """(major, minor) of the nvJitLink library (part of a linked kernel's cache key)."""
+    """(major, minor) of the nvJitLink library (part of a linked kernel's cache key). cuda.core
+    has no public query for it: cuda.bindings, whose nvJitLink cuda.core's Linker runs."""
     try:
-        major, minor = _nvjitlink().version()
+        from cuda.bindings import nvjitlink
+
+        major, minor = nvjitlink.version()
     except Exception as exc:  # the library itself is missing: cuda-bindings loads it lazily
         raise LinkError(
             "nvJitLinkVersion",
@@ -79,35 +99,36 @@ def nvjitlink_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
-def _log(nvjitlink: Any, handle: Any, which: str) -> str:
-    size = getattr(nvjitlink, f"get_{which}_log_size")(handle)
-    if not size:
-        return ""
-    buf = bytearray(size)
-    getattr(nvjitlink, f"get_{which}_log")(handle, buf)
-    return bytes(buf).rstrip(b"\0").decode(errors="replace")
+_LOG_IN_MESSAGE = "\nnvJitLink error log: "  # how cuda.core and cuda.bindings append the error log
 
 
 def link_cubin(cubin: bytes, libraries: Sequence[Path], *, arch: str, name: str) -> bytes:
     """Link NVRTC's relocatable ``cubin`` with the device ``libraries`` (archives) into a
-    loadable cubin for ``arch`` ("sm_90a"). ``name``: the kernel, for messages."""
-    nvjitlink = _nvjitlink()
+    loadable cubin for ``arch`` ("sm_90a"), with cuda.core's Linker on nvJitLink. ``name``:
+    the kernel, for messages."""
     nvjitlink_version()  # a missing library is reported as such, not as a failed call below
-    handle = nvjitlink.create(2, [f"-arch={arch}", "-O3"])
-    step = "nvJitLinkAddData"
+    core = cuda_core()
+    backend = str(core.Linker.which_backend())
+    if backend != "nvJitLink":  # the driver's cuLink: another linker, one that needs a GPU driver
+        raise LinkError(
+            "Linker.which_backend", f"cuda.core would link with {backend}", f"nvJitLink: {INSTALL_HINT}", name
+        )
+    inputs = [
+        core.ObjectCode.from_cubin(cubin, name=f"{name}.cubin"),
+        *(core.ObjectCode.from_library(str(lib), name=lib.name) for lib in libraries),  # added as files
+    ]
+    options = core.LinkerOptions(name=name, arch=arch, optimization_level=3)
+    linker = None
+    step = "Linker"  # nvJitLinkCreate, then one nvJitLinkAddData / nvJitLinkAddFile per input
     try:
-        nvjitlink.add_data(handle, nvjitlink.InputType.CUBIN, cubin, len(cubin), f"{name}.cubin")
-        step = "nvJitLinkAddFile"
-        for lib in libraries:
-            nvjitlink.add_file(handle, nvjitlink.InputType.LIBRARY, str(lib))
-        step = "nvJitLinkComplete"
-        nvjitlink.complete(handle)
-        step = "nvJitLinkGetLinkedCubin"
-        out = bytearray(nvjitlink.get_linked_cubin_size(handle))
-        nvjitlink.get_linked_cubin(handle, out)
-        return bytes(out)
+        linker = core.Linker(*inputs, options=options)
+        step = "Linker.link"  # nvJitLinkComplete and the linked cubin
+        return bytes(linker.link("cubin").code)
     except Exception as exc:
-        log = _log(nvjitlink, handle, "error")
-        raise LinkError(step, f"{type(exc).__name__}: {exc}", log, source_name=name) from exc
+        head, _, log = str(exc).partition(_LOG_IN_MESSAGE)
+        if linker is not None:
+            log = linker.get_error_log()
+        raise LinkError(step, f"{type(exc).__name__}: {head}", log.rstrip("\0"), source_name=name) from exc
     finally:
-        nvjitlink.destroy(handle)
+        if linker is not None:
+            linker.close()

@@ -21,18 +21,9 @@ _IDX_CXX = {"int32": "megamoe_rt::i32", "int64": "megamoe_rt::i64"}
 
 
 def bank_layout(num_ranks: int, num_local_experts: int) -> EpBankLayout:
-    """Word offsets of one bank: recv_counts | recv_offsets | count_ready | combine_ready | pool_cycles."""
-    n = num_ranks * num_local_experts
-    bank = EpBankLayout(
-        words=decl.bank_words(num_ranks, num_local_experts),
-        recv_counts=0,
-        recv_offsets=n,
-        count_ready=2 * n,
-        combine_ready=2 * n + num_ranks,
-        pool_cycles=2 * n + 2 * num_ranks,
-    )
-    assert bank.pool_cycles + 1 == bank.words, "the regions fill the bank the buffer layout reserves"
-    return bank
+    """Word offsets of one bank: recv_counts | recv_offsets | count_ready | combine_ready | pool_cycles
+    (computed from the declaration, :func:`megamoe_rt.kernels.interface.ep.bank_offsets`)."""
+    return EpBankLayout(**decl.bank_offsets(num_ranks, num_local_experts))
 
 
 # Transports of the cross-rank kernels (cuda_src/ep/transport.cuh): the C++ policy type, and

@@ -45,21 +45,7 @@ TILE_QUEUE_BYTES = decl.TILE_QUEUE_BYTES.value  # TileQueue::kBytes (asserted th
 def bank_layout(num_experts: int, max_blocks: int) -> BankLayout:
     """``num_experts``: the experts this rank counts its pairs for: its own on one rank, all
     (global) across ranks, where the counts and cursors lay out its send list."""
-    el, b = num_experts, max_blocks
-    bank = BankLayout(
-        words=bank_words(el, b),
-        counts=0,
-        cursors=el,
-        arrivals=2 * el,
-        l1_done=2 * el + b,
-        l2_read=2 * el + 2 * b,
-        ticket=2 * el + 3 * b,
-        l2_ticket=2 * el + 3 * b + 1,
-        routing_published=2 * el + 3 * b + 2,
-        reduce_exits=2 * el + 3 * b + 3,
-    )
-    assert bank.reduce_exits + 1 == bank.words, "the counters fill the bank the buffer layout reserves"
-    return bank
+    return BankLayout(**decl.bank_offsets(num_experts, max_blocks))
 
 
 def bank_words(num_local_experts: int, max_blocks: int) -> int:

@@ -18,8 +18,10 @@ from megamoe_rt.kernels.interface import fused as fused_interface
 from megamoe_rt.runtime import args
 from megamoe_rt.schedule.arith import align_up, ceil_div
 from megamoe_rt.schedule.plan import (
-    _require_choice,
+    BLOCK_M_CHOICES,
     align_tokens,
+    check_expert_split,
+    checked_pool_blocks,
     fused_schedule,
     pool_blocks_upper_bound,
 )
@@ -30,6 +32,7 @@ __all__ = [
     "WORKSPACE_ALIGN",
     "BufferLayout",
     "Region",
+    "check_channels",
     "symm_buffer_layout",
 ]
 
@@ -51,7 +54,6 @@ DTYPE_SIZES: dict[str, int] = {
 }
 
 _SF_BLOCK = 128  # L1 activation scales are always per 128 channels
-_BLOCK_M_CHOICES = (64, 128)
 _ACT_SF_GRAN_CHOICES = (64, 128)
 _POOL_CHOICES = ("full", "ring")
 _GRID_SYNC_WORDS = 32
@@ -192,12 +194,16 @@ class _Packer:
         self.cursor = offset + nbytes
 
 
-def _integer_choice(name: str, value: object, choices: tuple[int, ...]) -> int:
-    """``value`` as an int (runtime/args.py: not a bool, not a float) that is one of ``choices``."""
-    out = args.integer(name, value)
-    if out not in choices:
-        raise ValueError(f"{name}={out}: expected one of {choices}")
-    return out
+def check_channels(hidden: object, intermediate: object) -> tuple[int, int]:
+    """``(hidden, intermediate)`` as ints, each a positive multiple of the 128 channels an
+    activation scale covers: the one check of it, for the layout and the layer."""
+    h = args.integer("hidden", hidden, minimum=1)
+    i = args.integer("intermediate", intermediate, minimum=1)
+    if h % _SF_BLOCK:
+        raise ValueError(f"hidden={h}: expected a positive multiple of {_SF_BLOCK}")
+    if i % _SF_BLOCK:
+        raise ValueError(f"intermediate={i}: expected a positive multiple of {_SF_BLOCK}")
+    return h, i
 
 
 def stream_blocks_per_expert(num_max_tokens_per_rank: int, num_ranks: int, block_m: int) -> int:
@@ -234,23 +240,13 @@ def symm_buffer_layout(
     they are put (the NVSHMEM transport across ranks; with peer pointers it stores them into
     the peers' combine buffers directly).
     """
-    h = args.integer("hidden", hidden, minimum=1)
-    i = args.integer("intermediate", intermediate, minimum=1)
-    if h % _SF_BLOCK:
-        raise ValueError(f"hidden={h}: expected a positive multiple of {_SF_BLOCK}")
-    if i % _SF_BLOCK:
-        raise ValueError(f"intermediate={i}: expected a positive multiple of {_SF_BLOCK}")
-    r = args.integer("num_ranks", num_ranks, minimum=1)
-    e = args.integer("num_experts", num_experts, minimum=1)
-    if e % r:
-        raise ValueError(f"num_experts={e}: expected a multiple of num_ranks={r}")
-    k = args.integer("num_topk", num_topk, minimum=1)
-    if k > e:
-        raise ValueError(f"num_topk={k}: expected 1 <= num_topk <= num_experts={e}")
+    h, i = check_channels(hidden, intermediate)
+    e, k, r = check_expert_split(num_experts, num_topk, num_ranks)
     t = align_tokens(args.integer("num_max_tokens_per_rank", num_max_tokens_per_rank, minimum=1))
-    block_m = _integer_choice("block_m", block_m, _BLOCK_M_CHOICES)
-    act_sf_gran = _integer_choice("act_sf_gran", act_sf_gran, _ACT_SF_GRAN_CHOICES)
-    _require_choice("pool", pool, _POOL_CHOICES)
+    block_m = args.integer_choice("block_m", block_m, BLOCK_M_CHOICES)
+    act_sf_gran = args.integer_choice("act_sf_gran", act_sf_gran, _ACT_SF_GRAN_CHOICES)
+    if not isinstance(pool, str) or pool not in _POOL_CHOICES:
+        raise ValueError(f"pool={pool!r}: expected one of {_POOL_CHOICES}")
     stream_slots = args.integer("stream_slots", stream_slots, minimum=0)
     stream_tokens = args.integer("stream_tokens", stream_tokens, minimum=0)
     el = e // r
@@ -261,7 +257,7 @@ def symm_buffer_layout(
         if bound > t:
             raise ValueError(f"num_tokens_bound={bound}: expected at most the token capacity {t}")
 
-    full_blocks = pool_blocks_upper_bound(t, r, k, el, block_m)
+    full_blocks = checked_pool_blocks(t, r, k, el, block_m)
     if pool == "full":
         if ring_blocks is not None:
             raise ValueError(f"ring_blocks={ring_blocks!r}: expected None when pool='full'")

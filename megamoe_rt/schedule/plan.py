@@ -19,25 +19,30 @@ Terms:
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from megamoe_rt.runtime import args
 from megamoe_rt.schedule.arith import align_up, ceil_div
 
 __all__ = [
+    "BLOCK_M_CHOICES",
     "LAG_GROUP_UNITS",
     "LAG_MAX_UNITS",
     "LAG_MIN_UNITS",
+    "MAX_POOL_ROWS",
     "RING_MARGIN_BLOCKS",
     "TOKEN_ALIGN",
     "UNIT_BLOCKS",
     "FusedSchedule",
     "align_tokens",
+    "check_expert_split",
+    "checked_pool_blocks",
     "estimated_units",
     "fused_schedule",
     "lag_units",
     "live_blocks_upper_bound",
+    "max_tokens_per_rank",
     "num_cycles",
     "num_cycles_across_ranks",
     "pool_blocks_upper_bound",
@@ -63,29 +68,32 @@ LAG_MAX_UNITS = 64
 _LAG_NUM = 45
 _LAG_DEN = 100
 
-_BLOCK_M_CHOICES = (64, 128)
+BLOCK_M_CHOICES = (64, 128)  # rows of a pool block
 
 
 # --------------------------------------------------------------------------
-# argument checks (shared with layout.py)
+# the layer's shape: the one check of what the layout, the planner and the layer need
 # --------------------------------------------------------------------------
 
-
-def _require_int(name: str, value, *, minimum: int | None = None) -> int:
-    if isinstance(value, bool):
-        raise ValueError(f"{name}={value!r}: expected an integer, not a bool")
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name}={value!r}: expected an integer") from None
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name}={value}: expected an integer >= {minimum}")
-    return value
+# Pool rows are addressed by signed 32-bit row indices (expert offsets, send lists, the
+# per-row metadata's sources), so a worst-case pool holds at most this many rows.
+MAX_POOL_ROWS = 2**31 - 1
 
 
-def _require_choice(name: str, value, choices: Sequence) -> None:
-    if isinstance(value, bool) or value not in choices:
-        raise ValueError(f"{name}={value!r}: expected one of {tuple(choices)}")
+def check_expert_split(num_experts: object, num_topk: object, num_ranks: object) -> tuple[int, int, int]:
+    """``(num_experts, num_topk, num_ranks)`` as ints (runtime/args.py), the experts split evenly
+    over the ranks and a token's ``num_topk`` experts distinct ones.
+
+    The one check of these facts: the buffer layout, the fused planner and the layer call it,
+    so each refusal has one message wherever it is found."""
+    e = args.integer("num_experts", num_experts, minimum=1)
+    k = args.integer("num_topk", num_topk, minimum=1)
+    r = args.integer("num_ranks", num_ranks, minimum=1)
+    if e % r:
+        raise ValueError(f"num_experts={e}: expected a multiple of num_ranks={r}")
+    if k > e:
+        raise ValueError(f"num_topk={k}: expected at most num_experts={e}")
+    return e, k, r
 
 
 # --------------------------------------------------------------------------
@@ -95,7 +103,7 @@ def _require_choice(name: str, value, choices: Sequence) -> None:
 
 def align_tokens(n: int) -> int:
     """Round a token count up to the buffer's capacity granularity (128)."""
-    n = _require_int("n", n, minimum=0)
+    n = args.integer("n", n, minimum=0)
     return align_up(n, TOKEN_ALIGN)
 
 
@@ -116,15 +124,56 @@ def pool_blocks_upper_bound(
     ``sum_e ceil(n_e / bm) <= floor((N + E_local * (bm - 1)) / bm)``.
     When no rows can arrive no expert needs a block at all.
     """
-    t = _require_int("num_tokens_per_rank", num_tokens_per_rank, minimum=0)
-    r = _require_int("num_ranks", num_ranks, minimum=1)
-    k = _require_int("num_topk", num_topk, minimum=1)
-    e = _require_int("num_local_experts", num_local_experts, minimum=1)
-    bm = _require_int("block_m", block_m, minimum=1)
+    t = args.integer("num_tokens_per_rank", num_tokens_per_rank, minimum=0)
+    r = args.integer("num_ranks", num_ranks, minimum=1)
+    k = args.integer("num_topk", num_topk, minimum=1)
+    e = args.integer("num_local_experts", num_local_experts, minimum=1)
+    bm = args.integer("block_m", block_m, minimum=1)
     rows = r * t * min(k, e)
     if rows == 0:
         return 0
     return (rows + e * (bm - 1)) // bm
+
+
+def max_tokens_per_rank(
+    num_ranks: int, num_topk: int, num_local_experts: int, block_m: int, max_rows: int = MAX_POOL_ROWS
+) -> int:
+    """The most tokens per rank (a multiple of :data:`TOKEN_ALIGN`) whose worst-case pool holds
+    at most ``max_rows`` rows; 0 when not even ``TOKEN_ALIGN`` tokens fit."""
+    r = args.integer("num_ranks", num_ranks, minimum=1)
+    k = args.integer("num_topk", num_topk, minimum=1)
+    el = args.integer("num_local_experts", num_local_experts, minimum=1)
+    bm = args.integer("block_m", block_m, minimum=1)
+    cap = args.integer("max_rows", max_rows, minimum=0)
+
+    def fits(units: int) -> bool:
+        return pool_blocks_upper_bound(units * TOKEN_ALIGN, r, k, el, bm) * bm <= cap
+
+    lo, hi = 0, cap // TOKEN_ALIGN + 1  # a pool row per token at least: hi never fits
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo * TOKEN_ALIGN
+
+
+def checked_pool_blocks(
+    num_tokens_per_rank: int, num_ranks: int, num_topk: int, num_local_experts: int, block_m: int
+) -> int:
+    """:func:`pool_blocks_upper_bound`, refused (ValueError) when the worst-case pool's rows
+    exceed what 32-bit pool row indices address (:data:`MAX_POOL_ROWS`).
+
+    The one check of the pool-row limit: the buffer layout and the fused planner call it, with
+    the same message (the tokens per rank that do fit included)."""
+    blocks = pool_blocks_upper_bound(num_tokens_per_rank, num_ranks, num_topk, num_local_experts, block_m)
+    rows = blocks * block_m
+    if rows > MAX_POOL_ROWS:
+        limit = max_tokens_per_rank(num_ranks, num_topk, num_local_experts, block_m)
+        raise ValueError(
+            f"tokens per rank {num_tokens_per_rank}: expected at most {limit} with num_ranks={num_ranks}, "
+            f"num_topk={num_topk}, num_local_experts={num_local_experts}, block_m={block_m} "
+            f"(the worst-case pool takes {rows} rows; 32-bit pool row indices address {MAX_POOL_ROWS})"
+        )
+    return blocks
 
 
 # --------------------------------------------------------------------------
@@ -145,12 +194,12 @@ def estimated_units(
     The lag is sized for the typical call, not the worst case: a skewed call
     only makes some L2 tasks wait, it never breaks correctness.
     """
-    t = _require_int("num_tokens_bound", num_tokens_bound, minimum=0)
-    r = _require_int("num_ranks", num_ranks, minimum=1)
-    k = _require_int("num_topk", num_topk, minimum=1)
-    e = _require_int("num_experts", num_experts, minimum=1)
-    el = _require_int("num_local_experts", num_local_experts, minimum=1)
-    bm = _require_int("block_m", block_m, minimum=1)
+    t = args.integer("num_tokens_bound", num_tokens_bound, minimum=0)
+    r = args.integer("num_ranks", num_ranks, minimum=1)
+    k = args.integer("num_topk", num_topk, minimum=1)
+    e = args.integer("num_experts", num_experts, minimum=1)
+    el = args.integer("num_local_experts", num_local_experts, minimum=1)
+    bm = args.integer("block_m", block_m, minimum=1)
     tokens_per_expert = ceil_div(r * t * k, e)
     blocks_per_expert = ceil_div(tokens_per_expert, bm)
     return el * ceil_div(blocks_per_expert, UNIT_BLOCKS)
@@ -158,7 +207,7 @@ def estimated_units(
 
 def lag_units(units: int) -> int:
     """``clamp(round_half_up(0.45 * units), 8, 64)``."""
-    u = _require_int("units", units, minimum=0)
+    u = args.integer("units", units, minimum=0)
     lag = (_LAG_NUM * u + _LAG_DEN // 2) // _LAG_DEN
     return max(LAG_MIN_UNITS, min(LAG_MAX_UNITS, lag))
 
@@ -178,7 +227,7 @@ class FusedSchedule:
 
     def __post_init__(self) -> None:
         for name in ("lag_units", "group_units", "ring_blocks", "full_pool_blocks"):
-            _require_int(name, getattr(self, name), minimum=0)
+            args.integer(name, getattr(self, name), minimum=0)
         if self.ring_blocks > self.full_pool_blocks:
             raise ValueError(
                 f"ring_blocks={self.ring_blocks}: expected at most full_pool_blocks={self.full_pool_blocks}"
@@ -215,19 +264,13 @@ def fused_schedule(
     block_m: int = 128,
 ) -> FusedSchedule:
     """Lag, group and ring size for calls of at most ``num_tokens_bound`` tokens per rank."""
-    t = _require_int("num_tokens_bound", num_tokens_bound, minimum=1)
-    r = _require_int("num_ranks", num_ranks, minimum=1)
-    k = _require_int("num_topk", num_topk, minimum=1)
-    e = _require_int("num_experts", num_experts, minimum=1)
-    _require_choice("block_m", block_m, _BLOCK_M_CHOICES)
-    if e % r:
-        raise ValueError(f"num_experts={e}: expected a multiple of num_ranks={r}")
-    if k > e:
-        raise ValueError(f"num_topk={k}: expected at most num_experts={e}")
+    t = args.integer("num_tokens_bound", num_tokens_bound, minimum=1)
+    e, k, r = check_expert_split(num_experts, num_topk, num_ranks)
+    bm = args.integer_choice("block_m", block_m, BLOCK_M_CHOICES)
     el = e // r
-    lag = lag_units(estimated_units(t, r, k, e, el, block_m))
+    full = checked_pool_blocks(t, r, k, el, bm)
+    lag = lag_units(estimated_units(t, r, k, e, el, bm))
     group = LAG_GROUP_UNITS
-    full = pool_blocks_upper_bound(t, r, k, el, block_m)
     ring = min(UNIT_BLOCKS * (lag + group) + RING_MARGIN_BLOCKS, full)
     return FusedSchedule(lag_units=lag, group_units=group, ring_blocks=ring, full_pool_blocks=full)
 
@@ -245,15 +288,11 @@ def single_wave_fits(
     Such calls can take the simple single-wave order (all L1, then all L2)
     because no ring slot is ever reused within the call.
     """
-    t = _require_int("num_tokens_bound", num_tokens_bound, minimum=0)
-    r = _require_int("num_ranks", num_ranks, minimum=1)
-    k = _require_int("num_topk", num_topk, minimum=1)
-    e = _require_int("num_experts", num_experts, minimum=1)
-    ring = _require_int("ring_blocks", ring_blocks, minimum=0)
-    _require_choice("block_m", block_m, _BLOCK_M_CHOICES)
-    if e % r:
-        raise ValueError(f"num_experts={e}: expected a multiple of num_ranks={r}")
-    return pool_blocks_upper_bound(t, r, k, e // r, block_m) <= ring
+    t = args.integer("num_tokens_bound", num_tokens_bound, minimum=0)
+    e, k, r = check_expert_split(num_experts, num_topk, num_ranks)
+    ring = args.integer("ring_blocks", ring_blocks, minimum=0)
+    bm = args.integer_choice("block_m", block_m, BLOCK_M_CHOICES)
+    return pool_blocks_upper_bound(t, r, k, e // r, bm) <= ring
 
 
 # --------------------------------------------------------------------------
@@ -267,8 +306,8 @@ def num_cycles(total_pool_blocks: int, ring_blocks: int) -> int:
     An empty pool still takes one cycle, because every rank must join the
     cross-rank barriers of at least one pass.
     """
-    total = _require_int("total_pool_blocks", total_pool_blocks, minimum=0)
-    ring = _require_int("ring_blocks", ring_blocks, minimum=1)
+    total = args.integer("total_pool_blocks", total_pool_blocks, minimum=0)
+    ring = args.integer("ring_blocks", ring_blocks, minimum=1)
     return max(1, ceil_div(total, ring))
 
 
@@ -279,7 +318,8 @@ def cycles_to_launch(
     for the worst-case pool at that bound, so every rank enqueues the same number (the bound is
     the same on every rank) and no routing can need more. A rank whose pool ends sooner runs
     its last cycles empty."""
-    worst = pool_blocks_upper_bound(num_tokens_bound, num_ranks, num_topk, num_local_experts, block_m)
+    t = args.integer("num_tokens_bound", num_tokens_bound, minimum=0)
+    worst = pool_blocks_upper_bound(t, num_ranks, num_topk, num_local_experts, block_m)
     return num_cycles(worst, ring_blocks)
 
 
@@ -291,4 +331,4 @@ def num_cycles_across_ranks(per_rank_cycles: Sequence[int]) -> int:
     values = list(per_rank_cycles)
     if not values:
         raise ValueError(f"per_rank_cycles={per_rank_cycles!r}: expected at least one rank's count")
-    return max(_require_int(f"per_rank_cycles[{i}]", v, minimum=1) for i, v in enumerate(values))
+    return max(args.integer(f"per_rank_cycles[{i}]", v, minimum=1) for i, v in enumerate(values))

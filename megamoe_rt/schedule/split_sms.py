@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from megamoe_rt.runtime import args
+
 # L1 does twice L2's FLOPs per routed pair (2I x H against H x I), and K1 also dispatches:
 # the default gives K1 about two thirds of the SMs.
 L1_SHARE_NUM, L1_SHARE_DEN = 2, 3
@@ -63,9 +65,7 @@ def _shown(counts: Sequence[int]) -> str:
 
 
 def _count(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"split_sms: {name} must be an int, got {type(value).__name__}")
-    return value
+    return args.integer(f"split_sms.{name}", value)
 
 
 def check_split_sms(sms: SplitSms | Sequence[int], total_sms: int, granularity: int) -> SplitSms:

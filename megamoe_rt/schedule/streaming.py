@@ -22,9 +22,10 @@ payload of another generation and no producer overwrites an unconsumed slot.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from megamoe_rt.runtime import args
 
 EPOCH_SHIFT = 32
 SEQ_MASK = (1 << EPOCH_SHIFT) - 1
@@ -41,15 +42,7 @@ class StreamConfig:
 
     def __post_init__(self) -> None:
         for name in ("num_slots", "tokens_per_slot"):
-            v = getattr(self, name)
-            try:
-                if isinstance(v, bool):
-                    raise TypeError
-                v = operator.index(v)  # NumPy integers too
-            except TypeError:
-                raise TypeError(f"StreamConfig.{name}: expected an int, got {type(v).__name__} {v!r}") from None
-            if v < 1:
-                raise ValueError(f"StreamConfig.{name}={v}: expected at least 1")
+            v = args.integer(f"StreamConfig.{name}", getattr(self, name), minimum=1)  # NumPy integers too
             object.__setattr__(self, name, v)  # a plain int in the frozen config
 
     def num_chunks(self, num_tokens: int) -> int:

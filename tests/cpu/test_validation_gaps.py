@@ -135,7 +135,7 @@ LAYOUT = dict(hidden=4096, intermediate=2048, num_experts=256, num_topk=6, num_m
         ({"stream_slots": 2, "stream_tokens": 128.0}, TypeError, "stream_tokens: expected an integer"),
         ({"stream_slots": 2, "stream_tokens": 0}, ValueError, "stream_tokens=0: expected an integer >= 1"),
         ({"pool": "ring", "ring_blocks": 64.0}, TypeError, "ring_blocks: expected an integer"),
-        ({"block_m": 96}, ValueError, "block_m=96: expected one of (64, 128)"),
+        ({"block_m": 96}, ValueError, "block_m: expected one of 64, 128, got 96"),
     ],
 )
 def test_layout_integers_must_be_ints(kw, error, words):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import ctypes
 import inspect
 import operator
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -180,6 +180,27 @@ class Struct(Decl):
                 "run python -m megamoe_rt.kernels.interface"
             )
         return cls
+
+
+def packed_offsets(layout: Struct, lengths: Mapping[str, int], *, total: str = "words") -> dict[str, int]:
+    """The values of a word-layout struct (``EpBankLayout``, ``BankLayout``): its fields other
+    than ``total`` are the first words of regions packed back to back in field order, region
+    ``name`` taking ``lengths[name]`` words; ``total`` gets the words of them all.
+
+    ``lengths`` names exactly those fields, in field order, so a field added to the struct
+    without its length (or a length of no field) is refused rather than laid out wrong."""
+    regions = [f.name for f in layout.fields if f.name != total]
+    if list(lengths) != regions:
+        raise ValueError(
+            f"lengths: expected the regions of {layout.name} in field order {regions}, got {list(lengths)}"
+        )
+    out: dict[str, int] = {}
+    at = 0
+    for name in regions:
+        out[name] = at
+        at += int(lengths[name])
+    out[total] = at
+    return out
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from megamoe_rt.kernels.interface.decl import (
     Struct,
     Value,
     formula,
+    packed_offsets,
 )
 from megamoe_rt.kernels.interface.moe import MOE_PARAMS
 from megamoe_rt.kernels.interface.sync import WAIT_CONTEXT
@@ -47,6 +48,29 @@ EP_BANK_LAYOUT = Struct(
 )
 def bank_words(num_ranks: Value, num_local_experts: Value) -> Value:
     return 2 * num_ranks * num_local_experts + 2 * num_ranks + 1
+
+
+def bank_region_words(num_ranks: int, num_local_experts: int) -> dict[str, int]:
+    """u32 words of each region of one bank, in :data:`EP_BANK_LAYOUT`'s field order."""
+    r, el = int(num_ranks), int(num_local_experts)
+    return {
+        "recv_counts": r * el,
+        "recv_offsets": r * el,
+        "count_ready": r,
+        "combine_ready": r,
+        "pool_cycles": 1,
+    }
+
+
+def bank_offsets(num_ranks: int, num_local_experts: int) -> dict[str, int]:
+    """The values of :data:`EP_BANK_LAYOUT` for one bank (the host's ``EpBankLayout``): each
+    region's first word, the regions packed in field order, and ``words``, which is
+    :func:`bank_words` (what the buffer layout reserves per bank)."""
+    out = packed_offsets(EP_BANK_LAYOUT, bank_region_words(num_ranks, num_local_experts))
+    words = bank_words(int(num_ranks), int(num_local_experts))
+    if out["words"] != words:
+        raise AssertionError(f"EpBankLayout: the regions take {out['words']} words, bank_words() reserves {words}")
+    return out
 
 
 EP_PARAMS = Struct(

@@ -16,6 +16,7 @@ from megamoe_rt.kernels.interface.decl import (
     Struct,
     Value,
     formula,
+    packed_offsets,
 )
 from megamoe_rt.kernels.interface.ep import EP_BANK_LAYOUT
 from megamoe_rt.kernels.interface.moe import MOE_PARAMS
@@ -88,6 +89,33 @@ BANK_LAYOUT = Struct(
 )
 def bank_words(num_experts: Value, max_blocks: Value) -> Value:
     return 2 * num_experts + 3 * max_blocks + 4
+
+
+def bank_region_words(num_experts: int, max_blocks: int) -> dict[str, int]:
+    """u32 words of each region of one counter bank, in :data:`BANK_LAYOUT`'s field order."""
+    e, b = int(num_experts), int(max_blocks)
+    return {
+        "counts": e,
+        "cursors": e,
+        "arrivals": b,
+        "l1_done": b,
+        "l2_read": b,
+        "ticket": 1,
+        "l2_ticket": 1,
+        "routing_published": 1,
+        "reduce_exits": 1,
+    }
+
+
+def bank_offsets(num_experts: int, max_blocks: int) -> dict[str, int]:
+    """The values of :data:`BANK_LAYOUT` for one bank (the host's ``BankLayout``): each region's
+    first word, the regions packed in field order, and ``words``, which is :func:`bank_words`
+    (what the buffer layout reserves per bank)."""
+    out = packed_offsets(BANK_LAYOUT, bank_region_words(num_experts, max_blocks))
+    words = bank_words(int(num_experts), int(max_blocks))
+    if out["words"] != words:
+        raise AssertionError(f"BankLayout: the regions take {out['words']} words, bank_words() reserves {words}")
+    return out
 
 
 @formula(

@@ -13,8 +13,8 @@ import pytest
 
 import megamoe_rt.cli.commands as commands
 import megamoe_rt.cli.main as cli
-from megamoe_rt.cli.commands.plan import plan_token_limit
 from megamoe_rt.presets import get_preset
+from megamoe_rt.schedule.plan import max_tokens_per_rank as plan_token_limit
 
 H200 = SimpleNamespace(ordinal=0, name="NVIDIA H200", sm_count=132)
 

@@ -8,8 +8,6 @@ from typing import Any
 from megamoe_rt.cli.output import add_output_options, check_output, emit
 from megamoe_rt.cli.usage import UsageError, mode, positive_int
 
-I32_MAX = 2**31 - 1  # pool rows are addressed by 32-bit row indices (expert offsets, send lists)
-
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     from megamoe_rt.presets import PRESETS
@@ -33,33 +31,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return s
 
 
-def plan_token_limit(ranks: int, topk: int, local_experts: int, block_m: int, max_rows: int = I32_MAX) -> int:
-    """The most tokens per rank (a multiple of the buffer's 128-token granularity) whose
-    worst-case pool holds at most ``max_rows`` rows; 0 when not even 128 tokens fit."""
-    from megamoe_rt.schedule.plan import TOKEN_ALIGN, pool_blocks_upper_bound
-
-    def fits(units: int) -> bool:
-        rows = pool_blocks_upper_bound(units * TOKEN_ALIGN, ranks, topk, local_experts, block_m) * block_m
-        return rows <= max_rows
-
-    lo, hi = 0, max_rows // TOKEN_ALIGN + 1  # a pool row per token at least: hi never fits
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo * TOKEN_ALIGN
-
-
 def _check_plan_tokens(args: argparse.Namespace, preset: Any, experts: int) -> None:
     """``--tokens`` within what the 32-bit pool row indices (and, for a ``--mode`` that runs the
     fused kernel, its pool blocks) can address, before the planner overflows a counter."""
     from megamoe_rt.kernels.interface.fused import MAX_BLOCKS
     from megamoe_rt.modes.registry import FUSED_KERNEL
+    from megamoe_rt.schedule.plan import MAX_POOL_ROWS, max_tokens_per_rank
 
-    max_rows, room = I32_MAX, f"32-bit pool row indices: {I32_MAX:,} rows"
+    max_rows, room = MAX_POOL_ROWS, f"32-bit pool row indices: {MAX_POOL_ROWS:,} rows"
     if args.mode in FUSED_KERNEL:  # they run the fused kernel's block tables
         blocks = int(MAX_BLOCKS.value)
         max_rows, room = min(max_rows, blocks * args.block_m), f"the fused kernel's {blocks:,} pool blocks"
-    limit = plan_token_limit(args.ranks, preset.num_topk, experts // args.ranks, args.block_m, max_rows)
+    limit = max_tokens_per_rank(args.ranks, preset.num_topk, experts // args.ranks, args.block_m, max_rows)
     shape = f"{preset.name} with {experts} experts over {args.ranks} rank(s)"
     if limit == 0:
         raise UsageError(

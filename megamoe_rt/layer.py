@@ -9,7 +9,7 @@ written into the same arrays.
 
 How the steps are launched is the job of the layer's execution mode (megamoe_rt/modes/):
 ``mode="unfused"`` runs them as separate kernels; ``mode="fused"`` runs them in one
-persistent launch with both GEMMs on a lag-ordered task stream and ring-sized pools;
+persistent launch with both GEMMs in a lag task order and ring-sized pools;
 ``mode="split"`` runs dispatch + L1 and L2 + scatter as two kernels side by side in
 green-context SM partitions and the reduce after them, as one CUDA graph. The
 layer itself checks arguments, owns the weights and the buffer, validates each call's inputs

@@ -1,7 +1,7 @@
 // The fused MoE layer for sm_90a: one persistent, cooperative launch runs
 //   route count -> pool layout -> row claims -> dispatch | L1 GEMM + SwiGLU + requant | L2 GEMM + scatter
 //   -> combine
-// with the GEMM tiles of both layers on one lag-ordered task stream (fused/task_stream.cuh).
+// with the GEMM tiles of both layers in one lag task order (fused/task_order.cuh).
 //
 // Roles after the two grid barriers of the routing phase:
 //   warpgroup 0, warp 0    TMA producer for both GEMMs; it also does every wait on another
@@ -30,7 +30,7 @@
 #include "fused/expert_parallel.cuh"
 #include "fused/params.cuh"
 #include "fused/signal_relay.cuh"
-#include "fused/task_stream.cuh"
+#include "fused/task_order.cuh"
 #include "fused/tile_queue.cuh"
 #include "fused/unit_table.cuh"
 #include "gemm/config.cuh"
@@ -144,7 +144,7 @@ __device__ __forceinline__ void pull_row_from_source(const FusedParams& p, const
 }
 
 // Dispatch warps: rows in pool order, warps interleaved across blocks, so pool blocks (and
-// with them L1 tiles, which the stream also takes in pool order) complete front to back.
+// with them L1 tiles, which the order also takes in pool order) complete front to back.
 template <bool kEp, Role kRole>
 __device__ __forceinline__ void dispatch_rows(const FusedParams& p, const RoutingTables& tab) {
     const moe::MoeParams& m = p.moe;
@@ -409,9 +409,9 @@ __device__ __forceinline__ void wait_partials_from_every_rank(const FusedParams&
     ptx::bar_arrive(kPartialsBarrier, 32 + kNumThreads - 128);
 }
 
-// The GEMM tile of a stream position: metadata rows are global pool rows, A and D rows
+// The GEMM tile of an order position: metadata rows are global pool rows, A and D rows
 // are the block's ring slot (b_row0 is set per layer).
-__device__ __forceinline__ gemm::Tile ring_tile(const FusedParams& p, const RoutingTables& tab, const StreamTile& s) {
+__device__ __forceinline__ gemm::Tile ring_tile(const FusedParams& p, const RoutingTables& tab, const OrderedTile& s) {
     gemm::Tile tile{};
     tile.valid = true;
     tile.group = s.expert;
@@ -422,15 +422,15 @@ __device__ __forceinline__ gemm::Tile ring_tile(const FusedParams& p, const Rout
     return tile;
 }
 
-// The tiles a launch of role kRole walks: both layers on the lag-ordered stream, or one.
+// The tiles a launch of role kRole walks: both layers in the lag task order, or one.
 template <Role kRole>
-__device__ __forceinline__ auto role_stream(const FusedParams& p, const RoutingTables& tab) {
+__device__ __forceinline__ auto role_task_order(const FusedParams& p, const RoutingTables& tab) {
     const u32 n1 = p.l1.n / kBlockN, n2 = p.l2.n / kBlockN;
     if constexpr (kRole == Role::kFused) {
-        return LagOrderedStream(tab.units(p.moe.num_local_experts), p.lag_units, p.group_units, n1, n2);
+        return LagTaskOrder(tab.units(p.moe.num_local_experts), p.lag_units, p.group_units, n1, n2);
     } else {
-        return LayerStream(tab.units(p.moe.num_local_experts), kRole == Role::kSplitL2 ? n2 : n1,
-                           kRole == Role::kSplitL2);
+        return LayerTaskOrder(tab.units(p.moe.num_local_experts), kRole == Role::kSplitL2 ? n2 : n1,
+                              kRole == Role::kSplitL2);
     }
 }
 
@@ -446,20 +446,20 @@ __device__ __forceinline__ void produce_tiles(const FusedParams& p, const Routin
     const gemm::SharedStorage<L2> sm2{smem};
     u32* bank = tab.bank(p);
     const u32 n1 = p.l1.n / kBlockN, n2 = p.l2.n / kBlockN;
-    auto stream = role_stream<kRole>(p, tab);
+    auto order = role_task_order<kRole>(p, tab);
     u32* ticket = bank + (kRole == Role::kSplitL2 ? p.bank.l2_ticket : p.bank.ticket);
     gemm::PipelineState<kStages> st;
     TileQueueCursor queue;
-    StreamTile s;
+    OrderedTile s;
     // The next ticket is taken while this tile's loads are issued, so the atomic's round trip
-    // is off the path between tiles (holding one position ahead keeps stream order: it is
+    // is off the path between tiles (holding one position ahead keeps the task order: it is
     // started right after the current one, which depends on earlier positions only).
     u32 next = atomicAdd(ticket, 1u);
     const sync::MbarrierDeadline deadline{p.wait, sync::kIntraBlockWaitShift};
     for (;;) {
         const u32 t = next;
         push_ticket(tab.tiles, queue, t, deadline);  // past the end too: it tells the math warpgroups to stop
-        if (!stream.tile(t, s)) break;
+        if (!order.tile(t, s)) break;
         next = atomicAdd(ticket, 1u);
         gemm::Tile tile = ring_tile(p, tab, s);
         if (!s.l2) {
@@ -497,15 +497,15 @@ __device__ __forceinline__ void compute_tiles(const FusedParams& p, const Routin
     const bool leader = threadIdx.x == 128;
     const SignalRelay& relay = tab.relay;
     u32 posted = 0;
-    auto stream = role_stream<kRole>(p, tab);
+    auto order = role_task_order<kRole>(p, tab);
     gemm::PipelineState<kStages> st;
     TileQueueCursor queue;
     float acc[64];
     float out[64];
-    StreamTile s;
+    OrderedTile s;
     for (;;) {
         const u32 t = pop_ticket(tab.tiles, queue, threadIdx.x % 32);
-        if (!stream.tile(t, s)) break;
+        if (!order.tile(t, s)) break;
         const gemm::Tile tile = ring_tile(p, tab, s);
         if (!s.l2) {
             gemm::consume_tile<L1>(p.l1, tile, p.l1.k / L1::kBlockK, sm1, st, mt1, acc, out, 0);
@@ -591,7 +591,7 @@ __global__ void __launch_bounds__(kNumThreads, 1)
         if (threadIdx.x == 0 && ptx::ctaid_x() == 0) publish_routing(p, tab);
     }
 
-    // --- dispatch and both GEMMs on the lag-ordered stream ------------------------------------
+    // --- dispatch and both GEMMs in the lag task order ---------------------------------------
     if (threadIdx.x < 128) {
         ptx::setmaxnreg_dec_sync_aligned<kRole == Role::kFused ? kProducerRegs : kSplitProducerRegs>();
         if (threadIdx.x / 32 == kRelayThread / 32) {

@@ -2,11 +2,11 @@
 // math warpgroups.
 //
 // A static round-robin split gives every block the same number of tiles, but L1 and L2 tiles
-// differ in cost and the stream mixes them unevenly, so blocks finish hundreds of
-// microseconds apart. Instead the producer takes the next stream position from a GPU-wide
-// counter before each tile. Tickets come in stream order, so the earliest unfinished tile is
+// differ in cost and the task order mixes them unevenly, so blocks finish hundreds of
+// microseconds apart. Instead the producer takes the next order position from a GPU-wide
+// counter before each tile. Tickets come in task order, so the earliest unfinished tile is
 // always held by a block that is working on it, as with the static split: the deadlock
-// argument of task_stream.cuh is unchanged. The producer passes each ticket to the math
+// argument of task_order.cuh is unchanged. The producer passes each ticket to the math
 // warpgroups through a small shared-memory ring on mbarriers, which keeps both walking the
 // same positions in the same order.
 #pragma once

@@ -1,14 +1,14 @@
-// The pool layout and unit table of the fused task stream, from per-expert row counts.
+// The pool layout and unit table of the fused task order, from per-expert row counts.
 //
 // The fused kernel builds these in shared memory once the counts are known, and
-// probe/task_stream_order.cu builds them the same way, so that what it checks against the
-// CPU model is the table and the walk (fused/task_stream.cuh) the fused kernel runs. Both
+// probe/task_order_walker.cu builds them the same way, so that what it checks against the
+// CPU model is the table and the walk (fused/task_order.cuh) the fused kernel runs. Both
 // are sized by the expert count: a call's pool can grow without growing shared memory.
 #pragma once
 
 #include "common/types.cuh"
 #include "common/warp_scan.cuh"
-#include "fused/task_stream.cuh"
+#include "fused/task_order.cuh"
 
 namespace megamoe_rt::fused {
 

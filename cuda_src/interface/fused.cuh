@@ -55,7 +55,7 @@ struct BankLayout {
     u32 arrivals;           // [max_blocks] rows landed in each pool block (gates its L1 tiles)
     u32 l1_done;            // [max_blocks] L1 n-tiles published per block (gates L2, frees the pool slot)
     u32 l2_read;            // [max_blocks] L2 n-tiles done reading the block (frees the activation slot)
-    u32 ticket;             // [1] next stream position to hand out (fused/tile_queue.cuh)
+    u32 ticket;             // [1] next order position to hand out (fused/tile_queue.cuh)
     u32 l2_ticket;          // [1] split: K2's next position on the L2 stream
     u32 routing_published;  // [1] split: K1 laid out and claimed the pool: 1 | overflow << 1
     u32 reduce_exits;       // [1] split: K3 blocks past their read of the launch epoch

@@ -1,6 +1,6 @@
 """The fused MoE kernel (cuda_src/fused/): variants, parameter struct, shared-memory sizing.
 
-One cooperative launch runs routing, dispatch, both GEMMs on the lag-ordered stream and the
+One cooperative launch runs routing, dispatch, both GEMMs in the lag task order and the
 combine. Everything the kernel indexes by (ring, counters, tables) is sized here from the
 buffer layout and reaches it through :class:`FusedParams`.
 """

@@ -56,12 +56,12 @@ MBARRIER_WAIT_SPEC = KernelSpec(
 )
 
 
-# The fused kernel's task stream dumped tile by tile, for tests/gpu/test_task_stream_gpu.py (arguments
-# and shared memory: the header comment of probe/task_stream_order.cu).
-TASK_STREAM_SPEC = KernelSpec(
-    name="task_stream_order",
-    source="probe/task_stream_order.cu",
-    entry="megamoe_rt::probe::task_stream_order",
+# The fused kernel's task order dumped tile by tile, for tests/gpu/test_task_order_gpu.py (arguments
+# and shared memory: the header comment of probe/task_order_walker.cu).
+TASK_ORDER_SPEC = KernelSpec(
+    name="task_order_walker",
+    source="probe/task_order_walker.cu",
+    entry="megamoe_rt::probe::task_order_walker",
     block_threads=32,
     params=(ctypes.c_uint64,) + (ctypes.c_uint32,) * 6 + (ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint64),
 )
@@ -82,7 +82,7 @@ NVSHMEM_LINK_SPEC = KernelSpec(
 
 
 def kernel_specs() -> list[KernelSpec]:
-    return [SPEC, COPY_SPEC, WAIT_SPEC, MBARRIER_WAIT_SPEC, TASK_STREAM_SPEC]
+    return [SPEC, COPY_SPEC, WAIT_SPEC, MBARRIER_WAIT_SPEC, TASK_ORDER_SPEC]
 
 
 def device_link_specs() -> list[KernelSpec]:

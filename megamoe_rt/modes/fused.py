@@ -1,6 +1,6 @@
 """The fused mode of :class:`~megamoe_rt.layer.MegaMoE`: one cooperative launch per call.
 
-:class:`FusedMode` runs routing, dispatch, both GEMMs on a lag-ordered task stream over ring
+:class:`FusedMode` runs routing, dispatch, both GEMMs in a lag task order over ring
 pools, and the combine in one persistent kernel, on one rank or across ranks.
 :class:`FusedSchedules` derives the buffer's schedule once and each call bound's schedule at
 its first use; :class:`FusedPlan` resolves everything a launch needs once per buffer and
@@ -47,7 +47,7 @@ class CallSchedule:
     """The order one call runs in."""
 
     single_wave: bool
-    lag_units: int  # the lag of the stream (single wave: the unit bound, i.e. no L2 before the last L1)
+    lag_units: int  # the lag of the task order (single wave: the unit bound, i.e. no L2 before the last L1)
     group_units: int
 
 

@@ -9,7 +9,7 @@ Terms:
 * pool: one rank's buffer of received rows, grouped by local expert, each
   expert's rows padded up to a multiple of ``block_m`` (one GEMM m-block).
 * unit: up to ``UNIT_BLOCKS`` consecutive m-blocks of one expert; the fused
-  kernel's task stream is built from units.
+  kernel's task order is built from units.
 * lag: the L2 (down-projection) tasks of a block are issued ``lag`` units after
   its L1 (gate/up) tasks, in groups of ``LAG_GROUP_UNITS`` units, so the L1
   output a block needs is normally finished by the time its L2 task starts.
@@ -189,7 +189,7 @@ def estimated_units(
     num_local_experts: int,
     block_m: int,
 ) -> int:
-    """Units one rank's task stream holds when routing is uniform.
+    """Units one rank's task order holds when routing is uniform.
 
     The lag is sized for the typical call, not the worst case: a skewed call
     only makes some L2 tasks wait, it never breaks correctness.
@@ -214,7 +214,7 @@ def lag_units(units: int) -> int:
 
 @dataclass(frozen=True)
 class FusedSchedule:
-    """Lag and ring sizing of the fused L1/L2 task stream for one token bound.
+    """Lag and ring sizing of the fused L1/L2 task order for one token bound.
 
     ``ring_blocks`` never exceeds ``full_pool_blocks``; when it equals it, the
     ring is simply the whole worst-case pool and never wraps.

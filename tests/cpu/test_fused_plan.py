@@ -11,7 +11,7 @@ from megamoe_rt.modes.fused import BLOCK_M, FusedSchedules, buffer_schedule, cal
 from megamoe_rt.presets import get_preset
 from megamoe_rt.schedule.layout import symm_buffer_layout
 from megamoe_rt.schedule.plan import live_blocks_upper_bound, pool_blocks_upper_bound
-from megamoe_rt.schedule.task_stream import check_stream, lag_ordered_stream
+from megamoe_rt.schedule.task_order import check_order, lag_task_order
 
 
 def _layout(h=4096, i=2048, e=32, k=6, cap=8192, ring=None):
@@ -93,14 +93,14 @@ def test_bank_layout_matches_the_workspace_region():
     assert tail == list(range(bank.words - 4, bank.words))
 
 
-def test_ring_stream_of_a_skewed_call_is_safe_at_tile_level():
+def test_ring_task_order_of_a_skewed_call_is_safe_at_tile_level():
     lay = _layout(cap=4096)
     s = buffer_schedule(lay)
     counts = [4096 * 6 // 2, 4096 * 6 // 2] + [0] * 30  # everything on two experts
     blocks = [-(-c // BLOCK_M) for c in counts]
     c = call_schedule(lay, s, 4096)
     if not c.single_wave:
-        check_stream(lag_ordered_stream(blocks, c.lag_units, c.group_units), s.ring_blocks)
+        check_order(lag_task_order(blocks, c.lag_units, c.group_units), s.ring_blocks)
 
 
 @pytest.mark.parametrize("name", ["flash", "pro", "v3"])

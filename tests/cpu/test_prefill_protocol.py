@@ -84,7 +84,7 @@ def test_the_cycles_a_host_enqueues_for_a_bound_cover_every_routing_within_it(
     alone; whatever the routing of at most `bound` tokens per rank, this rank's pool, walked
     in windows of the ring, fits in them."""
     from megamoe_rt.schedule.plan import cycles_to_launch, pool_blocks_upper_bound
-    from megamoe_rt.schedule.task_stream import pull_cycles
+    from megamoe_rt.schedule.task_order import pull_cycles
 
     topk = min(topk, ranks * local_experts)
     full = pool_blocks_upper_bound(bound, ranks, topk, local_experts, block_m)

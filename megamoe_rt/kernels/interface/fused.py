@@ -71,7 +71,7 @@ BANK_LAYOUT = Struct(
         Field("arrivals", U32, "[max_blocks] rows landed in each pool block (gates its L1 tiles)"),
         Field("l1_done", U32, "[max_blocks] L1 n-tiles published per block (gates L2, frees the pool slot)"),
         Field("l2_read", U32, "[max_blocks] L2 n-tiles done reading the block (frees the activation slot)"),
-        Field("ticket", U32, "[1] next stream position to hand out (fused/tile_queue.cuh)"),
+        Field("ticket", U32, "[1] next order position to hand out (fused/tile_queue.cuh)"),
         Field("l2_ticket", U32, "[1] split: K2's next position on the L2 stream"),
         Field("routing_published", U32, "[1] split: K1 laid out and claimed the pool: 1 | overflow << 1"),
         Field("reduce_exits", U32, "[1] split: K3 blocks past their read of the launch epoch"),

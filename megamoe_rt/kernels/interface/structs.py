@@ -441,7 +441,7 @@ class BankLayout(ctypes.Structure):
     arrivals: int  # [max_blocks] rows landed in each pool block (gates its L1 tiles)
     l1_done: int  # [max_blocks] L1 n-tiles published per block (gates L2, frees the pool slot)
     l2_read: int  # [max_blocks] L2 n-tiles done reading the block (frees the activation slot)
-    ticket: int  # [1] next stream position to hand out (fused/tile_queue.cuh)
+    ticket: int  # [1] next order position to hand out (fused/tile_queue.cuh)
     l2_ticket: int  # [1] split: K2's next position on the L2 stream
     routing_published: int  # [1] split: K1 laid out and claimed the pool: 1 | overflow << 1
     reduce_exits: int  # [1] split: K3 blocks past their read of the launch epoch

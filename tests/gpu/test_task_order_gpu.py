@@ -1,10 +1,10 @@
-"""The fused kernel's task stream as the device walks it, against the CPU model (needs a Hopper GPU).
+"""The fused kernel's task order as the device walks it, against the CPU model (needs a Hopper GPU).
 
-A probe kernel (cuda_src/probe/task_stream_order.cu) builds the unit table from per-expert
-block counts and walks the stream with the fused kernel's own code (fused/unit_table.cuh,
-fused/task_stream.cuh), writing every tile in order. That order, cut into tasks, must be the
-model's stream (megamoe_rt/schedule/task_stream.py: lag_ordered_stream, single_wave_stream)
-with each task expanded by task_tiles, and check_stream must accept it.
+A probe kernel (cuda_src/probe/task_order_walker.cu) builds the unit table from per-expert
+block counts and walks the order with the fused kernel's own code (fused/unit_table.cuh,
+fused/task_order.cuh), writing every tile in order. That order, cut into tasks, must be the
+model's order (megamoe_rt/schedule/task_order.py: lag_task_order, single_wave_order)
+with each task expanded by task_tiles, and check_order must accept it.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 
 from megamoe_rt.schedule.plan import fused_schedule
-from megamoe_rt.schedule.task_stream import (
+from megamoe_rt.schedule.task_order import (
     Task,
-    check_stream,
+    check_order,
     expert_units,
-    lag_ordered_stream,
+    lag_task_order,
     ring_blocks_for,
-    single_wave_stream,
+    single_wave_order,
     task_tiles,
 )
 
@@ -92,7 +92,7 @@ def _smem_bytes(num_experts: int) -> int:
 def _run_probe(blocks, lag, group, n1, n2, *, max_blocks=None, capacity=None):
     """The device order: (tiles [capacity, 4] as l2, block, expert, n_block; info [4])."""
     from megamoe_rt.kernels.loader import get_kernel
-    from megamoe_rt.kernels.probe import TASK_STREAM_SPEC
+    from megamoe_rt.kernels.probe import TASK_ORDER_SPEC
     from megamoe_rt.runtime import driver
 
     total = sum(blocks)
@@ -102,7 +102,7 @@ def _run_probe(blocks, lag, group, n1, n2, *, max_blocks=None, capacity=None):
     counts = cp.asarray(np.asarray(blocks, np.uint32))
     tiles = cp.full((max(capacity, 1), 4), POISON, dtype=cp.uint32)
     info = cp.full(4, POISON, dtype=cp.uint32)
-    kernel = get_kernel(TASK_STREAM_SPEC, driver.current_device())
+    kernel = get_kernel(TASK_ORDER_SPEC, driver.current_device())
     args = [
         ctypes.c_uint64(int(counts.data.ptr)),
         ctypes.c_uint32(len(blocks)),
@@ -128,7 +128,7 @@ def _device_tasks(blocks, rows: np.ndarray, n1: int, n2: int) -> list[Task]:
     """Cut the device order into tasks, each checked tile for tile against task_tiles.
 
     A task starts at its first tile's (kind, unit) and runs for that unit's blocks x n-blocks
-    tiles; a repeated task then shows up as a task of its own (check_stream rejects it)."""
+    tiles; a repeated task then shows up as a task of its own (check_order rejects it)."""
     units = expert_units(blocks)
     unit_of_block = [u for u in units for _ in u.blocks]
     tasks: list[Task] = []
@@ -153,30 +153,30 @@ def _check_against_model(blocks, lag, group, n1, n2, model: list[Task], ring_blo
     rows, info = _run_probe(blocks, lag, group, n1, n2)
     expected = sum(blocks) * (n1 + n2)
     assert info.tolist() == [expected, len(expert_units(blocks)), sum(blocks), 0], f"{where}: info {info.tolist()}"
-    assert (rows[expected:] == POISON).all(), f"{where}: written past the stream's {expected} tiles"
+    assert (rows[expected:] == POISON).all(), f"{where}: written past the order's {expected} tiles"
     device = _device_tasks(blocks, rows[:expected], n1, n2)
     assert [(t.kind, t.unit.index) for t in device] == [(t.kind, t.unit.index) for t in model], where
-    check_stream(device, ring_blocks)
+    check_order(device, ring_blocks)
     # The whole order at once, as the model expands it.
     assert np.array_equal(rows[:expected], _as_rows([x for t in model for x in task_tiles(t, n1, n2)])), where
 
 
 @pytest.mark.parametrize("blocks", VECTORS, ids=[f"v{i}" for i in range(len(VECTORS))])
-def test_lag_ordered_stream_on_the_device_is_the_model(blocks):
+def test_lag_task_order_on_the_device_is_the_model(blocks):
     units = len(expert_units(blocks))
     for lag, group, n1, n2 in LAG_SCHEDULES:
         lag = units + 3 if lag is None else lag
         _check_against_model(
-            blocks, lag, group, n1, n2, lag_ordered_stream(blocks, lag, group), ring_blocks_for(lag, group)
+            blocks, lag, group, n1, n2, lag_task_order(blocks, lag, group), ring_blocks_for(lag, group)
         )
 
 
 @pytest.mark.parametrize("blocks", VECTORS, ids=[f"v{i}" for i in range(len(VECTORS))])
-def test_single_wave_stream_on_the_device_is_the_model(blocks):
+def test_single_wave_order_on_the_device_is_the_model(blocks):
     # The host's single wave: a lag of the worst-case pool (here the pool itself), so no L2
     # task before the last L1 task; the ring holds the whole pool.
     total = sum(blocks)
-    _check_against_model(blocks, max(total, 1), SINGLE_WAVE_GROUP, 2, 3, single_wave_stream(blocks), max(total, 1))
+    _check_against_model(blocks, max(total, 1), SINGLE_WAVE_GROUP, 2, 3, single_wave_order(blocks), max(total, 1))
 
 
 @pytest.mark.parametrize("tokens,topk,experts", [(2048, 6, 16), (4096, 8, 32), (300, 4, 64)])
@@ -193,17 +193,17 @@ def test_the_hosts_schedule_on_a_routing_at_real_n_blocks(tokens, topk, experts)
         sched.group_units,
         2 * 2048 // 256,
         7168 // 256,
-        lag_ordered_stream(blocks, sched.lag_units, sched.group_units),
+        lag_task_order(blocks, sched.lag_units, sched.group_units),
         sched.ring_blocks,
     )
 
 
 def test_a_walk_past_the_output_is_counted_and_not_written():
     blocks = [5, 0, 12]
-    stream = lag_ordered_stream(blocks, 1, 1)
-    want = _as_rows([x for t in stream for x in task_tiles(t, 2, 2)])
+    order = lag_task_order(blocks, 1, 1)
+    want = _as_rows([x for t in order for x in task_tiles(t, 2, 2)])
     rows, info = _run_probe(blocks, 1, 1, 2, 2, capacity=10)
-    assert int(info[0]) == 11  # one past the capacity: the stream runs on
+    assert int(info[0]) == 11  # one past the capacity: the walk runs on
     assert np.array_equal(rows[:10], want[:10])
 
 

@@ -1,17 +1,17 @@
-// The fused kernel's lag-ordered task stream, as the device walks it.
+// The fused kernel's lag task order, as the device walks it.
 //
 // A unit is up to kUnitBlocks consecutive BLOCK_M-row blocks of one expert, units in pool
-// (expert) order. The stream holds the L1 task of every unit in order, and after the L1 task
+// (expert) order. The order holds the L1 task of every unit in order, and after the L1 task
 // of unit j, whole groups of `group` L2 tasks for the units at least `lag` units behind; the
-// remaining L2 tasks close the stream. A lag at least the unit count gives the single-wave
+// remaining L2 tasks close the order. A lag at least the unit count gives the single-wave
 // order (every L1, then every L2). Each task expands into tiles n-block-major: n-block 0 of
 // the unit's blocks, then n-block 1, ... so a wave of CTAs shares each weight tile among
 // up to 8 row blocks and a unit streams its expert's weights once (m-block-major would
-// stream them once per wave). The CPU model is megamoe_rt/schedule/task_stream.py:lag_ordered_stream.
+// stream them once per wave). The CPU model is megamoe_rt/schedule/task_order.py:lag_task_order.
 //
-// Blocks take stream positions in order from a launch-wide ticket (fused/tile_queue.cuh).
+// Blocks take order positions in order from a launch-wide ticket (fused/tile_queue.cuh).
 // Each dependency of a tile (its rows, its L1 output, a free ring slot) is produced by a tile
-// earlier in the stream, which is what keeps the persistent grid free of deadlock.
+// earlier in the order, which is what keeps the persistent grid free of deadlock.
 #pragma once
 
 #include "common/types.cuh"
@@ -30,7 +30,7 @@ struct UnitSpan {
 // Units by expert, in shared memory, sized by the expert count rather than the pool: unit u
 // belongs to the expert e with unit_begin[e] <= u < unit_begin[e + 1] and covers up to
 // kUnitBlocks of its blocks, from the expert's first block + kUnitBlocks * (u - unit_begin[e]).
-// A stream looks a unit up once per task (a binary search over the experts).
+// A task order looks a unit up once per task (a binary search over the experts).
 struct UnitTable {
     const i32* row_begin;   // [num_experts + 1] first pool row of each expert (block-aligned); last = total
     const u32* unit_begin;  // [num_experts + 1] first unit of each expert; last = num_units
@@ -56,7 +56,7 @@ struct UnitTable {
     }
 };
 
-struct StreamTile {
+struct OrderedTile {
     bool l2;      // L2 (down projection) tile, else L1 (gate|up + SwiGLU)
     u32 block;    // pool block, in [0, total blocks)
     u32 expert;   // local expert
@@ -64,25 +64,25 @@ struct StreamTile {
 };
 
 // Tile `i` of a task over a unit: n-block-major, so the unit's blocks share each weight tile.
-__device__ __forceinline__ void unit_tile(const UnitSpan& unit, u32 i, bool l2, StreamTile& out) {
+__device__ __forceinline__ void unit_tile(const UnitSpan& unit, u32 i, bool l2, OrderedTile& out) {
     out.l2 = l2;
     out.block = unit.first_block + i % unit.blocks;
     out.expert = unit.expert;
     out.n_block = i / unit.blocks;
 }
 
-class LagOrderedStream {
+class LagTaskOrder {
   public:
-    __device__ __forceinline__ LagOrderedStream(const UnitTable& units, u32 lag, u32 group, u32 l1_n_blocks,
-                                                u32 l2_n_blocks)
+    __device__ __forceinline__ LagTaskOrder(const UnitTable& units, u32 lag, u32 group, u32 l1_n_blocks,
+                                            u32 l2_n_blocks)
         : units_(units),
           lag_(static_cast<i32>(lag)),
           group_(static_cast<i32>(group)),
           n1_(l1_n_blocks),
           n2_(l2_n_blocks) {}
 
-    // Tile `t` of the stream; false past its end. Calls must come with non-decreasing t.
-    __device__ __forceinline__ bool tile(u32 t, StreamTile& out) {
+    // Tile `t` of the order; false past its end. Calls must come with non-decreasing t.
+    __device__ __forceinline__ bool tile(u32 t, OrderedTile& out) {
         while (t >= begin_ + tiles_) {
             begin_ += tiles_;
             if (!next_task()) return false;
@@ -126,15 +126,15 @@ class LagOrderedStream {
 
 // One layer's tiles alone, units in pool order, each unit n-block-major as above: what each
 // kernel of the split pipeline walks (K1 the L1 tiles, K2 the L2 tiles, concurrently).
-// Every dependency inside one such stream (a pool slot's earlier block) is again earlier in
-// it, and K2's waits on K1 point into K1's stream only, so neither kernel can deadlock the other.
-class LayerStream {
+// Every dependency inside one such order (a pool slot's earlier block) is again earlier in
+// it, and K2's waits on K1 point into K1's order only, so neither kernel can deadlock the other.
+class LayerTaskOrder {
   public:
-    __device__ __forceinline__ LayerStream(const UnitTable& units, u32 n_blocks, bool l2)
+    __device__ __forceinline__ LayerTaskOrder(const UnitTable& units, u32 n_blocks, bool l2)
         : units_(units), n_(n_blocks), l2_(l2) {}
 
     // Tile `t` of the layer; false past its end. Calls must come with non-decreasing t.
-    __device__ __forceinline__ bool tile(u32 t, StreamTile& out) {
+    __device__ __forceinline__ bool tile(u32 t, OrderedTile& out) {
         while (t >= begin_ + tiles_) {
             begin_ += tiles_;
             if (next_unit_ >= units_.num_units) return false;

@@ -1,13 +1,13 @@
-"""Model of the fused kernel's task stream and its ring-pool safety.
+"""Model of the fused kernel's task order and its ring-pool safety.
 
-The fused kernel walks one stream of tasks. A *unit* is up to ``UNIT_BLOCKS``
+The fused kernel walks its tasks in one order. A *unit* is up to ``UNIT_BLOCKS``
 consecutive m-blocks of one expert; units are numbered in expert order. The L1
 tasks of unit ``u`` come in order, and the L2 tasks of a unit come ``lag`` units
 after its L1 tasks, released in groups of ``group`` units. The L1 output pool is
 a ring of ``ring_blocks`` slots: the L1 output of the ``b``-th block (in L1 order)
 lives in slot ``b % ring_blocks`` until its L2 task has read it.
 
-This module builds that stream from per-expert block counts and checks, in stream
+This module builds that order from per-expert block counts and checks, in task
 order, that no L1 task overwrites a slot whose previous block's L2 task has not
 come yet (the device waits there for that block's ``l2_read`` count, wait site
 ``ring_slot_free``, which can only be satisfied by an earlier task), and that every
@@ -15,9 +15,9 @@ L1 task precedes its L2 task. The host uses the same functions to assert its rin
 size; CPU property tests drive them with random routings.
 
 Each task is a run of GEMM tiles on the device; :func:`task_tiles` is the contract for which
-tiles and in what order. A GPU test (tests/gpu/test_task_stream_gpu.py) dumps the order the
-device walk (cuda_src/fused/task_stream.cuh) hands tiles out and checks it against
-:func:`lag_ordered_stream` / :func:`single_wave_stream` expanded by :func:`task_tiles`.
+tiles and in what order. A GPU test (tests/gpu/test_task_order_gpu.py) dumps the order the
+device walk (cuda_src/fused/task_order.cuh) hands tiles out and checks it against
+:func:`lag_task_order` / :func:`single_wave_order` expanded by :func:`task_tiles`.
 """
 
 from __future__ import annotations
@@ -59,10 +59,10 @@ def task_tiles(task: Task, l1_n_blocks: int, l2_n_blocks: int) -> list[Tile]:
 
     A task over a unit of ``b`` blocks is ``b * n`` tiles, ``n`` being its GEMM's N in
     tiles (``l1_n_blocks`` for L1, ``l2_n_blocks`` for L2), n-block-major: n-block 0 of each
-    of the unit's blocks in pool order, then n-block 1, and so on. Consecutive stream
+    of the unit's blocks in pool order, then n-block 1, and so on. Consecutive order
     positions go to concurrently running blocks, so this order has them share each weight
     tile among the unit's row blocks. The fused kernel's walk must produce exactly this
-    (tests/gpu/test_task_stream_gpu.py).
+    (tests/gpu/test_task_order_gpu.py).
     """
     n = l2_n_blocks if task.kind == "l2" else l1_n_blocks
     u = task.unit
@@ -85,25 +85,25 @@ def expert_units(blocks_per_expert: Sequence[int]) -> list[Unit]:
     return units
 
 
-def lag_ordered_stream(blocks_per_expert: Sequence[int], lag: int, group: int = LAG_GROUP_UNITS) -> list[Task]:
+def lag_task_order(blocks_per_expert: Sequence[int], lag: int, group: int = LAG_GROUP_UNITS) -> list[Task]:
     """L1 tasks in unit order; after L1 of unit j, at each group boundary, the L2 tasks of
     the group of units that are now at least ``lag`` units behind; the rest at the end."""
     if lag < 0 or group < 1:
         raise ValueError(f"lag={lag}, group={group}: expected lag >= 0 and group >= 1")
     units = expert_units(blocks_per_expert)
-    stream: list[Task] = []
+    order: list[Task] = []
     next_l2 = 0
     for j, unit in enumerate(units):
-        stream.append(Task("l1", unit))
+        order.append(Task("l1", unit))
         # Units [next_l2, j + 1 - lag) are at least `lag` units behind; release whole groups.
         while j + 1 - lag - next_l2 >= group:
-            stream.extend(Task("l2", units[u]) for u in range(next_l2, next_l2 + group))
+            order.extend(Task("l2", units[u]) for u in range(next_l2, next_l2 + group))
             next_l2 += group
-    stream.extend(Task("l2", units[u]) for u in range(next_l2, len(units)))
-    return stream
+    order.extend(Task("l2", units[u]) for u in range(next_l2, len(units)))
+    return order
 
 
-def single_wave_stream(blocks_per_expert: Sequence[int]) -> list[Task]:
+def single_wave_order(blocks_per_expert: Sequence[int]) -> list[Task]:
     """Every L1 task, then every L2 task: the order of calls whose whole pool fits."""
     units = expert_units(blocks_per_expert)
     return [Task("l1", u) for u in units] + [Task("l2", u) for u in units]
@@ -118,12 +118,12 @@ class RingViolation(AssertionError):
     pass
 
 
-def check_stream(stream: Sequence[Task], ring_blocks: int) -> int:
-    """Validate a stream against a ring; return the most blocks live at once.
+def check_order(order: Sequence[Task], ring_blocks: int) -> int:
+    """Validate a task order against a ring; return the most blocks live at once.
 
     Raises RingViolation when an L2 task precedes its L1 task, a unit's tasks repeat or
     are missing, or an L1 task would overwrite a slot whose previous block has not yet had
-    its L2 task (in stream order: a wait nothing earlier can satisfy).
+    its L2 task (in task order: a wait nothing earlier can satisfy).
     """
     if ring_blocks < 1:
         raise ValueError(f"ring_blocks={ring_blocks}: expected >= 1")
@@ -133,7 +133,7 @@ def check_stream(stream: Sequence[Task], ring_blocks: int) -> int:
     read_blocks: set[int] = set()  # blocks whose L2 task has been issued
     live = 0
     max_live = 0
-    for pos, task in enumerate(stream):
+    for pos, task in enumerate(order):
         u = task.unit
         if task.kind == "l1":
             if u.index in l1_done:

@@ -252,8 +252,10 @@ def bench_moe(
     for m in modes:
         if m not in MODES:
             raise ValueError(f"mode: {m!r} is not one of {MODES}")
-    if capacity is not None and not (isinstance(capacity, int) and capacity >= max(tokens, default=1)):
-        raise ValueError(f"capacity={capacity!r}: expected at least the largest token count {max(tokens, default=1)}")
+    if capacity is not None:
+        from megamoe_rt.runtime import args
+
+        args.integer("capacity", capacity, minimum=max(tokens, default=1))  # at least the largest token count
     timer = DeviceTimer()
     rows = []
     for name in presets:

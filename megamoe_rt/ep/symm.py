@@ -219,7 +219,9 @@ class NvshmemRuntime:
             )
         sh = driver.stream_handle(stream)
         capturing = driver.stream_is_capturing(sh)
-        meet_before(self, "nvshmem_barrier_all_on_stream")
+        # No host meeting first (as before the host collectives): this barrier is enqueued, not
+        # run, here, so a meeting would block the host on its peers at every call and still not
+        # bound the barrier itself, which waits on the device when the stream reaches it.
         if self._last_barrier is not None and not capturing:
             self._last_barrier.wait_on(sh)
         self._nvshmem.barrier(self._nvshmem.Teams.TEAM_WORLD, stream=driver.core_stream(sh))

@@ -253,9 +253,9 @@ def bench_moe(
         if m not in MODES:
             raise ValueError(f"mode: {m!r} is not one of {MODES}")
     if capacity is not None:
-        from megamoe_rt.runtime import args
+        from megamoe_rt.runtime import args as checks
 
-        args.integer("capacity", capacity, minimum=max(tokens, default=1))  # at least the largest token count
+        checks.integer("capacity", capacity, minimum=max(tokens, default=1))  # at least the largest token count
     timer = DeviceTimer()
     rows = []
     for name in presets:

@@ -27,8 +27,9 @@ from megamoe_rt.ep import agreement
 from megamoe_rt.ep.group import RankGroup, check_group
 from megamoe_rt.kernels import moe as mk
 from megamoe_rt.kernels.grouped_gemm import prepare_swiglu_weights
-from megamoe_rt.modes.base import Call, LayerSpec, LayoutNeeds, Mode, Weights, buffer_layout, check_transport
+from megamoe_rt.modes.base import Call, LayerSpec, Weights, buffer_layout, check_transport
 from megamoe_rt.modes.registry import mode_names, select_mode
+from megamoe_rt.modes.sizing import layer_layout
 from megamoe_rt.runtime import args, driver
 from megamoe_rt.runtime.arrays import as_device_array, check_array, check_disjoint, cupy_stream, require_cupy
 from megamoe_rt.runtime.buffer import DeviceBuffer, LayerBuffer
@@ -37,7 +38,7 @@ from megamoe_rt.runtime.error_report import ErrorReport
 from megamoe_rt.runtime.errors import DeviceInputError, Finding
 from megamoe_rt.schedule.layout import check_channels
 from megamoe_rt.schedule.plan import check_expert_split
-from megamoe_rt.schedule.ring_size import PoolCost, check_chunk_ratio, ring_blocks_for_memory, ring_blocks_for_ratio
+from megamoe_rt.schedule.ring_size import check_chunk_ratio
 from megamoe_rt.schedule.streaming import StreamConfig
 
 # The names of the execution modes (megamoe_rt.modes.registry.MODES maps them to their classes).
@@ -122,20 +123,6 @@ def describe_findings(findings: tuple[Finding, ...], num_topk: int, num_experts:
             lines.append(f"{f.kind}: details {f.where}, {f.what}")
     where = "" if rank is None else f" (rank {rank})"
     return f"MegaMoE{where}: inputs refused on the device by an earlier call:\n  " + "\n  ".join(lines)
-
-
-def _ring_for_chunk_ratio(mode_cls: type[Mode], spec: LayerSpec, chunk_ratio: float | str) -> int:
-    """Ring blocks for ``chunk_ratio`` (a share of the worst-case pool, or ``"auto"``: what
-    fits the memory budget; megamoe_rt/schedule/ring_size.py)."""
-    needs = mode_cls.layout_needs(spec)
-    full = buffer_layout(spec, LayoutNeeds(pool="full", block_m=needs.block_m))
-    minimum = mode_cls.minimum_ring_blocks(spec)
-    if chunk_ratio != "auto":
-        return ring_blocks_for_ratio(full.pool_blocks, float(chunk_ratio), minimum)
-    pools = sum(full.region(n).nbytes for n in ("l1_pool", "l1_pool_sf", "l2_pool", "l2_pool_sf"))
-    per_block = pools // max(full.pool_blocks, 1)
-    cost = PoolCost(per_block, full.total_bytes - pools, full.pool_blocks)
-    return ring_blocks_for_memory(cost, driver.free_memory_bytes(spec.device), minimum)
 
 
 class MegaMoE:
@@ -301,11 +288,6 @@ class MegaMoE:
                         f"streaming: tokens_per_slot={streaming.tokens_per_slot} exceeds num_max_tokens_per_rank="
                         f"{self.num_max_tokens_per_rank} (a chunk runs as a call of at most that many tokens)"
                     )
-                if mode not in (None, "unfused"):
-                    raise ValueError(
-                        f"streaming: runs in mode='unfused' (a chunk per call of its kernels), not {mode!r}"
-                    )
-                mode = "unfused"
             if chunk_ratio is not None:
                 chunk_ratio = check_chunk_ratio(chunk_ratio)
             if ring_blocks is not None:
@@ -407,9 +389,14 @@ class MegaMoE:
                 )
             )
             spec = replace(spec, device=self.device, sm_count=self.device_info.sm_count)
-            if chunk_ratio is not None:
-                ring_blocks = _ring_for_chunk_ratio(mode_cls, spec, chunk_ratio)
-            self.layout = buffer_layout(spec, mode_cls.layout_needs(spec, ring_blocks))
+            device = self.device
+            self.layout = layer_layout(
+                mode_cls,
+                spec,
+                ring_blocks=ring_blocks,
+                chunk_ratio=chunk_ratio,
+                free_bytes=lambda: driver.free_memory_bytes(device),
+            )
             self.pool_align = self.layout.block_m
             self.token_capacity = self.layout.num_max_tokens_per_rank
             self.runner = mode_cls(spec, self.layout)

@@ -119,3 +119,29 @@ def modes(text: str, *, transports: bool = False) -> list[str]:
         shape = f"{'|'.join(MODES)}[@{'|'.join(TRANSPORT_CHOICES)}]" if transports else ", ".join(MODES)
         raise argparse.ArgumentTypeError(f"expected a comma-separated list of {shape}, got {text!r}")
     return out
+
+
+def chunk_ratio(text: str) -> float | str:
+    """The layer's ``chunk_ratio``: a share in (0, 1] of the worst-case pool, or ``auto``."""
+    if text == "auto":
+        return text
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1] or 'auto', got {text!r}") from None
+    if not (math.isfinite(v) and 0.0 < v <= 1.0):
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1] or 'auto', got {text!r}")
+    return v
+
+
+def stream_config(text: str):
+    """``SLOTSxTOKENS``: the layer's ``streaming=StreamConfig(SLOTS, TOKENS)``."""
+    from megamoe_rt.schedule.streaming import StreamConfig
+
+    slots, sep, tokens = text.lower().partition("x")
+    try:
+        if not sep:
+            raise ValueError
+        return StreamConfig(positive_int(slots), positive_int(tokens))
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"expected SLOTSxTOKENS (e.g. 4x512), got {text!r}") from None

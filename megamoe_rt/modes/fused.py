@@ -303,6 +303,9 @@ class FusedMode(Mode):
 
     @classmethod
     def refusal(cls, spec: LayerSpec) -> str | None:
+        if spec.streaming is not None:
+            # The input ring is consumed chunk by chunk by the unfused kernels (docs/STREAMING.md).
+            return "streaming: runs in mode='unfused' (a chunk per call of its kernels), not mode='fused'"
         if spec.num_ranks > cls.MAX_RANKS:
             return f"group: {spec.num_ranks} ranks; mode='fused' runs on at most {cls.MAX_RANKS}"
         if spec.expert_parallel and spec.transport != "nvlink":

@@ -92,12 +92,12 @@ def test_each_ring_mode_states_its_smallest_ring_and_a_layout_takes_it():
 def test_any_chunk_ratio_gives_a_ring_the_mode_accepts(capacity, ranks, experts_per_rank, topk, ratio):
     """The smallest ring a mode states is the one its own check accepts, also for capacities
     the buffer rounds up (a capacity of 1 is a buffer of 128 tokens)."""
-    from megamoe_rt.layer import _ring_for_chunk_ratio
+    from megamoe_rt.modes.sizing import ring_for_chunk_ratio
 
     experts = ranks * experts_per_rank
     spec = _spec(num_experts=experts, num_topk=min(topk, experts), num_max_tokens_per_rank=capacity, num_ranks=ranks)
     for cls in (FusedMode, SplitMode, UnfusedMode):
-        ring = _ring_for_chunk_ratio(cls, spec, ratio)
+        ring = ring_for_chunk_ratio(cls, spec, ratio, lambda: 0)
         lay = buffer_layout(spec, cls.layout_needs(spec, ring))
         assert lay.pool_blocks == ring
         cls(spec, lay)

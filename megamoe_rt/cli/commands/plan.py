@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from megamoe_rt.cli.output import add_output_options, check_output, emit
-from megamoe_rt.cli.usage import UsageError, mode, positive_int
+from megamoe_rt.cli.usage import UsageError, chunk_ratio, mode, positive_int, positive_number, stream_config
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -23,9 +23,31 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         help="the buffer a MegaMoE of this mode allocates (sets --block-m and --pool)",
     )
-    s.add_argument("--pool", choices=("full", "ring"), default="full")
-    s.add_argument("--block-m", type=int, choices=(64, 128), default=128)
+    s.add_argument("--pool", choices=("full", "ring"), default="full", help="without a layer option below")
+    s.add_argument("--block-m", type=int, choices=(64, 128), default=128, help="without a layer option below")
     s.add_argument("--act-sf-gran", type=int, choices=(64, 128), default=128)
+    # The layer's options: with any of them (or --mode) the plan is the buffer MegaMoE allocates.
+    s.add_argument("--ring-blocks", type=positive_int, default=None, help="the layer's ring_blocks")
+    s.add_argument(
+        "--chunk-ratio",
+        type=chunk_ratio,
+        default=None,
+        help="the layer's chunk_ratio: a share in (0, 1] of the worst-case pool, or 'auto' (needs --free-gib)",
+    )
+    s.add_argument("--free-gib", type=positive_number, default=None, help="device memory free, for --chunk-ratio auto")
+    s.add_argument(
+        "--stream",
+        type=stream_config,
+        default=None,
+        metavar="SLOTSxTOKENS",
+        help="the layer's streaming=StreamConfig(SLOTS, TOKENS) input ring, e.g. 4x512",
+    )
+    s.add_argument(
+        "--transport",
+        choices=("nvlink", "nvshmem"),
+        default=None,
+        help="across ranks: how the layer reaches its peers (nvshmem adds staging regions)",
+    )
     add_output_options(s, "the report")
     s.set_defaults(func=run)
     return s
@@ -58,6 +80,7 @@ def _check_plan_tokens(args: argparse.Namespace, preset: Any, experts: int) -> N
 
 def run(args: argparse.Namespace) -> int:
     check_output("megamoe-rt plan", args)
+    from megamoe_rt.modes.sizing import full_pool_layout
     from megamoe_rt.presets import get_preset
     from megamoe_rt.schedule.layout import symm_buffer_layout
     from megamoe_rt.schedule.plan import fused_schedule
@@ -77,27 +100,29 @@ def run(args: argparse.Namespace) -> int:
             f"megamoe-rt plan: --experts {experts} is fewer than the {preset.name} preset's top-{preset.num_topk} "
             "(the experts each token is routed to)"
         )
-    if args.mode is not None:  # the pool and block size the mode's layer allocates
-        from megamoe_rt.modes.base import LayerSpec
-        from megamoe_rt.modes.registry import MODES
-
-        spec = LayerSpec(preset.hidden, preset.intermediate, experts, preset.num_topk, args.tokens, num_ranks=ranks)
-        needs = MODES[args.mode].layout_needs(spec)
-        args.block_m, args.pool = needs.block_m, needs.pool
+    layer_options = (args.ring_blocks, args.chunk_ratio, args.stream, args.transport)
+    full = None
+    if args.mode is not None or any(o is not None for o in layer_options):
+        mode_cls, spec = _layer_spec(args, preset, experts)
+        args.mode, args.block_m = mode_cls.name, mode_cls.layout_needs(spec).block_m
     _check_plan_tokens(args, preset, experts)
     try:
-        layout = symm_buffer_layout(
-            preset.hidden,
-            preset.intermediate,
-            experts,
-            preset.num_topk,
-            args.tokens,
-            ranks,
-            block_m=args.block_m,
-            act_sf_gran=args.act_sf_gran,
-            pool=args.pool,
-        )
-        sched = fused_schedule(layout.num_max_tokens_per_rank, ranks, preset.num_topk, experts, block_m=args.block_m)
+        if args.mode is not None:  # the buffer a MegaMoE of these options allocates
+            layout = _layer_layout(args, mode_cls, spec)
+            full = full_pool_layout(mode_cls, spec)
+        else:
+            layout = symm_buffer_layout(
+                preset.hidden,
+                preset.intermediate,
+                experts,
+                preset.num_topk,
+                args.tokens,
+                ranks,
+                block_m=args.block_m,
+                act_sf_gran=args.act_sf_gran,
+                pool=args.pool,
+            )
+        sched = fused_schedule(layout.num_max_tokens_per_rank, ranks, preset.num_topk, experts, block_m=layout.block_m)
     except ValueError as exc:
         raise UsageError(f"megamoe-rt plan: {exc}") from None
     except OverflowError as exc:  # a 32-bit counter of the kernels' workspace, sized by the experts
@@ -124,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
             "fused_ring_blocks": sched.ring_blocks,
             "total_bytes": layout.total_bytes,
             "regions": [{"name": n, "bytes": b, "mib": round(m, 4)} for n, b, m in layout.report()],
+            **_layer_fields(args, full),
         },
     )
     if args.json:
@@ -139,4 +165,79 @@ def run(args: argparse.Namespace) -> int:
         f"{' (covers the full pool)' if sched.covers_full_pool else ''}"
     )
     print(layout.format_report())
+    if full is not None:
+        print(
+            f"mode {args.mode}: buffer {layout.total_bytes / 2**20:.2f} MiB vs {full.total_bytes / 2**20:.2f} MiB "
+            f"with the full worst-case pool ({layout.total_bytes / full.total_bytes:.3f}x)"
+        )
     return 0
+
+
+def _layer_spec(args: argparse.Namespace, preset: Any, experts: int) -> tuple[Any, Any]:
+    """The mode class and :class:`LayerSpec` a MegaMoE built with these options would have
+    (the layer's own checks, said in the options typed)."""
+    from megamoe_rt.modes.base import LayerSpec
+    from megamoe_rt.modes.registry import select_mode
+
+    if args.transport == "nvshmem" and args.ranks == 1:
+        raise UsageError("megamoe-rt plan: --transport nvshmem needs --ranks of 2 or more (one rank reaches no peer)")
+    if args.stream is not None and args.stream.tokens_per_slot > args.tokens:
+        raise UsageError(
+            f"megamoe-rt plan: --stream {args.stream.num_slots}x{args.stream.tokens_per_slot}: a slot holds more "
+            f"than --tokens {args.tokens}"
+        )
+    if args.chunk_ratio == "auto" and args.free_gib is None:
+        raise UsageError("megamoe-rt plan: --chunk-ratio auto sizes the ring by the memory free: give --free-gib")
+    spec = LayerSpec(
+        preset.hidden,
+        preset.intermediate,
+        experts,
+        preset.num_topk,
+        args.tokens,
+        num_ranks=args.ranks,
+        act_sf_gran=args.act_sf_gran,
+        streaming=args.stream,
+        transport=args.transport or "nvlink",
+    )
+    try:
+        mode_cls = select_mode(args.mode, spec, ring_blocks=args.ring_blocks, chunk_ratio=args.chunk_ratio)
+    except ValueError as exc:
+        raise UsageError(f"megamoe-rt plan: {_in_option_names(str(exc))}") from None
+    return mode_cls, spec
+
+
+def _layer_layout(args: argparse.Namespace, mode_cls: Any, spec: Any) -> Any:
+    """The layer's buffer (megamoe_rt.modes.sizing.layer_layout), with the mode's own check of
+    the ring it is given."""
+    from megamoe_rt.modes.sizing import layer_layout
+
+    free_gib = args.free_gib
+    layout = layer_layout(
+        mode_cls,
+        spec,
+        ring_blocks=args.ring_blocks,
+        chunk_ratio=args.chunk_ratio,
+        free_bytes=None if free_gib is None else (lambda: int(free_gib * 2**30)),
+    )
+    try:
+        mode_cls(spec, layout)  # host-only: a ring below what the mode runs on is refused here
+    except ValueError as exc:
+        raise UsageError(f"megamoe-rt plan: {_in_option_names(str(exc))}") from None
+    return layout
+
+
+def _in_option_names(message: str) -> str:
+    """A layer error in the command's terms (``ring_blocks=`` is ``--ring-blocks``)."""
+    for name in ("ring_blocks", "chunk_ratio", "streaming", "transport", "mode"):
+        message = message.replace(f"{name}=", f"--{name.replace('_', '-')} ").replace(f"{name}:", f"--{name}:")
+    return message.replace("--streaming", "--stream")
+
+
+def _layer_fields(args: argparse.Namespace, full: Any) -> dict[str, Any]:
+    if full is None:
+        return {}
+    return {
+        "mode": args.mode,
+        "full_pool_blocks": full.pool_blocks,
+        "full_pool_total_bytes": full.total_bytes,
+    }

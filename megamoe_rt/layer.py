@@ -18,27 +18,27 @@ and hands the call to its mode object (:attr:`MegaMoE.runner`; docs/ARCHITECTURE
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from megamoe_rt.ep import agreement
 from megamoe_rt.ep.group import RankGroup, check_group
-from megamoe_rt.kernels import moe as mk
 from megamoe_rt.kernels.grouped_gemm import prepare_swiglu_weights
-from megamoe_rt.modes.base import Call, LayerSpec, Weights, buffer_layout, check_transport
+from megamoe_rt.layer_arguments import AGREED_LAYER_SETTINGS as AGREED_LAYER_SETTINGS
+from megamoe_rt.layer_arguments import RANK_LOCAL_PARAMETERS as RANK_LOCAL_PARAMETERS
+from megamoe_rt.layer_arguments import RANK_LOCAL_SPEC_FIELDS as RANK_LOCAL_SPEC_FIELDS
+from megamoe_rt.layer_arguments import agreed_settings as agreed_settings
+from megamoe_rt.layer_arguments import check_layer_arguments
+from megamoe_rt.modes.base import Call, Weights, buffer_layout
 from megamoe_rt.modes.registry import mode_names, select_mode
 from megamoe_rt.modes.sizing import layer_layout
 from megamoe_rt.runtime import args, driver
 from megamoe_rt.runtime.arrays import as_device_array, check_array, check_disjoint, cupy_stream, require_cupy
 from megamoe_rt.runtime.buffer import DeviceBuffer, LayerBuffer
-from megamoe_rt.runtime.deadlines import wait_timeout_ns
 from megamoe_rt.runtime.error_report import ErrorReport
 from megamoe_rt.runtime.errors import DeviceInputError, Finding
-from megamoe_rt.schedule.layout import check_channels
-from megamoe_rt.schedule.plan import check_expert_split
-from megamoe_rt.schedule.ring_size import check_chunk_ratio
 from megamoe_rt.schedule.streaming import StreamConfig
 
 # The names of the execution modes (megamoe_rt.modes.registry.MODES maps them to their classes).
@@ -46,48 +46,6 @@ MODES = mode_names()
 
 # Report kinds about expert ids (the ones validate_ids=False leaves unraised).
 _ID_ERRORS = ("expert_id_out_of_range", "repeated_expert_id")
-
-
-# --- what the ranks agree on -----------------------------------------------------------------
-# Across ranks every setting of a layer is the same on every rank (compared when the layers are
-# constructed, ep/agreement.py), except the few each rank has for itself, listed here with the
-# reason. Agreed: every LayerSpec field not in RANK_LOCAL_SPEC_FIELDS (so a new field is agreed
-# unless listed here), and AGREED_LAYER_SETTINGS, the constructor's settings LayerSpec does not
-# hold. tests/cpu/test_rank_agreement.py holds every constructor parameter to one of the two.
-
-RANK_LOCAL_SPEC_FIELDS: dict[str, str] = {
-    "rank": "the rank's own number in the group",
-    "device": "the rank's own GPU",
-    "sm_count": "the SM count of the rank's own GPU: grids are per rank, nothing across ranks counts SMs",
-    "split_sms": (
-        "the split mode's SM partition of the rank's own GPU (tuned per device); K1, K2 and K3 share it "
-        "on that GPU only, the cross-rank protocol does not depend on it"
-    ),
-}
-
-RANK_LOCAL_PARAMETERS: dict[str, str] = {
-    "device": "the rank's own GPU (checked against the group's device for the rank)",
-    "group": "each rank's own view of the group; its world size is agreed (num_ranks)",
-    "track_expert_stats": "a counter array of the rank's own experts on its own GPU; no peer reads it",
-    "split_sms": RANK_LOCAL_SPEC_FIELDS["split_sms"],
-}
-
-# Constructor settings outside LayerSpec that every rank passes alike (transport as given:
-# "auto" decides which collectives construction makes before it is resolved).
-AGREED_LAYER_SETTINGS = ("mode", "ring_blocks", "chunk_ratio", "validate_ids", "transport")
-
-
-def agreed_settings(spec: LayerSpec, **layer_settings: object) -> dict[str, object]:
-    """Every setting the ranks' layers must share, by name: the fields of ``spec`` but the
-    rank-local ones, then ``layer_settings`` (exactly :data:`AGREED_LAYER_SETTINGS`; a value
-    there wins over the field of the same name)."""
-    if set(layer_settings) != set(AGREED_LAYER_SETTINGS):
-        raise TypeError(f"agreed_settings: expected the settings {AGREED_LAYER_SETTINGS}, got {tuple(layer_settings)}")
-    out: dict[str, object] = {
-        f.name: getattr(spec, f.name) for f in fields(spec) if f.name not in RANK_LOCAL_SPEC_FIELDS
-    }
-    out.update(layer_settings)
-    return out
 
 
 def _agree_on_set_up(group: RankGroup, step: str, failure: BaseException | None) -> None:
@@ -268,68 +226,39 @@ class MegaMoE:
         failure: Exception | None = None
         settings: dict[str, object] = {}
         try:
-            self.hidden, self.intermediate = check_channels(hidden, intermediate)
-            # The experts over the ranks and the top-k: the layout's and the planner's one check.
-            self.num_experts, self.num_topk, _ = check_expert_split(num_experts, num_topk, world)
-            self.num_max_tokens_per_rank = args.integer("num_max_tokens_per_rank", num_max_tokens_per_rank, minimum=1)
-            if self.num_topk > mk.MAX_TOPK:
-                raise ValueError(f"num_topk={self.num_topk}: expected at most {mk.MAX_TOPK} (the kernels' slot masks)")
-            if self.num_experts > mk.MAX_LOCAL_EXPERTS:
-                raise ValueError(f"num_experts={num_experts}: at most {mk.MAX_LOCAL_EXPERTS} experts are supported")
-            act_sf_gran = args.integer_choice("act_sf_gran", act_sf_gran, (64, 128))
-            if swiglu_limit is not None:
-                swiglu_limit = args.positive_float32("swiglu_limit", swiglu_limit)
-            transport = check_transport(transport, world)
-            if streaming is not None:
-                if not isinstance(streaming, StreamConfig):
-                    raise TypeError(f"streaming: expected a StreamConfig or None, got {type(streaming).__name__}")
-                if streaming.tokens_per_slot > self.num_max_tokens_per_rank:
-                    raise ValueError(
-                        f"streaming: tokens_per_slot={streaming.tokens_per_slot} exceeds num_max_tokens_per_rank="
-                        f"{self.num_max_tokens_per_rank} (a chunk runs as a call of at most that many tokens)"
-                    )
-            if chunk_ratio is not None:
-                chunk_ratio = check_chunk_ratio(chunk_ratio)
-            if ring_blocks is not None:
-                ring_blocks = args.integer("ring_blocks", ring_blocks, minimum=1)
-            if timeout_s is not None:
-                wait_timeout_ns(timeout_s)  # validates
-                timeout_s = float(timeout_s)  # 60 and 60.0 are one setting across ranks
-            spec = LayerSpec(
-                self.hidden,
-                self.intermediate,
-                self.num_experts,
-                self.num_topk,
-                self.num_max_tokens_per_rank,
-                num_ranks=world,
+            given = check_layer_arguments(
+                hidden,
+                intermediate,
+                num_experts,
+                num_topk,
+                num_max_tokens_per_rank,
                 rank=rank,
+                world=world,
+                swiglu_limit=swiglu_limit,
                 act_sf_gran=act_sf_gran,
-                swiglu_limit=None if swiglu_limit is None else float(swiglu_limit),
-                pow2_scale=bool(pow2_scale),
-                debug=bool(debug),
-                timeout_s=timeout_s,
-                split_sms=split_sms,
-                streaming=streaming,
-                transport="nvshmem" if transport == "nvshmem" else "nvlink",
-            )
-            # The mode's checks of its arguments (its name, SM counts or a ring it does not
-            # take) before any rank starts NVSHMEM; it is picked again once the transport is known.
-            select_mode(mode, spec, ring_blocks=ring_blocks, split_sms=split_sms, chunk_ratio=chunk_ratio)
-            # "auto" is compared as given: it decides the collectives construction makes.
-            settings = agreed_settings(
-                spec,
+                pow2_scale=pow2_scale,
+                validate_ids=validate_ids,
+                debug=debug,
                 mode=mode,
                 ring_blocks=ring_blocks,
                 chunk_ratio=chunk_ratio,
-                validate_ids=bool(validate_ids),
+                split_sms=split_sms,
+                timeout_s=timeout_s,
+                streaming=streaming,
                 transport=transport,
             )
+            settings = given.agreed()  # "auto" is compared as given: it decides the collectives below
         except Exception as exc:
             if world == 1:
                 raise
             failure = exc
         if world > 1:
             agreement.agree_on_construction(group, settings, failure)  # type: ignore[arg-type]
+        spec, transport = given.spec, given.transport
+        mode, ring_blocks, chunk_ratio = given.mode, given.ring_blocks, given.chunk_ratio
+        self.hidden, self.intermediate = spec.hidden, spec.intermediate
+        self.num_experts, self.num_topk = spec.num_experts, spec.num_topk
+        self.num_max_tokens_per_rank = spec.num_max_tokens_per_rank
 
         # Every rank's GPU, before any rank starts NVSHMEM (whose start-up waits for all).
         failure = None
@@ -355,13 +284,13 @@ class MegaMoE:
             runtime = NvshmemRuntime.initialize(group, heap_bytes=largest.total_bytes)  # type: ignore[arg-type]
             spec = replace(spec, transport="nvlink" if runtime.every_peer_mapped() else "nvshmem")
         self.transport = spec.transport
-        self.timeout_s = timeout_s
+        self.timeout_s = spec.timeout_s
         self.swiglu_limit = spec.swiglu_limit
-        self.act_sf_gran = act_sf_gran
+        self.act_sf_gran = spec.act_sf_gran
         self.pow2_scale = spec.pow2_scale
-        self.validate_ids = bool(validate_ids)
+        self.validate_ids = given.validate_ids
         self.debug = spec.debug
-        self.streaming = streaming
+        self.streaming = spec.streaming
         self.group = group if world > 1 else None
         self.num_ranks = world
         self.rank = rank
@@ -376,18 +305,7 @@ class MegaMoE:
             self.mode = mode_cls.name
             # What every call compares (a digest: it is posted with every call): the ranks call
             # layers constructed alike, the mode and transport as resolved.
-            self._settings = agreement.settings_digest(
-                agreement.settings_text(
-                    agreed_settings(
-                        spec,
-                        mode=mode_cls.name,
-                        ring_blocks=ring_blocks,
-                        chunk_ratio=chunk_ratio,
-                        validate_ids=self.validate_ids,
-                        transport=spec.transport,
-                    )
-                )
-            )
+            self._settings = agreement.settings_digest(agreement.settings_text(given.agreed(spec, mode=mode_cls.name)))
             spec = replace(spec, device=self.device, sm_count=self.device_info.sm_count)
             device = self.device
             self.layout = layer_layout(

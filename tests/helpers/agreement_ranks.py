@@ -92,14 +92,14 @@ def one_rank_fails_its_layout(ctx):
     driver.require_hopper = lambda device=None: SimpleNamespace(ordinal=ctx.rank, sm_count=132)
     driver.ensure_context = lambda device: None
     symm.NvshmemRuntime.initialize = classmethod(lambda cls, *a, **k: started.append(1))  # type: ignore[method-assign]
-    real = layer_module.buffer_layout
+    real = layer_module.layer_layout
 
-    def buffer_layout(spec, needs):
+    def layer_layout(mode_cls, spec, **kw):
         if ctx.rank == 1:
             raise MemoryError("free device memory: 12 MiB")
-        return real(spec, needs)
+        return real(mode_cls, spec, **kw)
 
-    layer_module.buffer_layout = buffer_layout
+    layer_module.layer_layout = layer_layout
     return _outcome(lambda: layer_module.MegaMoE(*SHAPE, group=ctx, mode="unfused", transport="nvlink")), started
 
 

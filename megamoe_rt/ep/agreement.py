@@ -11,7 +11,8 @@ graph (the graph is then never made).
 Construction and NVSHMEM's host collectives agree the same way. Constructing a layer, every
 rank posts its settings (or the error its arguments raised) and all compare them
 (:func:`agree_on_construction`). Before each NVSHMEM host collective (start-up, allocation,
-free, barrier, finalize), which cannot be interrupted once entered, the ranks meet over the
+free, finalize; not the on-stream barrier, which is only enqueued on the host), which cannot be
+interrupted once entered, the ranks meet over the
 group's host channel, which has deadlines, and say whether each is able to enter
 (:func:`enter_together`): all enter, or all raise the error of the rank that is not.
 """

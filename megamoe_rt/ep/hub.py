@@ -264,6 +264,10 @@ class Hub:
                     age = time.monotonic() - peer.last_beat
                     if declared or age <= timeout:
                         continue
+                    # This thread may itself have waited (for the GIL, say) since its poll: a beat
+                    # that arrived meanwhile is read first, so a busy hub blames no healthy rank.
+                    if link.conn.poll(0):
+                        continue
                     state = liveness.process_state(peer.pid, peer.start)
                     if state == "gone":
                         declared = True

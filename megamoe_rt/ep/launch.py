@@ -413,6 +413,8 @@ def _stop(procs: Sequence[Any]) -> None:
                 _resume(p.pid)
     deadline = time.monotonic() + _GRACE_S
     for p in procs:
+        if p.pid is None:  # never started (its start failed): nothing to wait for
+            continue
         p.join(max(0.0, deadline - time.monotonic()))
         if p.is_alive():
             p.kill()
@@ -436,6 +438,10 @@ def spawn(fn: Callable[..., Any], nprocs: int, *, args: Sequence[Any] = (), time
     nprocs = _check_nprocs(nprocs)
     if isinstance(args, (str, bytes)) or not isinstance(args, Sequence):
         raise TypeError(f"args: expected a sequence of arguments for fn, got {type(args).__name__}")
+    try:
+        pickle.dumps(tuple(args))
+    except Exception as exc:
+        raise TypeError(f"args: cannot be sent to the ranks ({exc})") from None
     timeout = _check_timeout(timeout)
     ctx = mp.get_context("spawn")
     hub = Hub(nprocs)
@@ -503,8 +509,10 @@ def spawn(fn: Callable[..., Any], nprocs: int, *, args: Sequence[Any] = (), time
             p.join(max(0.0, deadline - time.monotonic()))  # stragglers are stopped below
         return [out[r] for r in range(nprocs)]
     finally:
-        _stop(procs)
-        hub.close()
+        try:
+            _stop(procs)
+        finally:
+            hub.close()
 
 
 # --- megamoe-rt launch -n N script.py ---------------------------------------------------------

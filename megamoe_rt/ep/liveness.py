@@ -322,7 +322,8 @@ class Heartbeat:
                     if self._stop.is_set():
                         return
                     waited = time.monotonic() - sent
-                    if waited > self.timeout_s:
+                    # An answer that arrived while this thread waited since its poll is read first.
+                    if waited > self.timeout_s and not link.conn.poll(0):
                         state = process_state(self._hub_pid, self._hub_start) if self._hub_pid else "unknown"
                         if state != "running" or waited > BUSY_FACTOR * self.timeout_s:
                             self._hub_lost(f"no answer to its heartbeat for {waited:.1f} s", state)

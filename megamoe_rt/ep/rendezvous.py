@@ -169,7 +169,7 @@ def find_hub(job: str, timeout_s: float) -> tuple[str, bytes]:
     """Other ranks: wait for rank 0's rendezvous file and a hub that answers at its address.
     A file left by an earlier launch of the same name (its process killed before it could
     remove it) names a hub that is gone: it is read again until rank 0 has replaced it."""
-    from multiprocessing.connection import Client
+    from megamoe_rt.ep import wire
 
     path = os.path.join(private_dir(), _file_name(job))
     deadline = time.monotonic() + timeout_s
@@ -192,7 +192,10 @@ def find_hub(job: str, timeout_s: float) -> tuple[str, bytes]:
                 time.sleep(0.05)
                 continue
         try:
-            Client(address, family="AF_UNIX", authkey=key).close()
+            # Bounded by what is left of the deadline: a listener that accepts and never answers
+            # (rank 0 stopped) must not hold this rank past it.
+            remaining = max(0.05, deadline - time.monotonic())
+            wire.connect(address, key, min(wire.HANDSHAKE_TIMEOUT_S, remaining)).close()
         except (OSError, EOFError) as exc:  # the hub of a launch that is gone
             seen = f"a hub that does not answer ({type(exc).__name__})"
             time.sleep(0.05)

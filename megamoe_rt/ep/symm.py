@@ -8,11 +8,13 @@ heap: every rank allocates the same layout, and the base address of each peer's 
 nvshmem_ptr of an NVLink peer) lets kernels load from and store into peer regions directly.
 NVLink multicast (NVLS) is always disabled.
 
-NVSHMEM's host collectives (init, malloc, free, the on-stream barrier, finalize) cannot be
-interrupted: a rank that never enters one leaves its peers inside it for good. So right before
-each, the ranks meet over the group's host channel, whose exchanges have deadlines, and say
-whether each is able to enter (:func:`megamoe_rt.ep.agreement.enter_together`): all enter, or
-every rank raises the same error naming the rank that could not, or the peer that did not come.
+NVSHMEM's host collectives (init, malloc, free, finalize) cannot be interrupted: a rank that
+never enters one leaves its peers inside it for good. So right before each, the ranks meet over
+the group's host channel, whose exchanges have deadlines, and say whether each is able to enter
+(:func:`megamoe_rt.ep.agreement.enter_together`): all enter, or every rank raises the same error
+naming the rank that could not, or the peer that did not come. The on-stream barrier is only
+enqueued on the host, so it has no meeting (one would block the host at every call and still not
+bound the device-side wait); it is refused when the rank already knows a peer failed.
 """
 
 from __future__ import annotations
@@ -221,7 +223,13 @@ class NvshmemRuntime:
         capturing = driver.stream_is_capturing(sh)
         # No host meeting first (as before the host collectives): this barrier is enqueued, not
         # run, here, so a meeting would block the host on its peers at every call and still not
-        # bound the barrier itself, which waits on the device when the stream reaches it.
+        # bound the barrier itself, which waits on the device when the stream reaches it. What
+        # the rank already knows costs nothing to check: a peer the launcher's heartbeats found
+        # failed would never arrive, so the barrier is not enqueued for it.
+        peer_failure = getattr(self.ctx, "peer_failure", None)
+        failure = peer_failure() if callable(peer_failure) else None
+        if failure is not None:
+            raise RuntimeError(f"NvshmemRuntime.barrier: not entered, a peer failed: {failure}") from failure
         if self._last_barrier is not None and not capturing:
             self._last_barrier.wait_on(sh)
         self._nvshmem.barrier(self._nvshmem.Teams.TEAM_WORLD, stream=driver.core_stream(sh))

@@ -15,6 +15,7 @@ import tempfile
 import textwrap
 import threading
 import time
+from multiprocessing import process as mp_process
 from multiprocessing.connection import Client
 
 import pytest
@@ -423,3 +424,48 @@ def test_a_bad_heartbeat_timeout_is_refused_before_any_rank_starts(monkeypatch):
         spawn(ranks.double_rank, 1, args=(0,))
     with pytest.raises(ValueError, match="MEGAMOE_RT_HEARTBEAT_TIMEOUT_S"):
         launch_script(1, "never_started.py", [])
+
+
+def test_spawn_whose_ranks_cannot_start_raises_why_and_leaves_no_hub_behind(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with pytest.raises(TypeError, match="args: cannot be sent to the ranks"):  # checked before any hub
+        spawn(ranks.double_rank, 2, args=(lambda: None,))
+
+    class Unsendable:  # pickles in the parent, fails while the rank process is being started
+        def __reduce__(self):
+            if os.environ.get("MEGAMOE_RT_TEST_STARTING") == "1":
+                raise pickle.PicklingError("refused while starting a rank")
+            return (int, (0,))
+
+    real_start = mp_process.BaseProcess.start
+
+    def start(self):
+        os.environ["MEGAMOE_RT_TEST_STARTING"] = "1"
+        try:
+            return real_start(self)
+        finally:
+            os.environ.pop("MEGAMOE_RT_TEST_STARTING", None)
+
+    monkeypatch.setattr(mp_process.BaseProcess, "start", start)
+    with pytest.raises(pickle.PicklingError, match="refused while starting a rank"):  # the start's own error
+        spawn(ranks.double_rank, 2, args=(Unsendable(),))
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("megamoe-rt-")], list(tmp_path.iterdir())
+
+
+def test_find_hub_keeps_its_deadline_against_a_listener_that_never_answers(tmp_path, monkeypatch):
+    monkeypatch.setattr(rdzv, "private_dir", lambda: str(tmp_path))
+    address = str(tmp_path / "silent.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(address)
+    listener.listen(4)  # accepts (in the kernel's backlog) and never speaks
+    try:
+        path = tmp_path / rdzv._file_name("silent-job")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"address": address, "key": os.urandom(16).hex()}, f)
+        start = time.monotonic()
+        with pytest.raises(TimeoutError, match="did not name a live hub"):
+            rdzv.find_hub("silent-job", 1.5)
+        assert time.monotonic() - start < 5.0
+    finally:
+        listener.close()

@@ -53,6 +53,7 @@ def runtime(monkeypatch):
     rt = object.__new__(symm.NvshmemRuntime)
     rt._nvshmem, rt._buffers, rt._last_barrier, rt.device = nvshmem, [], None, 0
     rt._device_libraries, rt.shares_gpu = [], False
+    rt.ctx = SimpleNamespace(peer_failure=lambda: None)  # a group whose heartbeats found no failure
     return rt, log
 
 
@@ -139,3 +140,11 @@ def test_a_device_api_kernel_needs_nvshmem_running_on_its_gpu(monkeypatch):
         symm.NvshmemRuntime.require_device_api("probe", 0)
     rt.device = 0
     assert symm.NvshmemRuntime.require_device_api("probe", 0) is rt
+
+
+def test_a_barrier_is_not_enqueued_once_a_peer_is_known_to_have_failed(runtime):
+    rt, log = runtime
+    rt.ctx = SimpleNamespace(peer_failure=lambda: RuntimeError("rank 1 failed: its process died"))
+    with pytest.raises(RuntimeError, match="not entered, a peer failed: rank 1 failed"):
+        rt.barrier(stream=7)
+    assert not any(op[0] == "barrier" for op in log.ops), log.ops

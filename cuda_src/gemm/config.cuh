@@ -1,10 +1,13 @@
 // Compile-time tile configuration and shared-memory carve-up of the grouped FP8 GEMM.
 //
 // A CTA is one producer warpgroup (one thread issues TMA) and one or two math
-// warpgroups. Each math warpgroup owns a 64 x 128 piece of the tile, computed
-// with wgmma m64n128k32: BLOCK_M 128 splits rows between two warpgroups,
-// BLOCK_N 256 splits columns, 64 x 128 uses one. Optionally two CTAs form a
-// cluster along N that shares (multicasts) the A tile.
+// warpgroups, computing with wgmma m64n128k32. Each math warpgroup owns 64 rows and
+// kNPasses x 128 columns of the tile: BLOCK_M 128 splits rows between two warpgroups,
+// 64 x 256 splits columns, 64 x 128 uses one; 128 x 256 splits rows and each warpgroup
+// computes its 256 columns in two passes of 128 through one accumulator fragment (one
+// k-block's A read twice, B's shared-memory traffic per FLOP two thirds of 128 x 128's:
+// bench/NOTES.md). Optionally two CTAs form a cluster along N that shares (multicasts)
+// the A tile.
 #pragma once
 
 #include "common/types.cuh"
@@ -36,7 +39,9 @@ struct Config {
 
     static constexpr u32 kWgTileM = 64, kWgTileN = 128, kWgmmaK = 32;
     static constexpr u32 kWgM = kBlockM / kWgTileM;
-    static constexpr u32 kWgN = kBlockN / kWgTileN;
+    // At most two math warpgroups: columns are split only where rows are not.
+    static constexpr u32 kWgN = (kBlockN / kWgTileN) < (2 / kWgM) ? (kBlockN / kWgTileN) : (2 / kWgM);
+    static constexpr u32 kNPasses = kBlockN / (kWgN * kWgTileN);  // 128-column passes per warpgroup
     static constexpr u32 kNumMathWarpgroups = kWgM * kWgN;
     static constexpr u32 kNumMathThreads = kNumMathWarpgroups * 128;
     static constexpr u32 kNumThreads = 128 + kNumMathThreads;
@@ -75,6 +80,7 @@ struct Config {
     static_assert(kBlockM == 64 || kBlockM == 128, "BLOCK_M must be 64 or 128");
     static_assert(kBlockN == 128 || kBlockN == 256, "BLOCK_N must be 128 or 256");
     static_assert(kNumMathWarpgroups == 1 || kNumMathWarpgroups == 2, "one or two math warpgroups");
+    static_assert(kNPasses == 1 || (kNPasses == 2 && kClusterN == 1), "two passes only for 128 x 256, single CTAs");
     static_assert(kASfGran == 64 || kASfGran == 128, "A scale granularity must be 64 or 128");
     static_assert(kBSfN == 64 || kBSfN == 128, "B scale granularity must be 64 or 128");
     static_assert(kSmemABytes % 1024 == 0 && kSmemBBytes % 1024 == 0, "swizzled tiles must stay 1024-aligned");

@@ -98,14 +98,23 @@ __device__ __forceinline__ void drain_stages(const SharedStorage<Cfg>& sm, Pipel
 template <class Cfg>
 struct MathThread {
     u32 wg_m, wg_n, lane, row0;  // row0: first of the thread's two rows (row0, row0 + 8), tile-local
+    u32 pass = 0;                // which 128-column pass of the warpgroup (Cfg::kNPasses > 1)
     __device__ __forceinline__ explicit MathThread(u32 math_wg) {
         wg_m = math_wg / Cfg::kWgN;
         wg_n = math_wg % Cfg::kWgN;
         lane = threadIdx.x % 32;
         row0 = wg_m * Cfg::kWgTileM + ((threadIdx.x / 32) % 4) * 16 + lane / 4;
     }
-    // First output column of this warpgroup's 64 x 128 piece, within the group.
-    __device__ __forceinline__ u32 col0(const Tile& tile) const { return tile.n0 + wg_n * Cfg::kWgTileN; }
+    // The same thread on pass `p` of its columns (what an epilogue is handed per pass).
+    __device__ __forceinline__ MathThread on_pass(u32 p) const {
+        MathThread t = *this;
+        t.pass = p;
+        return t;
+    }
+    // First column of this warpgroup's columns within the tile.
+    __device__ __forceinline__ u32 tile_col0() const { return (wg_n * Cfg::kNPasses + pass) * Cfg::kWgTileN; }
+    // First output column of this pass's 64 x 128 piece, within the group.
+    __device__ __forceinline__ u32 col0(const Tile& tile) const { return tile.n0 + tile_col0(); }
     // Column of accumulator pair i (0..15) relative to col0.
     __device__ __forceinline__ u32 pair_col(u32 i) const { return 8 * i + 2 * (lane % 4); }
 };
@@ -160,25 +169,43 @@ __device__ __forceinline__ void release_stage(const SharedStorage<Cfg>& sm, u32 
         ptx::mbarrier_arrive_shared_cluster_remote_if(sm.empty(stage), cta_rank ^ 1, mt.lane == 0);
 }
 
+// The promoted sums of one thread: a 64-float fragment per 128-column pass.
+template <class Cfg>
+using PromotedSums = float[Cfg::kNPasses * 64];
+
+// One pass's fragment of the promoted sums (what an epilogue stores).
+template <class Cfg>
+__device__ __forceinline__ const float (&pass_sums(const PromotedSums<Cfg>& out, u32 pass))[64] {
+    return *reinterpret_cast<const float(*)[64]>(out + 64 * pass);
+}
+
 template <class Cfg>
 __device__ __forceinline__ void consume_tile(const GemmParams& p, const Tile& tile, u32 num_k_blocks,
                                              const SharedStorage<Cfg>& sm, PipelineState<Cfg::kStages>& st,
-                                             const MathThread<Cfg>& mt, float (&acc)[64], float (&out)[64],
+                                             const MathThread<Cfg>& mt, float (&acc)[64], PromotedSums<Cfg>& out,
                                              u32 cta_rank) {
+    constexpr u32 kPasses = Cfg::kNPasses;
 #pragma unroll
-    for (int i = 0; i < 64; ++i) out[i] = 0.0f;
+    for (int i = 0; i < 64 * static_cast<int>(kPasses); ++i) out[i] = 0.0f;
     const u32 sfb_per_group = p.n / Cfg::kBSfN;
     const float* sfb =
         p.sfb + (static_cast<u64>(tile.group) * sfb_per_group + mt.col0(tile) / Cfg::kBSfN) * num_k_blocks;
+    // A pass's B scales start kWgTileN / kBSfN scale columns after the previous pass's.
+    constexpr u32 kSfbPassStride = Cfg::kWgTileN / Cfg::kBSfN;
     const u32 a_offset = mt.wg_m * Cfg::kWgTileM * Cfg::kBlockK;
-    const u32 b_offset = mt.wg_n * Cfg::kWgTileN * Cfg::kBlockK;
+    const u32 b_offset = mt.tile_col0() * Cfg::kBlockK;
     constexpr u32 kSteps = Cfg::kSfaRowsPerStage;
 
     for (u32 kb = 0; kb < num_k_blocks; ++kb) {
         // B scales come straight from global (L2-resident, a few words per k-block),
         // issued before the wait so their latency hides behind it.
-        const float sb_lo = ptx::ld_global_nc_f32(sfb + kb);
-        const float sb_hi = Cfg::kBSfN == 64 ? ptx::ld_global_nc_f32(sfb + num_k_blocks + kb) : sb_lo;
+        float sb_lo[kPasses], sb_hi[kPasses];
+#pragma unroll
+        for (u32 ps = 0; ps < kPasses; ++ps) {
+            const float* sfb_pass = sfb + ps * kSfbPassStride * num_k_blocks;
+            sb_lo[ps] = ptx::ld_global_nc_f32(sfb_pass + kb);
+            sb_hi[ps] = Cfg::kBSfN == 64 ? ptx::ld_global_nc_f32(sfb_pass + num_k_blocks + kb) : sb_lo[ps];
+        }
         // No deadline here: the math warpgroups wait once per k-block, and a deadline check in
         // this loop (never taken) made the plain GEMM 6-7% slower (bench/NOTES.md). The wait is
         // bounded all the same: loads that never land leave their stage unreleased, so the
@@ -186,9 +213,13 @@ __device__ __forceinline__ void consume_tile(const GemmParams& p, const Tile& ti
         ptx::mbarrier_wait_parity_shared_bounded_elsewhere(sm.full(st.stage), st.phase);
 #pragma unroll
         for (u32 h = 0; h < kSteps; ++h) {
-            issue_step<Cfg>(sm, st.stage, h, a_offset, b_offset, acc);
-            ptx::wgmma_wait_group_sync_aligned<0>();
-            promote_step<Cfg>(sm, st.stage, h, mt, sb_lo, sb_hi, acc, out);
+#pragma unroll
+            for (u32 ps = 0; ps < kPasses; ++ps) {
+                issue_step<Cfg>(sm, st.stage, h, a_offset, b_offset + ps * Cfg::kWgTileN * Cfg::kBlockK, acc);
+                ptx::wgmma_wait_group_sync_aligned<0>();
+                promote_step<Cfg>(sm, st.stage, h, mt, sb_lo[ps], sb_hi[ps], acc,
+                                  *reinterpret_cast<float(*)[64]>(out + 64 * ps));
+            }
         }
         release_stage<Cfg>(sm, st.stage, mt, cta_rank);
         st.advance();

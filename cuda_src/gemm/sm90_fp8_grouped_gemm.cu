@@ -19,7 +19,7 @@
 namespace megamoe_rt::gemm {
 
 // Register split: the producer warpgroup only issues TMA; the math warpgroups
-// hold two 64-float fragments (wgmma accumulator and promoted sum) each.
+// hold the wgmma accumulator (64 floats) and the promoted sums (64 per pass) each.
 constexpr u32 kProducerRegs = 40;
 constexpr u32 kMathRegs = 232;
 
@@ -83,12 +83,14 @@ __global__ void __launch_bounds__(
         const MathThread<Cfg> mt(warpgroup - 1);
         PipelineState<kStages> st;
         float acc[64];
-        float out[64];
+        PromotedSums<Cfg> out;
         for (u32 t = first_tile; t < scheduler.num_tiles; t += tile_step) {
             const Tile tile = scheduler.get(t, cta_rank);
             if (!tile.valid) continue;
             consume_tile<Cfg>(p, tile, num_k_blocks, sm, st, mt, acc, out, cta_rank);
-            Epilogue::template store<Cfg>(p, tile, mt, sm, out);
+#pragma unroll
+            for (u32 pass = 0; pass < Cfg::kNPasses; ++pass)
+                Epilogue::template store<Cfg>(p, tile, mt.on_pass(pass), sm, pass_sums<Cfg>(out, pass));
         }
     }
     // A CTA must not exit while its peer may still multicast into it or arrive on its barriers.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -42,7 +42,26 @@ def gemm_shapes(presets: list[str], tokens: list[int], ranks: int = DEFAULT_EP_R
     return shapes
 
 
-def _gemm_arms(shape: GemmShape, with_torch: bool) -> tuple[dict[str, Callable[[], None]], str]:
+def _forced_tile_arms(
+    shape: GemmShape, tiles: Sequence[tuple[int, int]], plan_with: Callable[[Any], Any]
+) -> dict[str, Callable[[], None]]:
+    """One arm per tile asked for by ``--tiles`` (beside the heuristic's): the same operands
+    through a plan built with that tile's configuration (its N must divide the shape's)."""
+    from megamoe_rt.kernels.gemm_heuristics import tile_config
+
+    arms: dict[str, Callable[[], None]] = {}
+    for bm, bn in tiles:
+        if shape.n % bn:
+            continue
+        layout = "masked" if shape.stage == "decode" else "contiguous"
+        cfg = tile_config(bm, bn, layout=layout, epilogue="bf16")
+        arms[f"megamoe_rt {bm}x{bn}"] = plan_with(cfg).run
+    return arms
+
+
+def _gemm_arms(
+    shape: GemmShape, with_torch: bool, tiles: Sequence[tuple[int, int]] = ()
+) -> tuple[dict[str, Callable[[], None]], str]:
     import cupy as cp
     import numpy as np
 
@@ -53,7 +72,7 @@ def _gemm_arms(shape: GemmShape, with_torch: bool) -> tuple[dict[str, Callable[[
 
     g, m, n, k = shape.groups, shape.rows_per_group, shape.n, shape.k
     if shape.stage == "decode":
-        return _decode_arms(shape)
+        return _decode_arms(shape, tiles)
     padded = align_up(m, GROUP_ALIGN)
     rows = g * padded
     a, _ = quantize_fp8(cp.random.standard_normal((rows, k), dtype=cp.float32))
@@ -70,10 +89,22 @@ def _gemm_arms(shape: GemmShape, with_torch: bool) -> tuple[dict[str, Callable[[
         layout="contiguous", epilogue="bf16", num_rows=rows, n=n, k=k, num_groups=g, sm_count=info.sm_count
     )
 
-    plan = plan_grouped_gemm_fp8(
-        a, a_sf_t, b, b_sf, group_offsets=offsets, group_counts=counts, out=out, check_layout=False, a_sf_kmajor=True
-    )
-    arms: dict[str, Callable[[], None]] = {"megamoe_rt": plan.run}
+    def plan_with(config: Any = None) -> Any:
+        return plan_grouped_gemm_fp8(
+            a,
+            a_sf_t,
+            b,
+            b_sf,
+            group_offsets=offsets,
+            group_counts=counts,
+            out=out,
+            check_layout=False,
+            a_sf_kmajor=True,
+            config=config,
+        )
+
+    arms: dict[str, Callable[[], None]] = {"megamoe_rt": plan_with().run}
+    arms.update(_forced_tile_arms(shape, tiles, plan_with))
     if with_torch:
         try:
             import torch
@@ -103,7 +134,7 @@ def _gemm_arms(shape: GemmShape, with_torch: bool) -> tuple[dict[str, Callable[[
     return arms, cfg.name
 
 
-def _decode_arms(shape: GemmShape) -> tuple[dict[str, Callable[[], None]], str]:
+def _decode_arms(shape: GemmShape, tiles: Sequence[tuple[int, int]] = ()) -> tuple[dict[str, Callable[[], None]], str]:
     """Masked layout, every group full: the decode-sized L1 call, bound by reading the weights."""
     import cupy as cp
 
@@ -131,10 +162,12 @@ def _decode_arms(shape: GemmShape) -> tuple[dict[str, Callable[[], None]], str]:
         masked_rows=m,
     )
 
-    plan = plan_grouped_gemm_fp8(
-        a3, a_sf_t, b3, b_sf, masked_counts=counts, out=out, check_layout=False, a_sf_kmajor=True
-    )
-    return {"megamoe_rt": plan.run}, cfg.name
+    def plan_with(config: Any = None) -> Any:
+        return plan_grouped_gemm_fp8(
+            a3, a_sf_t, b3, b_sf, masked_counts=counts, out=out, check_layout=False, a_sf_kmajor=True, config=config
+        )
+
+    return {"megamoe_rt": plan_with().run, **_forced_tile_arms(shape, tiles, plan_with)}, cfg.name
 
 
 def decode_shapes(presets: list[str], ranks: int = DEFAULT_EP_RANKS) -> list[GemmShape]:
@@ -146,12 +179,20 @@ def decode_shapes(presets: list[str], ranks: int = DEFAULT_EP_RANKS) -> list[Gem
 
 
 def bench_gemm(
-    presets: list[str], tokens: list[int], *, with_torch: bool = True, rounds: int = 3, json_path: str | None = None
+    presets: list[str],
+    tokens: list[int],
+    *,
+    with_torch: bool = True,
+    rounds: int = 3,
+    json_path: str | None = None,
+    tiles: Sequence[tuple[int, int]] = (),
 ) -> list[dict]:
+    """The grouped GEMM against its peers; ``tiles`` adds an arm per forced tile shape (the
+    heuristic's choice is always the ``megamoe_rt`` arm)."""
     timer = DeviceTimer()
     rows = []
     for shape in gemm_shapes(presets, tokens) + decode_shapes(presets):
-        arms, cfg_name = _gemm_arms(shape, with_torch)
+        arms, cfg_name = _gemm_arms(shape, with_torch, tiles)
         results = bracketed(timer, arms, rounds=rounds)
         row: dict[str, Any] = {"shape": asdict(shape), "config": cfg_name, "flops": shape.flops, "arms": {}}
         if shape.stage == "decode":

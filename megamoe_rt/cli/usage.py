@@ -145,3 +145,15 @@ def stream_config(text: str):
         return StreamConfig(positive_int(slots), positive_int(tokens))
     except (ValueError, argparse.ArgumentTypeError):
         raise argparse.ArgumentTypeError(f"expected SLOTSxTOKENS (e.g. 4x512), got {text!r}") from None
+
+
+def gemm_tiles(text: str) -> tuple[tuple[int, int], ...]:
+    """``MxN[,MxN]``: grouped-GEMM tiles the kernels are built for (``gemm_heuristics.TILES``)."""
+    from megamoe_rt.kernels.gemm_heuristics import TILES
+
+    names = {f"{m}x{n}": (m, n) for m, n in TILES}
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in items if t not in names]
+    if not items or bad:
+        raise argparse.ArgumentTypeError(f"expected tiles among {', '.join(names)}, got {text!r}")
+    return tuple(names[t] for t in items)

@@ -74,7 +74,14 @@ class GemmConfig:
 
     @property
     def num_math_warpgroups(self) -> int:
-        return (self.block_m // 64) * (self.block_n // 128)
+        """Rows split across warpgroups first; columns only where rows are not (``Config::kWgN``)."""
+        wg_m = self.block_m // 64
+        return wg_m * min(self.block_n // 128, 2 // wg_m)
+
+    @property
+    def n_passes(self) -> int:
+        """128-column passes each math warpgroup makes per k-block (2 for 128 x 256)."""
+        return self.block_n // 128 // (self.num_math_warpgroups // (self.block_m // 64))
 
     @property
     def num_threads(self) -> int:

@@ -8,8 +8,10 @@ from megamoe_rt.kernels.gemm import CHECK_LAYOUT_SPEC, GemmConfig, max_stages
 from megamoe_rt.schedule.arith import ceil_div
 
 # Tiles built from the one wgmma shape (m64n128k32): rows split across warpgroups
-# (128x128), columns split (64x256), or a single warpgroup (64x128).
-TILES = ((128, 128), (64, 256), (64, 128))
+# (128x128), columns split (64x256), a single warpgroup (64x128), or rows split with each
+# warpgroup making two 128-column passes (128x256: less shared-memory traffic per FLOP;
+# built and offered to `megamoe-rt bench gemm --tiles`, not picked below until measured).
+TILES = ((128, 128), (64, 256), (64, 128), (128, 256))
 
 
 def _config(
@@ -24,6 +26,24 @@ def _config(
         a_sf_gran=a_sf_gran,
         b_sf_n=b_sf_n,
         out_sf_gran=out_sf_gran,
+        layout=layout,
+        epilogue=epilogue,
+    )
+
+
+def tile_config(
+    bm: int, bn: int, *, layout: str, epilogue: str, a_sf_gran: int = 128, out_sf_gran: int = 128
+) -> GemmConfig:
+    """The configuration of tile ``bm x bn`` for an epilogue (a forced tile: tuning, benchmarks)."""
+    if (bm, bn) not in TILES:
+        raise ValueError(f"tile {bm}x{bn}: expected one of {', '.join(f'{m}x{n}' for m, n in TILES)}")
+    epi = get_epilogue(epilogue)
+    return _config(
+        bm,
+        bn,
+        a_sf_gran=a_sf_gran,
+        b_sf_n=epi.b_sf_n,
+        out_sf_gran=out_sf_gran if epi.requant else 128,
         layout=layout,
         epilogue=epilogue,
     )

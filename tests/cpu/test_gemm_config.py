@@ -74,6 +74,18 @@ def test_stage_count_uses_the_shared_memory():
             assert cfg.dynamic_smem_bytes + per > SMEM_LIMIT
 
 
+def test_tiles_split_rows_first_and_make_passes_over_wide_columns():
+    """Mirrors Config::kWgM / kWgN / kNPasses (gemm/config.cuh): at most two math warpgroups;
+    128 x 256 splits rows and each warpgroup covers its 256 columns in two 128-column passes."""
+    split = {(c.block_m, c.block_n): (c.num_math_warpgroups, c.n_passes, c.num_threads) for c in CANDIDATES.values()}
+    assert split == {
+        (128, 128): (2, 1, 384),
+        (64, 256): (2, 1, 384),
+        (64, 128): (1, 1, 256),
+        (128, 256): (2, 2, 384),
+    }
+
+
 def test_invalid_configs_are_rejected():
     with pytest.raises(ValueError, match="BLOCK_M"):
         GemmConfig(96, 128, 4)

@@ -437,6 +437,40 @@ def test_every_bf16_tile_config(config):
         assert (got[s + c : offsets[g + 1]] == BF16_NAN).all()
 
 
+_BF16_MASKED = [
+    c
+    for c in __import__("megamoe_rt.kernels.gemm_heuristics", fromlist=["x"]).candidate_configs()
+    if c.layout == "masked" and c.epilogue == "bf16" and c.a_sf_gran == 128
+]
+
+
+@pytest.mark.parametrize("config", _BF16_MASKED, ids=lambda c: c.name)
+def test_every_masked_bf16_tile_config(config):
+    """Each compiled tile shape on partly filled masked groups (the tile's rows past a group's
+    count are never written)."""
+    rng = np.random.default_rng()
+    groups, m_max, counts, n, k = 3, 192, [192, 65, 0], 512, 768
+    a, a_sf = _quantized_rows(rng, groups * m_max, k)
+    b, b_sf = _weights(rng, groups, n, k)
+    out = cp.full((groups, m_max, n), BF16_NAN, dtype=cp.uint16)
+    grouped_gemm_fp8(
+        _dev(a).reshape(groups, m_max, k),
+        _dev(a_sf).reshape(groups, m_max, k // 128),
+        _dev(b),
+        _dev(b_sf),
+        masked_counts=cp.asarray(np.array(counts, np.int32)),
+        out=out,
+        config=config,
+    )
+    got = cp.asnumpy(out)
+    for g, c in enumerate(counts):
+        rows = slice(g * m_max, g * m_max + c)
+        if c:
+            exp = _expected_rows(a[rows], a_sf[rows], b[g], b_sf[g])
+            assert ref.calc_diff(_bf16_bits_to_f32(got[g, :c]), exp) < 1e-5, f"group {g}"
+        assert (got[g, c:] == BF16_NAN).all()
+
+
 _SWIGLU_CONTIGUOUS = [
     c
     for c in __import__("megamoe_rt.kernels.gemm_heuristics", fromlist=["x"]).candidate_configs()

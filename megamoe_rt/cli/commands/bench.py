@@ -9,7 +9,7 @@ from typing import Any
 
 from megamoe_rt.cli import commands
 from megamoe_rt.cli.output import add_output_options, check_output, check_writable, emit, progress_to_stderr
-from megamoe_rt.cli.usage import UsageError, csv, modes, positive_int
+from megamoe_rt.cli.usage import UsageError, csv, gemm_tiles, modes, positive_int
 from megamoe_rt.modes.registry import baseline_mode, mode_names
 
 MOE_TOKENS = [64, 256, 2048, 8192]  # bench moe's default tokens
@@ -74,6 +74,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     s.add_argument("--rounds", type=positive_int, default=3)
     s.add_argument("--no-torch", action="store_true", help="skip the PyTorch peer arms")
+    s.add_argument(
+        "--tiles",
+        type=gemm_tiles,
+        default=(),
+        metavar="MxN[,MxN]",
+        help="gemm: an arm per forced tile beside the heuristic's, e.g. 128x128,128x256",
+    )
     add_output_options(s, "the rows")
     s.set_defaults(func=run)
     return s
@@ -160,6 +167,7 @@ def _run_bench(args: argparse.Namespace, info: Any) -> list[dict]:
             with_torch=not args.no_torch,
             rounds=args.rounds,
             json_path=args.output,
+            tiles=args.tiles,
         )
     return bench_moe(
         presets,

@@ -40,6 +40,7 @@ from megamoe_rt.runtime.buffer import DeviceBuffer, LayerBuffer
 from megamoe_rt.runtime.error_report import ErrorReport
 from megamoe_rt.runtime.errors import DeviceInputError, Finding
 from megamoe_rt.schedule.streaming import StreamConfig
+from megamoe_rt.schedule.token_windows import num_windows, token_windows
 
 # The names of the execution modes (megamoe_rt.modes.registry.MODES maps them to their classes).
 MODES = mode_names()
@@ -144,6 +145,11 @@ class MegaMoE:
         device API (any transport NVSHMEM has, NVLink where a peer is mapped; unfused mode
         only); ``"auto"`` (default): ``"nvlink"`` where every rank maps every other, else
         ``"nvshmem"``, decided with the other ranks. ``transport`` holds the choice.
+    token_window: any mode: size the whole buffer (pools, per-row metadata, the combine buffer,
+        input staging) for this many tokens per rank instead of ``num_max_tokens_per_rank``, and
+        run a longer call as consecutive calls over windows of this many tokens, bit for bit
+        the same output (megamoe_rt/schedule/token_windows.py, docs/PREFILL.md). Across ranks
+        every rank runs the windows of the call's ``num_tokens_bound``. Not with ``streaming``.
 
     ``mode`` is the mode's name; ``runner`` the mode object (megamoe_rt/modes/) that launches
     the calls, which the test and profiling hooks of :mod:`megamoe_rt.testing` act on.
@@ -178,7 +184,7 @@ class MegaMoE:
 
     Construction is collective too. Every setting is the same on every rank (every
     :class:`~megamoe_rt.modes.base.LayerSpec` field and ``mode``, ``ring_blocks``,
-    ``chunk_ratio``, ``validate_ids``, ``transport``), except those in
+    ``chunk_ratio``, ``validate_ids``, ``transport``, ``token_window``), except those in
     :data:`RANK_LOCAL_PARAMETERS` (``device``, ``group``, ``track_expert_stats``,
     ``split_sms``): the ranks compare them before any collective, and settings that differ are
     one ValueError on every rank naming each setting and every rank's value. An argument refused
@@ -209,6 +215,7 @@ class MegaMoE:
         group: RankGroup | None = None,
         streaming: StreamConfig | None = None,
         transport: str = "auto",
+        token_window: int | None = None,
     ):
         # A group that cannot be one (world size 0, a rank outside it) cannot agree on anything:
         # refused here, on the rank that has it, before any exchange.
@@ -246,6 +253,7 @@ class MegaMoE:
                 timeout_s=timeout_s,
                 streaming=streaming,
                 transport=transport,
+                token_window=token_window,
             )
             settings = given.agreed()  # "auto" is compared as given: it decides the collectives below
         except Exception as exc:
@@ -258,7 +266,9 @@ class MegaMoE:
         mode, ring_blocks, chunk_ratio = given.mode, given.ring_blocks, given.chunk_ratio
         self.hidden, self.intermediate = spec.hidden, spec.intermediate
         self.num_experts, self.num_topk = spec.num_experts, spec.num_topk
-        self.num_max_tokens_per_rank = spec.num_max_tokens_per_rank
+        self.num_max_tokens_per_rank = given.capacity
+        # Tokens per window when calls run in windows (the buffer's token capacity), else None.
+        self.token_window = spec.num_max_tokens_per_rank if given.windowed else None
 
         # Every rank's GPU, before any rank starts NVSHMEM (whose start-up waits for all).
         failure = None
@@ -476,7 +486,9 @@ class MegaMoE:
             self._raise_reported(wait=False)
         call, y = self._prepare(x, x_sf, topk_idx, topk_weights, out, sh, num_tokens_bound)
         if call.num_tokens:
-            self.runner.run(call, sh)
+            for window in self._windows(call):
+                if window.num_tokens:
+                    self.runner.run(window, sh)
             if self.debug and not capturing:  # a wait would break the capture
                 driver.synchronize_stream(sh)
                 self._raise_reported(wait=False)
@@ -486,7 +498,21 @@ class MegaMoE:
         def prepare(sh: int) -> tuple[Call, Any]:
             return self._prepare(x, x_sf, topk_idx, topk_weights, out, sh, num_tokens_bound)
 
-        return self._collective(prepare, stream, self.runner.run)
+        def run(call: Call, sh: int) -> None:
+            for window in self._windows(call):  # every rank runs every window of the agreed bound
+                self.runner.run(window, sh)
+
+        return self._collective(prepare, stream, run)
+
+    def _windows(self, call: Call) -> list[Call]:
+        """The calls ``call`` runs as: itself, or one per token window (``token_window=``)."""
+        if self.token_window is None:
+            return [call]
+        h, k = self.hidden, self.num_topk
+        return [
+            call.window(w.first, w.num_tokens, w.bound, hidden=h, num_topk=k)
+            for w in token_windows(call.num_tokens, call.bound, self.token_window)
+        ]
 
     def _collective(self, prepare, stream, run):
         """A call is collective: every rank launches, or every rank raises the same error
@@ -706,7 +732,24 @@ class MegaMoE:
         the full pool, and the schedule at capacity)."""
         text = self.layout.format_report()
         notes = self.runner.memory_notes()
+        if self.token_window is not None:
+            notes = "\n".join(filter(None, [notes, self._window_note()]))
         return f"{text}\n{notes}" if notes else text
+
+    def _window_note(self) -> str:
+        """The memory report's line on token windows: the buffer against the one a layer
+        without a window would allocate (the mode's default pool at the full capacity)."""
+        cap, w = self.num_max_tokens_per_rank, self.token_window
+        assert w is not None
+        line = (
+            f"token window: {w} tokens per rank (a call of up to {cap} tokens runs as up to "
+            f"{num_windows(cap, w)} windows); buffer {self.layout.total_bytes / 2**20:.2f} MiB"
+        )
+        try:
+            whole = layer_layout(type(self.runner), replace(self.runner.spec, num_max_tokens_per_rank=cap))
+        except ValueError as exc:  # a capacity the mode cannot hold in one window at all
+            return f"{line}; without a window: not possible ({exc})"
+        return f"{line} vs {whole.total_bytes / 2**20:.2f} MiB without a window"
 
     @property
     def closed(self) -> bool:

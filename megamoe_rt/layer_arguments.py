@@ -46,7 +46,7 @@ RANK_LOCAL_PARAMETERS: dict[str, str] = {
 
 # Constructor settings outside LayerSpec that every rank passes alike (transport as given:
 # "auto" decides which collectives construction makes before it is resolved).
-AGREED_LAYER_SETTINGS = ("mode", "ring_blocks", "chunk_ratio", "validate_ids", "transport")
+AGREED_LAYER_SETTINGS = ("mode", "ring_blocks", "chunk_ratio", "validate_ids", "transport", "token_window")
 
 
 def agreed_settings(spec: LayerSpec, **layer_settings: object) -> dict[str, object]:
@@ -64,27 +64,38 @@ def agreed_settings(spec: LayerSpec, **layer_settings: object) -> dict[str, obje
 
 @dataclass(frozen=True)
 class LayerArguments:
-    """``MegaMoE(...)``'s arguments once checked: the spec (its transport ``"nvlink"`` until an
-    ``"auto"`` choice is resolved) and the constructor settings LayerSpec does not hold."""
+    """``MegaMoE(...)``'s arguments once checked: the spec the mode runs (its transport
+    ``"nvlink"`` until an ``"auto"`` choice is resolved; with a token window its token capacity
+    is the window's) and the constructor settings LayerSpec does not hold."""
 
     spec: LayerSpec
+    capacity: int  # num_max_tokens_per_rank as given: the most tokens a call may have
+    token_window: int | None  # as given; the spec holds min(capacity, token_window)
     mode: str | None
     ring_blocks: int | None
     chunk_ratio: float | str | None
     validate_ids: bool
     transport: str  # as given: "auto", "nvlink" or "nvshmem"
 
+    @property
+    def windowed(self) -> bool:
+        """Whether calls run in token windows (a window smaller than the capacity)."""
+        return self.spec.num_max_tokens_per_rank < self.capacity
+
     def agreed(self, spec: LayerSpec | None = None, *, mode: str | None = None) -> dict[str, object]:
         """The settings the ranks compare: as given, or (``spec``, ``mode``) as resolved."""
         resolved = spec is not None
-        return agreed_settings(
+        out = agreed_settings(
             spec or self.spec,
             mode=mode if resolved else self.mode,
             ring_blocks=self.ring_blocks,
             chunk_ratio=self.chunk_ratio,
             validate_ids=self.validate_ids,
             transport=(spec or self.spec).transport if resolved else self.transport,
+            token_window=self.token_window,
         )
+        out["num_max_tokens_per_rank"] = self.capacity  # the spec's is the window's
+        return out
 
 
 def check_layer_arguments(
@@ -108,6 +119,7 @@ def check_layer_arguments(
     timeout_s: Any,
     streaming: Any,
     transport: Any,
+    token_window: Any = None,
 ) -> LayerArguments:
     """The checks of ``MegaMoE``'s arguments, in the order the constructor reports them, and the
     mode's checks of its own (its name, SM counts, a ring it does not take, streaming)."""
@@ -138,12 +150,19 @@ def check_layer_arguments(
     if timeout_s is not None:
         wait_timeout_ns(timeout_s)  # validates
         timeout_s = float(timeout_s)  # 60 and 60.0 are one setting across ranks
+    if token_window is not None:
+        token_window = args.integer("token_window", token_window, minimum=1)
+        if streaming is not None:
+            raise ValueError(
+                f"token_window={token_window}: a streamed layer's calls are already sized by its input ring "
+                "(streaming=); pass one of them"
+            )
     spec = LayerSpec(
         hidden,
         intermediate,
         num_experts,
         num_topk,
-        capacity,
+        capacity if token_window is None else min(capacity, token_window),
         num_ranks=world,
         rank=rank,
         act_sf_gran=act_sf_gran,
@@ -157,4 +176,4 @@ def check_layer_arguments(
     )
     # Before any rank starts NVSHMEM; the mode is picked again once the transport is known.
     select_mode(mode, spec, ring_blocks=ring_blocks, split_sms=split_sms, chunk_ratio=chunk_ratio)
-    return LayerArguments(spec, mode, ring_blocks, chunk_ratio, bool(validate_ids), transport)
+    return LayerArguments(spec, capacity, token_window, mode, ring_blocks, chunk_ratio, bool(validate_ids), transport)

@@ -106,7 +106,7 @@ def ep_arguments(argv: list[str], what: str = "moe") -> argparse.Namespace:
     stream's those of ``megamoe-rt bench stream`` (tokens per rank). A bad option: one line
     on stderr and SystemExit(2)."""
     from megamoe_rt.cli import bench_stream
-    from megamoe_rt.cli.bench_prefill import EP_TOKENS, MODES, RATIOS
+    from megamoe_rt.cli.bench_prefill import EP_TOKENS, MODES, RATIOS, WINDOWS
     from megamoe_rt.modes.registry import baseline_mode
     from megamoe_rt.presets import PRESETS
 
@@ -132,6 +132,12 @@ def ep_arguments(argv: list[str], what: str = "moe") -> argparse.Namespace:
         default=RATIOS,
         type=csv(float),
         help="prefill: rings as shares of the worst-case pool (chunk_ratio), besides the full pool",
+    )
+    ap.add_argument(
+        "--windows",
+        default=WINDOWS,
+        type=csv(int),
+        help="prefill: token windows (token_window), a row each where shorter than the call",
     )
     ap.add_argument(
         "--png",
@@ -211,6 +217,7 @@ def _run(ctx, a: argparse.Namespace, what: str) -> list[dict]:
             a.tokens,
             modes=a.mode,
             ratios=a.ratios,
+            windows=a.windows,
             rounds=a.rounds,
             group=ctx,
             json_path=a.output,

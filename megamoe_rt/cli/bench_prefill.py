@@ -14,7 +14,7 @@ a ring saves. Every rank measures; a ring's time is the slowest rank's.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,19 +37,27 @@ FULL = 1.0
 DEFAULT_RING = "default"  # a mode's own ring (the fused schedule's: its lag window)
 MODES = list(mode_names())  # the default: every mode
 RATIOS = [0.5, 0.25, 0.125]
-TOKENS = [16384, 32768, 65536]  # per call on one GPU
+WINDOWS = [16384]  # token windows (token_window): the whole buffer sized for this many tokens
+TOKENS = [16384, 32768, 65536, 131072]  # per call on one GPU
 EP_TOKENS = [16384, 32768]  # per rank across ranks: the full pool of R ranks is R times one GPU's
 
 
-def _rings(mode: str, ratios: list[float], spec: LayerSpec) -> list[float | str]:
-    """The full pool, the shares of it, and the mode's own ring where its buffer is a ring
-    unless told otherwise (the fused mode's)."""
-    rings: list[float | str] = [FULL, *[r for r in ratios if r != FULL]]
-    return [*rings, DEFAULT_RING] if MODE_CLASSES[mode].layout_needs(spec).pool == "ring" else rings
+def _rings(mode: str, ratios: list[float], spec: LayerSpec, windows: Sequence[int] = ()) -> list[str]:
+    """The arms of a cell, by key: the full pool, the shares of it, the mode's own ring where
+    its buffer is a ring unless told otherwise (the fused mode's), and each token window shorter
+    than the call (``window W``)."""
+    rings: list[str] = [str(r) for r in (FULL, *[r for r in ratios if r != FULL])]
+    if MODE_CLASSES[mode].layout_needs(spec).pool == "ring":
+        rings.append(DEFAULT_RING)
+    return rings + [f"window {w}" for w in windows if w < spec.num_max_tokens_per_rank]
 
 
-def _layer_kwargs(ring: float | str) -> dict[str, Any]:
-    return {} if ring == DEFAULT_RING else {"chunk_ratio": ring}
+def _layer_kwargs(ring: str) -> dict[str, Any]:
+    if ring == DEFAULT_RING:
+        return {}
+    if ring.startswith("window "):
+        return {"token_window": int(ring.split()[1])}
+    return {"chunk_ratio": float(ring)}
 
 
 @dataclass(frozen=True)
@@ -117,13 +125,15 @@ def bench_prefill(
     *,
     modes: list[str],
     ratios: list[float],
+    windows: Sequence[int] = (),
     rounds: int = 2,
     group: RankGroup | None = None,
     json_path: str | None = None,
     png_path: str | None = None,
 ) -> list[dict]:
     """Rows of (preset, tokens, mode, ring): device time, its ratio to the mode's full pool,
-    pool and buffer MiB and their ratio to the full pool's (``prefill_rows``). With ``group``
+    pool and buffer MiB and their ratio to the full pool's (``prefill_rows``); ``windows`` adds a
+    row per token window (``token_window``: the whole buffer sized for the window). With ``group``
     (launched ranks) every rank builds, calls and closes the same layers in the same order
     (each a collective) and rank 0 prints and writes the files."""
     import cupy as cp
@@ -142,15 +152,15 @@ def bench_prefill(
         for mode in modes:
             layers: dict[str, Any] = {}
             arms: dict[str, Callable[[], None]] = {}
-            for ring in _rings(mode, ratios, spec):
+            for ring in _rings(mode, ratios, spec, list(windows)):
                 layer = MegaMoE(
                     p.hidden, p.intermediate, experts, p.num_topk, t, mode=mode, group=group, **_layer_kwargs(ring)
                 )
                 layer.load_weights(*weights, stream=stream)
                 y = cp.empty((t, p.hidden), dtype=cp.uint16)
                 graph = capture_layer_call(layer, args, y, stream, num_tokens_bound=t)
-                layers[str(ring)] = (layer, graph, y)
-                arms[str(ring)] = functools.partial(graph.launch, stream=stream)
+                layers[ring] = (layer, graph, y)
+                arms[ring] = functools.partial(graph.launch, stream=stream)
             with stream:
                 results = bracketed(timer, arms, rounds=rounds)
             mine = {key: arm_times(res) for key, res in results.items()}

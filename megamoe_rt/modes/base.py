@@ -143,7 +143,9 @@ class Weights(NamedTuple):
 
 class Call(NamedTuple):
     """One validated call: device addresses of its arrays, its token count, the dtype of its
-    expert ids (``"int32"`` or ``"int64"``) and its ``num_tokens_bound``."""
+    expert ids (``"int32"`` or ``"int64"``) and its ``num_tokens_bound``. ``token_base``: the
+    index of its token 0 in the caller's call (a token window's first token), so reports of
+    refused inputs name the caller's tokens."""
 
     x: int
     x_sf: int
@@ -153,6 +155,23 @@ class Call(NamedTuple):
     num_tokens: int
     idx: str
     bound: int
+    token_base: int = 0
+
+    def window(self, first: int, num_tokens: int, bound: int, *, hidden: int, num_topk: int) -> Call:
+        """The call over its tokens ``[first, first + num_tokens)`` with ``bound`` (a token
+        window, megamoe_rt/schedule/token_windows.py): every address moved to token ``first``."""
+        idx_bytes = 8 if self.idx == "int64" else 4
+        return Call(
+            self.x + first * hidden,
+            self.x_sf + first * (hidden // 128) * 4,
+            self.topk_idx + first * num_topk * idx_bytes,
+            self.topk_weights + first * num_topk * 4,
+            self.y + first * hidden * 2,
+            num_tokens,
+            self.idx,
+            bound,
+            self.token_base + first,
+        )
 
 
 class Mode(ABC):
@@ -238,6 +257,7 @@ class Mode(ABC):
             x_sf=call.x_sf,
             num_tokens=call.num_tokens,
             y=call.y,
+            token_base=call.token_base,
             **self._moe_fixed,
         )
 

@@ -79,3 +79,21 @@ def test_prefill_on_spawned_ranks_makes_the_same_cross_rank_calls_and_rank_0_wri
     assert (half["median_us"], half["time_vs_full"]) == (1300.0, pytest.approx(1300 / 1100))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.json"]
     assert json.loads((tmp_path / "rank0.json").read_text()) == rows0
+
+
+def test_a_cell_has_a_row_per_ring_and_per_token_window_shorter_than_the_call():
+    from megamoe_rt.cli.bench_prefill import _layer_kwargs, _rings
+    from megamoe_rt.modes.base import LayerSpec
+
+    spec = LayerSpec(4096, 2048, 32, 6, 65536)
+    keys = _rings("fused", [0.25], spec, [16384, 65536, 131072])
+    assert keys == ["1.0", "0.25", "default", "window 16384"]  # windows at or past the call: no row
+    assert [_layer_kwargs(k) for k in keys] == [
+        {"chunk_ratio": 1.0},
+        {"chunk_ratio": 0.25},
+        {},
+        {"token_window": 16384},
+    ]
+    assert _rings("unfused", [0.5], spec, [8192]) == ["1.0", "0.5", "window 8192"]
+    a = ep_arguments(["--windows", "8192,16384"], "prefill")
+    assert a.windows == [8192, 16384]

@@ -67,6 +67,9 @@ CASES = [
     ({"chunk_ratio": 1.0}, ("--chunk-ratio", "1")),
     ({"chunk_ratio": "auto"}, ("--chunk-ratio", "auto", "--free-gib", str(FREE_GIB))),
     ({"act_sf_gran": 64}, ("--act-sf-gran", "64")),
+    ({"token_window": 700}, ("--token-window", "700")),
+    ({"token_window": 2048, "chunk_ratio": 0.5}, ("--token-window", "2048", "--chunk-ratio", "0.5")),
+    ({"token_window": 10**6}, ("--token-window", "1000000")),  # a window above the capacity: one window
 ]
 
 
@@ -147,3 +150,24 @@ def test_plan_refuses_layer_options_in_their_own_names(capsys, argv, message):
     assert main(["plan", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and "ring_blocks" not in err and "chunk_ratio" not in err, err
+
+
+def test_a_token_window_sizes_the_buffer_for_the_window_and_plans_the_whole_call_against_it(capsys, allocation):
+    layout = allocation("flash", 131072, mode="unfused", token_window=16384)
+    argv = ("--preset", "flash", "--tokens", "131072", "--ranks", "1", "--experts", "32", "--mode", "unfused")
+    out = _plan(capsys, *argv, "--token-window", "16384")
+    assert out["total_bytes"] == layout.total_bytes and out["num_max_tokens_per_rank"] == 16384
+    window_of_16k = _plan(capsys, *argv[:3], "16384", *argv[4:])
+    assert out["total_bytes"] == window_of_16k["total_bytes"]  # the buffer of a 16K-token layer
+    assert out["total_bytes"] < 4 * 2**30 < out["full_pool_total_bytes"]
+    assert main(["plan", *argv, "--token-window", "16384"]) == 0
+    assert "a call of 131072 tokens runs as 8 windows" in capsys.readouterr().out
+
+
+def test_a_token_window_is_refused_with_streaming_in_the_options_typed(capsys):
+    from megamoe_rt.layer import MegaMoE
+
+    with pytest.raises(ValueError, match="token_window=64: a streamed layer"):
+        MegaMoE(512, 256, 16, 6, 1024, token_window=64, streaming=StreamConfig(2, 256))
+    assert main(["plan", "--stream", "4x512", "--token-window", "1024"]) == 2
+    assert "--token-window and --stream" in capsys.readouterr().err

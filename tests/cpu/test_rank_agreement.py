@@ -43,9 +43,10 @@ DIFFERING = [
     ("timeout_s", "<default>", 5.0),
     ("streaming", "<default>", StreamConfig(2, 32)),
     ("transport", "<default>", "nvlink"),
+    ("token_window", "<default>", 32),
 ]
 DEFAULTS = {"swiglu_limit": None, "pow2_scale": False, "validate_ids": True, "debug": False, "mode": None}
-DEFAULTS.update(ring_blocks=None, chunk_ratio=None, timeout_s=None, streaming=None, transport="auto")
+DEFAULTS.update(ring_blocks=None, chunk_ratio=None, timeout_s=None, streaming=None, transport="auto", token_window=None)
 
 
 def _constructor_parameters() -> list[str]:

@@ -1,7 +1,8 @@
 """Ring pools across ranks (needs two Hopper GPUs and nvshmem4py).
 
 Rings that wrap (fused, split: slots reused while peers still pull and scatter; unfused: the
-pull and both GEMMs in cycles) must give every rank the bits of the full-pool run, with uneven
+pull and both GEMMs in cycles) and token windows (the whole buffer sized for a window, a call run
+window by window) must give every rank the bits of the full-pool run, with uneven
 ranks (one without tokens, one at the capacity) and at prefill sizes. The unfused mode records
 the cycles of the call, the most of any rank, in the workspace word ``pool_cycles``.
 """
@@ -30,6 +31,10 @@ LAYERS = {
     "fused smallest ring": dict(mode="fused", chunk_ratio=1e-6),
     "split ring 1/4": dict(mode="split", chunk_ratio=0.25),
     "split smallest ring": dict(mode="split", chunk_ratio=1e-6),
+    # Token windows: every rank runs the windows of the agreed bound, a rank out of tokens none.
+    "window 700 unfused": dict(mode="unfused", token_window=700),
+    "window 1024 fused": dict(mode="fused", token_window=1024),
+    "window 512 split ring 1/4": dict(mode="split", token_window=512, chunk_ratio=0.25),
 }
 
 

@@ -46,6 +46,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "(default 0.5,0.25,0.125)",
     )
     s.add_argument(
+        "--windows",
+        type=csv(int),
+        default=None,
+        help="prefill: token windows (token_window), a row each where shorter than the call (default 16384)",
+    )
+    s.add_argument(
         "--png",
         default=None,
         metavar="FILE",
@@ -126,13 +132,14 @@ def _run_bench(args: argparse.Namespace, info: Any) -> list[dict]:
     chosen_modes = args.mode or [baseline_mode()]
     presets = args.presets or ["flash", "pro", "v3"]
     if args.what == "prefill":
-        from megamoe_rt.cli.bench_prefill import MODES, RATIOS, TOKENS, bench_prefill
+        from megamoe_rt.cli.bench_prefill import MODES, RATIOS, TOKENS, WINDOWS, bench_prefill
 
         return bench_prefill(
             presets,
             args.tokens or TOKENS,
             modes=args.mode or MODES,
             ratios=args.ratios or RATIOS,
+            windows=args.windows or WINDOWS,
             rounds=args.rounds,
             json_path=args.output,
             png_path=args.png,

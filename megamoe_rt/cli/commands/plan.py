@@ -43,6 +43,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="the layer's streaming=StreamConfig(SLOTS, TOKENS) input ring, e.g. 4x512",
     )
     s.add_argument(
+        "--token-window",
+        type=positive_int,
+        default=None,
+        help="the layer's token_window: the buffer for this many tokens, longer calls in windows",
+    )
+    s.add_argument(
         "--transport",
         choices=("nvlink", "nvshmem"),
         default=None,
@@ -71,19 +77,25 @@ def _check_plan_tokens(args: argparse.Namespace, preset: Any, experts: int) -> N
             f"megamoe-rt plan: --experts {experts}: the worst-case pool of {shape} does not fit {room} "
             "even at 128 tokens per rank"
         )
-    if args.tokens > limit:
+    window = args.token_window
+    if window is not None and min(args.tokens, window) > limit:
+        raise UsageError(
+            f"megamoe-rt plan: --token-window {window}: {shape} takes at most {limit} tokens per rank in a "
+            f"window (its worst-case pool must fit {room})"
+        )
+    if window is None and args.tokens > limit:
         raise UsageError(
             f"megamoe-rt plan: --tokens {args.tokens}: {shape} takes at most {limit} tokens per rank "
-            f"(its worst-case pool must fit {room})"
+            f"(its worst-case pool must fit {room}; --token-window runs longer calls in windows)"
         )
 
 
 def run(args: argparse.Namespace) -> int:
     check_output("megamoe-rt plan", args)
-    from megamoe_rt.modes.sizing import full_pool_layout
     from megamoe_rt.presets import get_preset
     from megamoe_rt.schedule.layout import symm_buffer_layout
     from megamoe_rt.schedule.plan import fused_schedule
+    from megamoe_rt.schedule.token_windows import num_windows
 
     try:
         preset = get_preset(args.preset)
@@ -100,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
             f"megamoe-rt plan: --experts {experts} is fewer than the {preset.name} preset's top-{preset.num_topk} "
             "(the experts each token is routed to)"
         )
-    layer_options = (args.ring_blocks, args.chunk_ratio, args.stream, args.transport)
+    layer_options = (args.ring_blocks, args.chunk_ratio, args.stream, args.transport, args.token_window)
     full = None
     if args.mode is not None or any(o is not None for o in layer_options):
         mode_cls, spec = _layer_spec(args, preset, experts)
@@ -109,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.mode is not None:  # the buffer a MegaMoE of these options allocates
             layout = _layer_layout(args, mode_cls, spec)
-            full = full_pool_layout(mode_cls, spec)
+            full = _whole_call_full_pool(mode_cls, spec, args.tokens)
         else:
             layout = symm_buffer_layout(
                 preset.hidden,
@@ -165,12 +177,36 @@ def run(args: argparse.Namespace) -> int:
         f"{' (covers the full pool)' if sched.covers_full_pool else ''}"
     )
     print(layout.format_report())
-    if full is not None:
+    if args.token_window is not None and args.token_window < args.tokens:
         print(
-            f"mode {args.mode}: buffer {layout.total_bytes / 2**20:.2f} MiB vs {full.total_bytes / 2**20:.2f} MiB "
-            f"with the full worst-case pool ({layout.total_bytes / full.total_bytes:.3f}x)"
+            f"token window: {layout.num_max_tokens_per_rank} tokens per rank; a call of {args.tokens} tokens runs as "
+            f"{num_windows(args.tokens, args.token_window)} windows"
         )
+    if args.mode is not None:
+        mib = layout.total_bytes / 2**20
+        if full is None:
+            print(
+                f"mode {args.mode}: buffer {mib:.2f} MiB; the full worst-case pool of {args.tokens} tokens does not fit"
+            )
+        else:
+            print(
+                f"mode {args.mode}: buffer {mib:.2f} MiB vs {full.total_bytes / 2**20:.2f} MiB with the full "
+                f"worst-case pool of {args.tokens} tokens and no window ({layout.total_bytes / full.total_bytes:.3f}x)"
+            )
     return 0
+
+
+def _whole_call_full_pool(mode_cls: Any, spec: Any, tokens: int) -> Any:
+    """The buffer with the mode's full worst-case pool for the whole call at once (no ring, no
+    window): what the plan is read against; None where it cannot be built (too many pool rows)."""
+    from dataclasses import replace
+
+    from megamoe_rt.modes.sizing import full_pool_layout
+
+    try:
+        return full_pool_layout(mode_cls, replace(spec, num_max_tokens_per_rank=tokens))
+    except (ValueError, OverflowError):
+        return None
 
 
 def _layer_spec(args: argparse.Namespace, preset: Any, experts: int) -> tuple[Any, Any]:
@@ -188,12 +224,14 @@ def _layer_spec(args: argparse.Namespace, preset: Any, experts: int) -> tuple[An
         )
     if args.chunk_ratio == "auto" and args.free_gib is None:
         raise UsageError("megamoe-rt plan: --chunk-ratio auto sizes the ring by the memory free: give --free-gib")
+    if args.token_window is not None and args.stream is not None:
+        raise UsageError("megamoe-rt plan: --token-window and --stream: a streamed layer's calls are sized by its ring")
     spec = LayerSpec(
         preset.hidden,
         preset.intermediate,
         experts,
         preset.num_topk,
-        args.tokens,
+        args.tokens if args.token_window is None else min(args.tokens, args.token_window),
         num_ranks=args.ranks,
         act_sf_gran=args.act_sf_gran,
         streaming=args.stream,
@@ -234,10 +272,11 @@ def _in_option_names(message: str) -> str:
 
 
 def _layer_fields(args: argparse.Namespace, full: Any) -> dict[str, Any]:
-    if full is None:
+    if args.mode is None:
         return {}
     return {
         "mode": args.mode,
-        "full_pool_blocks": full.pool_blocks,
-        "full_pool_total_bytes": full.total_bytes,
+        "token_window": args.token_window,
+        "full_pool_blocks": None if full is None else full.pool_blocks,
+        "full_pool_total_bytes": None if full is None else full.total_bytes,
     }

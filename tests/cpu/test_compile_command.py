@@ -134,6 +134,9 @@ def test_ctrl_c_ends_the_workers_with_one_line_and_status_130(tmp_path):
         text=True,
         env=env,
         start_new_session=True,  # its own process group: the SIGINT below reaches it as a Ctrl-C would
+        # As from an interactive shell: a suite run in the background inherits SIGINT ignored,
+        # and Python then installs no KeyboardInterrupt handler.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         first = proc.stderr.readline()  # the first kernel done: the workers are busy with the next ones

@@ -180,12 +180,26 @@ def cache_key(spec: KernelSpec, options: list[str], external: dict[str, str]) ->
         "name_expression": spec.entry,
         "options": portable_opts,
         "nvrtc": list(nvrtc_version()),
+        # cuda.core turns the options into NVRTC's command line: another release may spell them
+        # (or add defaults) differently, so its cubins are not this one's.
+        "cuda_core": cuda_core_version(),
     }
     if spec.device_libraries:  # the library's version is its header set's (external above)
         material["device_libraries"] = sorted(spec.device_libraries)
         material["nvjitlink"] = list(nvjitlink_version())
     digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
     return digest[:40], material
+
+
+@functools.cache
+def cuda_core_version() -> str:
+    """The installed cuda-core's version ("" where its distribution metadata is missing)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("cuda-core")
+    except metadata.PackageNotFoundError:
+        return str(getattr(cuda_core(), "__version__", ""))
 
 
 def _library_paths(spec: KernelSpec) -> list[Path]:
@@ -353,6 +367,24 @@ def _nvrtc_failure(exc: BaseException) -> tuple[str, str]:
     return (result.group(0) if result else head.strip()), log.rstrip("\0")
 
 
+def _program_log(program: Any) -> str:
+    """The log NVRTC kept for ``program`` ("" where it cannot be read): a failed compile's log
+    does not depend on how a cuda.core release words its error."""
+    try:
+        from cuda.bindings import nvrtc
+
+        err, size = nvrtc.nvrtcGetProgramLogSize(program.handle)
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS or size <= 1:
+            return ""
+        buf = b" " * size
+        (err,) = nvrtc.nvrtcGetProgramLog(program.handle, buf)
+    except Exception:  # a backend or binding without the call: the error text's log stands
+        return ""
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        return ""
+    return buf.rstrip(b"\0").decode(errors="replace")
+
+
 def _nvrtc_compile(spec: KernelSpec, options: list[str]) -> tuple[bytes, str, str]:
     """One NVRTC run (cuda.core Program): the cubin, the lowered name and the log."""
     core = cuda_core()
@@ -375,6 +407,7 @@ def _nvrtc_compile(spec: KernelSpec, options: list[str]) -> tuple[bytes, str, st
         if not is_cuda_core_error(exc):
             raise
         result, text = _nvrtc_failure(exc)
+        text = _program_log(program) or text  # from NVRTC itself where it can be read
         raise NvrtcError("nvrtcCompileProgram" if text else "Program.compile", result, text, what) from None
     finally:
         program.close()

@@ -40,6 +40,9 @@ def test_the_cache_key_names_the_nvshmem_and_nvjitlink_versions():
     assert material["external_headers"]["nvshmem"].startswith("nvidia-nvshmem-cu1")
     assert material["device_libraries"] == ["nvshmem"]
     assert material["nvjitlink"] == list(nvjitlink_version())
+    from importlib import metadata
+
+    assert material["cuda_core"] == metadata.version("cuda-core")  # its option spelling is part of the build
 
 
 def test_without_the_library_every_nvshmem_call_is_an_undefined_reference():

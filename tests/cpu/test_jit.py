@@ -162,6 +162,16 @@ def test_compile_error_raises_with_log(toy_tree, cache):
     assert cache.entries() == []
 
 
+def test_the_compile_log_is_nvrtcs_own_whatever_the_error_text_says(toy_tree, cache, monkeypatch):
+    from megamoe_rt.jit import compiler
+
+    monkeypatch.setattr(compiler, "_nvrtc_failure", lambda exc: ("NVRTC_ERROR_COMPILATION", ""))  # reworded
+    (toy_tree / "broken.cu").write_text("__global__ void broken(int* p) { p[0] = undefined_name; }\n")
+    with pytest.raises(NvrtcError) as info:
+        compile_kernel(KernelSpec(name="broken", source="broken.cu", entry="broken"), cache=cache)
+    assert "undefined_name" in info.value.log and "nvrtcCompileProgram" in str(info.value)
+
+
 def test_missing_project_header_is_reported(toy_tree, cache):
     (toy_tree / "lost.cu").write_text('#include "nowhere/missing.cuh"\n__global__ void lost() {}\n')
     with pytest.raises(FileNotFoundError, match="missing.cuh"):

@@ -176,7 +176,7 @@ using PromotedSums = float[Cfg::kNPasses * 64];
 // One pass's fragment of the promoted sums (what an epilogue stores).
 template <class Cfg>
 __device__ __forceinline__ const float (&pass_sums(const PromotedSums<Cfg>& out, u32 pass))[64] {
-    return *reinterpret_cast<const float(*)[64]>(out + 64 * pass);
+    return *reinterpret_cast<const float (*)[64]>(out + 64 * pass);
 }
 
 template <class Cfg>
@@ -218,7 +218,7 @@ __device__ __forceinline__ void consume_tile(const GemmParams& p, const Tile& ti
                 issue_step<Cfg>(sm, st.stage, h, a_offset, b_offset + ps * Cfg::kWgTileN * Cfg::kBlockK, acc);
                 ptx::wgmma_wait_group_sync_aligned<0>();
                 promote_step<Cfg>(sm, st.stage, h, mt, sb_lo[ps], sb_hi[ps], acc,
-                                  *reinterpret_cast<float(*)[64]>(out + 64 * ps));
+                                  *reinterpret_cast<float (*)[64]>(out + 64 * ps));
             }
         }
         release_stage<Cfg>(sm, st.stage, mt, cta_rank);

@@ -122,9 +122,14 @@ def test_group_offsets_without_counts_write_every_row():
 )
 def test_masked_bf16_matches_reference(groups, m_max, counts):
     rng = np.random.default_rng()
-    n, k = 512, 1024
     if counts is None:
         counts = list(rng.integers(0, m_max + 1, size=groups))
+    _check_masked_bf16(rng, groups, m_max, counts, 512, 1024)
+
+
+def _check_masked_bf16(rng, groups, m_max, counts, n, k, config=None):
+    """A masked bf16 GEMM (``config``: a forced tile) against the reference; rows past a
+    group's count stay poisoned."""
     a, a_sf = _quantized_rows(rng, groups * m_max, k)
     b, b_sf = _weights(rng, groups, n, k)
     out = cp.full((groups, m_max, n), BF16_NAN, dtype=cp.uint16)
@@ -135,13 +140,14 @@ def test_masked_bf16_matches_reference(groups, m_max, counts):
         _dev(b_sf),
         masked_counts=cp.asarray(np.array(counts, np.int32)),
         out=out,
+        config=config,
     )
     got = cp.asnumpy(out)
     for g, c in enumerate(counts):
         rows = slice(g * m_max, g * m_max + c)
         if c:
             exp = _expected_rows(a[rows], a_sf[rows], b[g], b_sf[g])
-            assert ref.calc_diff(_bf16_bits_to_f32(got[g, :c]), exp) < 1e-5
+            assert ref.calc_diff(_bf16_bits_to_f32(got[g, :c]), exp) < 1e-5, f"group {g}"
         assert (got[g, c:] == BF16_NAN).all()
 
 
@@ -448,27 +454,7 @@ _BF16_MASKED = [
 def test_every_masked_bf16_tile_config(config):
     """Each compiled tile shape on partly filled masked groups (the tile's rows past a group's
     count are never written)."""
-    rng = np.random.default_rng()
-    groups, m_max, counts, n, k = 3, 192, [192, 65, 0], 512, 768
-    a, a_sf = _quantized_rows(rng, groups * m_max, k)
-    b, b_sf = _weights(rng, groups, n, k)
-    out = cp.full((groups, m_max, n), BF16_NAN, dtype=cp.uint16)
-    grouped_gemm_fp8(
-        _dev(a).reshape(groups, m_max, k),
-        _dev(a_sf).reshape(groups, m_max, k // 128),
-        _dev(b),
-        _dev(b_sf),
-        masked_counts=cp.asarray(np.array(counts, np.int32)),
-        out=out,
-        config=config,
-    )
-    got = cp.asnumpy(out)
-    for g, c in enumerate(counts):
-        rows = slice(g * m_max, g * m_max + c)
-        if c:
-            exp = _expected_rows(a[rows], a_sf[rows], b[g], b_sf[g])
-            assert ref.calc_diff(_bf16_bits_to_f32(got[g, :c]), exp) < 1e-5, f"group {g}"
-        assert (got[g, c:] == BF16_NAN).all()
+    _check_masked_bf16(np.random.default_rng(), 3, 192, [192, 65, 0], 512, 768, config=config)
 
 
 _SWIGLU_CONTIGUOUS = [

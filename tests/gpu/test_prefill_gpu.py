@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from megamoe_rt import reference as ref
-from tests.helpers.layer_calls import BF16_NAN, bf16, device_args, run_poisoned
+from tests.helpers.layer_calls import BF16_NAN, bf16, device_args, replay_with_new_inputs, run_poisoned
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
@@ -107,24 +107,15 @@ def test_an_unfused_ring_replays_in_a_graph_with_new_inputs():
     w = ref.random_moe_inputs(rng, 1, h, i, e, k)
     full = _layer(h, i, e, k, cap, w, mode="unfused")
     ring = _layer(h, i, e, k, cap, w, mode="unfused", chunk_ratio=0.2)
-    inp = ref.random_moe_inputs(rng, cap, h, i, e, k)
-    args = device_args(inp)
+    args = device_args(ref.random_moe_inputs(rng, cap, h, i, e, k))
     out = cp.full((cap, h), BF16_NAN, dtype=cp.uint16)
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        ring(*args, out=out, stream=stream)  # warm-up: kernels load outside the capture
-        stream.synchronize()
-        stream.begin_capture()
-        ring(*args, out=out, stream=stream)
-        graph = stream.end_capture()
-    for _ in range(2):
-        fresh = ref.random_moe_inputs(rng, cap, h, i, e, k)
-        for dst, src in zip(args, device_args(fresh), strict=True):
-            dst[...] = src
-        out.fill(BF16_NAN)
-        graph.launch(stream=stream)
-        stream.synchronize()
-        np.testing.assert_array_equal(cp.asnumpy(out), run_poisoned(full, args))
+    replay_with_new_inputs(
+        ring,
+        args,
+        out,
+        lambda: device_args(ref.random_moe_inputs(rng, cap, h, i, e, k)),
+        lambda now: run_poisoned(full, now),
+    )
 
 
 # A flash-like EP8 slice: hidden 4096, intermediate 2048, 32 local experts of top-6.

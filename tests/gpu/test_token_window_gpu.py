@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from megamoe_rt import reference as ref
-from tests.helpers.layer_calls import BF16_NAN, bf16, device_args, run_poisoned
+from tests.helpers.layer_calls import BF16_NAN, bf16, device_args, replay_with_new_inputs, run_poisoned
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
@@ -70,20 +70,13 @@ def test_a_windowed_call_replays_from_a_graph_with_new_inputs(mode):
     windowed = _layer(h, i, e, k, cap, w, mode=mode, token_window=window)
     args = device_args(ref.random_moe_inputs(rng, cap, h, i, e, k))
     out = cp.full((cap, h), BF16_NAN, dtype=cp.uint16)
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        windowed(*args, out=out, stream=stream)  # warm-up: kernels load outside the capture
-        stream.synchronize()
-        stream.begin_capture()
-        windowed(*args, out=out, stream=stream)
-        graph = stream.end_capture()
-    for _ in range(2):
-        for dst, src in zip(args, device_args(ref.random_moe_inputs(rng, cap, h, i, e, k)), strict=True):
-            dst[...] = src
-        out.fill(BF16_NAN)
-        graph.launch(stream=stream)
-        stream.synchronize()
-        np.testing.assert_array_equal(cp.asnumpy(out), run_poisoned(whole, args))
+    replay_with_new_inputs(
+        windowed,
+        args,
+        out,
+        lambda: device_args(ref.random_moe_inputs(rng, cap, h, i, e, k)),
+        lambda now: run_poisoned(whole, now),
+    )
 
 
 def test_a_refused_id_in_a_later_window_is_reported_at_the_callers_token():

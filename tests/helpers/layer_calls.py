@@ -47,3 +47,26 @@ def replay_captured(layer, args, out, *, replays=3):
             out.fill(BF16_NAN)
             graph.launch(stream=stream)
         stream.synchronize()
+
+
+def replay_with_new_inputs(layer, args, out, fresh_args, want, *, replays=2):
+    """``layer`` called on ``args`` into ``out``, captured into a CUDA graph (after a warm-up call
+    that loads its kernels outside the capture), then replayed ``replays`` times, each time with
+    ``fresh_args()`` copied into ``args`` and ``out`` poisoned; after each replay ``out`` must be
+    bit for bit ``want(args)``."""
+    import cupy as cp
+
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        layer(*args, out=out, stream=stream)
+        stream.synchronize()
+        stream.begin_capture()
+        layer(*args, out=out, stream=stream)
+        graph = stream.end_capture()
+    for _ in range(replays):
+        for dst, src in zip(args, fresh_args(), strict=True):
+            dst[...] = src
+        out.fill(BF16_NAN)
+        graph.launch(stream=stream)
+        stream.synchronize()
+        np.testing.assert_array_equal(cp.asnumpy(out), want(args))

@@ -477,32 +477,19 @@ class MegaMoE:
         cycles the worst-case pool at the bound needs (fewer for a smaller bound); without a
         ring it only checks it.
         """
-        if self.group is not None:
-            return self._call_across_ranks(x, x_sf, topk_idx, topk_weights, out, stream, num_tokens_bound)
-        self._check_usable()
-        sh = driver.stream_handle(stream)
-        capturing = driver.stream_is_capturing(sh)
-        if not capturing:
-            self._raise_reported(wait=False)
-        call, y = self._prepare(x, x_sf, topk_idx, topk_weights, out, sh, num_tokens_bound)
-        if call.num_tokens:
-            for window in self._windows(call):
-                if window.num_tokens:
-                    self.runner.run(window, sh)
-            if self.debug and not capturing:  # a wait would break the capture
-                driver.synchronize_stream(sh)
-                self._raise_reported(wait=False)
-        return y
 
-    def _call_across_ranks(self, x, x_sf, topk_idx, topk_weights, out, stream, num_tokens_bound):
         def prepare(sh: int) -> tuple[Call, Any]:
             return self._prepare(x, x_sf, topk_idx, topk_weights, out, sh, num_tokens_bound)
 
-        def run(call: Call, sh: int) -> None:
-            for window in self._windows(call):  # every rank runs every window of the agreed bound
-                self.runner.run(window, sh)
+        return self._run_call(prepare, stream, self._run_windows)
 
-        return self._collective(prepare, stream, run)
+    def _run_windows(self, call: Call, sh: int) -> None:
+        """``call`` as the runner's calls (one per token window with ``token_window=``). One
+        rank skips those without tokens; across ranks every rank runs every window of the agreed
+        bound (a rank without tokens still serves its experts)."""
+        for window in self._windows(call):
+            if window.num_tokens or self.group is not None:
+                self.runner.run(window, sh)
 
     def _windows(self, call: Call) -> list[Call]:
         """The calls ``call`` runs as: itself, or one per token window (``token_window=``)."""
@@ -513,6 +500,24 @@ class MegaMoE:
             call.window(w.first, w.num_tokens, w.bound, hidden=h, num_topk=k)
             for w in token_windows(call.num_tokens, call.bound, self.token_window)
         ]
+
+    def _run_call(self, prepare, stream, run):
+        """The one path of a call (``__call__`` and ``consume``): ``prepare(stream)`` checks it
+        and gives the call and its output, ``run(call, stream)`` enqueues it; reports of earlier
+        calls are raised first, and after it in debug mode. Across ranks: :meth:`_collective`."""
+        if self.group is not None:
+            return self._collective(prepare, stream, run)
+        self._check_usable()
+        sh = driver.stream_handle(stream)
+        capturing = driver.stream_is_capturing(sh)
+        if not capturing:
+            self._raise_reported(wait=False)
+        call, y = prepare(sh)
+        run(call, sh)
+        if self.debug and not capturing:  # a wait would break the capture
+            driver.synchronize_stream(sh)
+            self._raise_reported(wait=False)
+        return y
 
     def _collective(self, prepare, stream, run):
         """A call is collective: every rank launches, or every rank raises the same error
@@ -536,7 +541,7 @@ class MegaMoE:
         # break the capture; the report stays for a later call).
         if any(s.reports_pending for s in statuses) and not any(s.capturing for s in statuses):
             self._raise_reported_across_ranks()
-        run(call, sh)  # a rank without tokens still serves its experts
+        run(call, sh)
         if self.debug and not any(s.capturing for s in statuses):
             self._raise_reported_across_ranks()
         return y
@@ -568,19 +573,7 @@ class MegaMoE:
         def prepare(sh: int) -> tuple[Call, Any]:
             return self._prepare_streamed(num_tokens, out, sh, num_tokens_bound)
 
-        if self.group is not None:
-            return self._collective(prepare, stream, self.runner.run_streamed)
-        self._check_usable()
-        sh = driver.stream_handle(stream)
-        capturing = driver.stream_is_capturing(sh)
-        if not capturing:
-            self._raise_reported(wait=False)
-        call, y = prepare(sh)
-        self.runner.run_streamed(call, sh)
-        if self.debug and not capturing:
-            driver.synchronize_stream(sh)
-            self._raise_reported(wait=False)
-        return y
+        return self._run_call(prepare, stream, self.runner.run_streamed)
 
     def _prepare_streamed(self, num_tokens, out, sh: int, num_tokens_bound) -> tuple[Call, Any]:
         num_tokens = args.integer("num_tokens", num_tokens)

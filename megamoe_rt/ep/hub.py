@@ -61,6 +61,19 @@ def _reply(link: wire.Link, header: dict[str, Any], payload: bytes = b"") -> Non
         pass
 
 
+# Replies decided under the hub's lock and sent after it is released: a rank that does not read
+# its reply (its socket's send timeout bounds that) then delays no other rank's exchange or
+# heartbeat. A link has at most one reply outstanding (its rank waits for it before asking
+# again) and each is taken out of the hub's tables under the lock, so no two threads send on
+# one link at once.
+Outbox = list[tuple[wire.Link, dict[str, Any], bytes]]
+
+
+def _send_all(outbox: Outbox) -> None:
+    for link, header, payload in outbox:
+        _reply(link, header, payload)
+
+
 def _error(message: str, failed_rank: int | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"status": "error", "message": message}
     if failed_rank is not None:
@@ -189,43 +202,44 @@ class Hub:
             link.close()
 
     def _request(self, link: wire.Link, op: str, f: dict[str, Any], payload: bytes) -> None:
+        outbox: Outbox = []
         with self._lock:
             failed = next(iter(self._failed.items()), None)
             if op == "put":
                 self._values[f["key"]] = payload
                 for c, _ in self._waiting.pop(f["key"], []):
-                    _reply(c, {"status": "ok"}, payload)
-                _reply(link, {"status": "ok"})
+                    outbox.append((c, {"status": "ok"}, payload))
+                outbox.append((link, {"status": "ok"}, b""))
             elif op == "get":
                 key, root = f["key"], f["root"]
                 if key in self._values:
-                    _reply(link, {"status": "ok"}, self._values[key])
+                    outbox.append((link, {"status": "ok"}, self._values[key]))
                 elif failed is not None:
-                    _reply(link, _error(failed[1], failed[0]))
+                    outbox.append((link, _error(failed[1], failed[0]), b""))
                 elif root in self._exited:
-                    _reply(link, _error(self._gone(root, f"broadcast {key!r}")))
+                    outbox.append((link, _error(self._gone(root, f"broadcast {key!r}")), b""))
                 else:
                     self._waiting.setdefault(key, []).append((link, root))
             elif op == "barrier":
                 gen = f["gen"]
                 if failed is not None:
-                    _reply(link, _error(failed[1], failed[0]))
-                    return
-                group = self._barriers.setdefault(gen, [])
-                group.append((link, f["rank"]))
-                missing = set(range(self.world_size)) - {r for _, r in group}
-                if not missing:
-                    for c, _ in self._barriers.pop(gen):
-                        _reply(c, {"status": "ok"})
-                elif missing & self._exited:
-                    self._fail_barrier(gen, min(missing & self._exited))
+                    outbox.append((link, _error(failed[1], failed[0]), b""))
+                else:
+                    group = self._barriers.setdefault(gen, [])
+                    group.append((link, f["rank"]))
+                    missing = set(range(self.world_size)) - {r for _, r in group}
+                    if not missing:
+                        outbox.extend((c, {"status": "ok"}, b"") for c, _ in self._barriers.pop(gen))
+                    elif missing & self._exited:
+                        outbox.extend(self._fail_barrier(gen, min(missing & self._exited)))
+        _send_all(outbox)
 
     def _gone(self, rank: int, what: str) -> str:
         return f"rank {rank} exited without joining {what}"
 
-    def _fail_barrier(self, gen: int, rank: int) -> None:
-        for c, _ in self._barriers.pop(gen, []):
-            _reply(c, _error(self._gone(rank, f"barrier #{gen}")))
+    def _fail_barrier(self, gen: int, rank: int) -> Outbox:
+        """The replies that fail barrier ``gen`` (called under the lock; sent after it)."""
+        return [(c, _error(self._gone(rank, f"barrier #{gen}")), b"") for c, _ in self._barriers.pop(gen, [])]
 
     # -- heartbeats --
 
@@ -308,6 +322,7 @@ class Hub:
 
     def _declare(self, rank: int, how: int, detail: str) -> None:
         """``rank`` died or stopped responding: fail every exchange waiting, mark the board."""
+        outbox: Outbox = []
         with self._lock:
             if rank in self._failed or rank in self._exited or self._closed:
                 return
@@ -320,15 +335,15 @@ class Hub:
             except ValueError:  # the board is closed
                 pass
             for gen in list(self._barriers):
-                for c, _ in self._barriers.pop(gen):
-                    _reply(c, _error(detail, rank))
+                outbox.extend((c, _error(detail, rank), b"") for c, _ in self._barriers.pop(gen))
             for key in list(self._waiting):
-                for c, _ in self._waiting.pop(key):
-                    _reply(c, _error(detail, rank))
+                outbox.extend((c, _error(detail, rank), b"") for c, _ in self._waiting.pop(key))
+        _send_all(outbox)
 
     def rank_exited(self, rank: int) -> None:
         """``rank`` has ended normally (its goodbye, or the launcher saw it exit): fail what it
         can no longer join."""
+        outbox: Outbox = []
         with self._lock:
             if rank in self._exited or rank in self._failed or self._closed:
                 return
@@ -340,12 +355,13 @@ class Hub:
                 pass
             for gen, group in list(self._barriers.items()):
                 if rank not in {r for _, r in group}:
-                    self._fail_barrier(gen, rank)
+                    outbox.extend(self._fail_barrier(gen, rank))
             for key, waiters in list(self._waiting.items()):
-                for c, root in waiters:
-                    if root == rank:
-                        _reply(c, _error(self._gone(rank, f"broadcast {key!r}")))
+                outbox.extend(
+                    (c, _error(self._gone(rank, f"broadcast {key!r}")), b"") for c, root in waiters if root == rank
+                )
                 self._waiting[key] = [w for w in waiters if w[1] != rank]
+        _send_all(outbox)
 
     # -- the end --
 

@@ -99,6 +99,35 @@ def test_clients_that_never_handshake_delay_no_one(monkeypatch):
         hub.close()
 
 
+def test_a_client_that_does_not_read_its_reply_delays_no_other_exchange():
+    hub = _Hub(2)
+    try:
+        big = b"x" * (16 << 20)  # far more than a socket's buffers: its send blocks until read
+        put = Client(hub.address, family="AF_UNIX", authkey=hub.key)
+        put.send_bytes(wire.encode({"op": "put", "key": "big#1"}, big))
+        assert wire.parse_reply(put.recv_bytes())[0]["status"] == "ok"
+        sleeper = Client(hub.address, family="AF_UNIX", authkey=hub.key)
+        sleeper.send_bytes(wire.encode({"op": "get", "key": "big#1", "root": 0}))  # never read
+        time.sleep(0.5)  # the hub is now blocked sending to it (up to its send timeout)
+        r0, r1 = RankContext(0, 2, hub.address, hub.key), RankContext(1, 2, hub.address, hub.key)
+        t0 = time.monotonic()
+        got = {}
+        t = threading.Thread(target=lambda: got.setdefault("v", r1.broadcast(None, key="k")))
+        t.start()
+        assert r0.broadcast(b"value", key="k") == b"value"
+        t.join(5)
+        b = threading.Thread(target=r1.barrier)
+        b.start()
+        r0.barrier()
+        b.join(5)
+        assert got == {"v": b"value"} and not b.is_alive()
+        assert time.monotonic() - t0 < 2.0, "an exchange waited for the unread reply"
+        sleeper.close()
+        put.close()
+    finally:
+        hub.close()
+
+
 def test_malformed_messages_get_an_error_reply_and_the_hub_serves_on(monkeypatch):
     hub = _Hub(2)
     try:

@@ -19,8 +19,10 @@ import atexit
 import json
 import os
 import re
+import signal
 import stat
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 
@@ -217,7 +219,9 @@ def prepare_rank_env(single_node: bool) -> None:
 
 
 def remove_at_exit(path: str, close) -> None:
-    """Rank 0: close the hub and remove the rendezvous file when the process ends."""
+    """Rank 0: close the hub and remove the rendezvous file when the process ends, also when it
+    ends by SIGTERM (how torchrun and srun stop their workers), which would skip ``atexit``:
+    where SIGTERM still has its default action, it becomes ``SystemExit(143)``."""
 
     def done() -> None:
         try:
@@ -229,3 +233,9 @@ def remove_at_exit(path: str, close) -> None:
                 pass
 
     atexit.register(done)
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)

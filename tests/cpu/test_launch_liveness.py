@@ -498,3 +498,27 @@ def test_find_hub_keeps_its_deadline_against_a_listener_that_never_answers(tmp_p
         assert time.monotonic() - start < 5.0
     finally:
         listener.close()
+
+
+def test_rank_0_stopped_by_sigterm_still_closes_its_hub_and_removes_its_rendezvous_file(tmp_path):
+    """torchrun and srun stop workers with SIGTERM, which skips atexit by default."""
+    record, marker = tmp_path / "rdzv.json", tmp_path / "closed"
+    record.write_text("{}")
+    script = textwrap.dedent(
+        f"""
+        import pathlib, sys, time
+        from megamoe_rt.ep import rendezvous
+        rendezvous.remove_at_exit({str(record)!r}, lambda: pathlib.Path({str(marker)!r}).write_text("closed"))
+        print("ready", flush=True)
+        time.sleep(60)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=_env())
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 143
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert marker.read_text() == "closed" and not record.exists()

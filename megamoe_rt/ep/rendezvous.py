@@ -105,7 +105,10 @@ def launcher_ranks(env: dict[str, str] | None = None) -> LauncherRanks | None:
 
 def check_single_node(ranks: LauncherRanks) -> None:
     """Refuse, with the way out, launches the local rendezvous cannot serve."""
-    if not 0 <= ranks.rank < ranks.world_size or not 0 <= ranks.local_rank < max(ranks.local_world_size, 1):
+    # A multi-node srun step has no local world size (-1): every task gets the multi-node hint
+    # below, whatever its local rank, not a complaint about the rank.
+    local_limit = ranks.world_size if ranks.local_world_size < 0 else max(ranks.local_world_size, 1)
+    if not 0 <= ranks.rank < ranks.world_size or not 0 <= ranks.local_rank < local_limit:
         raise RuntimeError(
             f"{ranks.launcher}: rank {ranks.rank} of {ranks.world_size} (local {ranks.local_rank}) is not a valid rank"
         )

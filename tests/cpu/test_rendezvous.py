@@ -63,6 +63,8 @@ def test_the_launchers_environments_are_read():
     [
         (rdzv.launcher_ranks(_torchrun(0, 16, local_world=8)), "mpirun"),
         (rdzv.launcher_ranks(_slurm(0, 16, nodes=2)), "srun --mpi=pmix"),
+        # Every task of the step, not only the first of a node, gets the way out.
+        (rdzv.launcher_ranks(_slurm(9, 16, nodes=2, SLURM_LOCALID="1")), "srun --mpi=pmix"),
     ],
 )
 def test_ranks_across_nodes_without_mpi_are_refused_with_the_way_out(ranks, advice):

@@ -21,6 +21,7 @@ import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -593,9 +594,13 @@ def launch_script(
             raise ValueError(f"devices: {devices!r} names {listed} GPUs; expected one, or one per rank ({nprocs})")
         assigned_device(0, base)  # a malformed list is refused before any rank starts
     liveness.heartbeat_timeout_s()  # a malformed $MEGAMOE_RT_HEARTBEAT_TIMEOUT_S, before any rank starts
-    # SIGTERM / SIGHUP to the launcher must still run the clean-up below (no orphans).
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _exit_on_signal)
+    # SIGTERM / SIGHUP to the launcher must still run the clean-up below (no orphans), for the
+    # launch only: the caller's handlers come back after it. Signal handlers belong to the main
+    # thread; from another thread the ranks still die with the launcher's process.
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, _exit_on_signal)
     hub = Hub(nprocs)
     procs: list[subprocess.Popen] = []
     preexec = liveness.preexec_die_with_parent()
@@ -658,3 +663,5 @@ def launch_script(
                 p.kill()
                 p.wait()
         hub.close()
+        for signum, handler in previous.items():  # None: one set outside Python, taken as the default
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)

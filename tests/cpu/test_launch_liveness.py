@@ -522,3 +522,23 @@ def test_rank_0_stopped_by_sigterm_still_closes_its_hub_and_removes_its_rendezvo
         if proc.poll() is None:
             proc.kill()
     assert marker.read_text() == "closed" and not record.exists()
+
+
+def test_launch_script_gives_the_callers_signal_handlers_back_and_runs_from_a_thread(tmp_path):
+    script = tmp_path / "ok.py"
+    script.write_text("print('rank ran')\n")
+
+    def mine(signum, frame):
+        pass
+
+    before = signal.signal(signal.SIGTERM, mine)
+    try:
+        assert launch_script(2, str(script), []) == 0
+        assert signal.getsignal(signal.SIGTERM) is mine
+        status = []
+        t = threading.Thread(target=lambda: status.append(launch_script(2, str(script), [])))
+        t.start()
+        t.join(120)
+        assert status == [0]
+    finally:
+        signal.signal(signal.SIGTERM, before)

@@ -1,10 +1,21 @@
-"""One launch of the flash L1 8192 grouped GEMM (128x128 tiles), for Nsight Compute."""
+"""One launch of the flash L1 8192 grouped GEMM, for Nsight Compute.
+
+    python bench/gemm_profile_one.py [MxN]     # a forced tile (default: the heuristic's, 128x128)
+"""
+
+import sys
 
 import cupy as cp
 import numpy as np
 
+from megamoe_rt.kernels.gemm_heuristics import tile_config
 from megamoe_rt.kernels.grouped_gemm import plan_grouped_gemm_fp8
 from megamoe_rt.kernels.quantize import quantize_fp8
+
+config = None
+if len(sys.argv) > 1:
+    bm, bn = (int(v) for v in sys.argv[1].split("x"))
+    config = tile_config(bm, bn, layout="contiguous", epilogue="bf16")
 
 g, m, n, k = 32, 1536, 4096, 4096
 rows = g * m
@@ -14,7 +25,7 @@ a_sf_t = cp.random.uniform(0.5, 1.5, size=(k // 128, rows)).astype(cp.float32)
 b_sf = cp.full((g, n // 128, k // 128), 1 / 64, dtype=cp.float32)
 offsets = cp.asarray(np.arange(g + 1, dtype=np.int32) * m)
 plan = plan_grouped_gemm_fp8(
-    a, a_sf_t, b.reshape(g, n, k), b_sf, group_offsets=offsets, check_layout=False, a_sf_kmajor=True
+    a, a_sf_t, b.reshape(g, n, k), b_sf, group_offsets=offsets, check_layout=False, a_sf_kmajor=True, config=config
 )
 plan.run()
 cp.cuda.Device().synchronize()

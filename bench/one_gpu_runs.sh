@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The one-GPU runs still owed by code that so far ran only on the CPU (NVRTC builds, SASS and
+# spill checks, plans and models). Each stage fits a 10-minute job on one Hopper GPU; run from
+# the repository root:
+#
+#   bench/one_gpu_runs.sh STAGE [OUT_DIR]        OUT_DIR defaults to bench/results
+#
+#   verify     the GPU tests of the layer, the GEMM (every tile, the 128x256 one included), token
+#              windows, deadlines, the examples and the README; then the cross-rank tests of
+#              rings and token windows with both ranks on GPU 0 (correctness only)
+#   tiles      bench gemm with the heuristic's tile, 128x128 and 128x256 side by side (flash,
+#              pro, v3 x 2048/8192, with the torch peers), then Nsight Compute's tensor-pipe and
+#              shared-memory figures of flash L1 8192 on both tiles where ncu reads counters
+#   prefill    long calls against rings and a 16K-token window (flash, pro x 65536/131072)
+#   faults     the fault suite on this tree (python -m megamoe_rt.cli.faults)
+#
+# Writes OUT_DIR/one_gpu_<stage>.txt (and .json / .md where the run has one).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+STAGE=${1:?"usage: bench/one_gpu_runs.sh verify|tiles|prefill|faults [OUT_DIR]"}
+OUT=${2:-bench/results}
+mkdir -p "$OUT"
+export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+log="$OUT/one_gpu_$STAGE.txt"
+
+case "$STAGE" in
+verify)
+    python3 -m pytest -q -m gpu -rfE tests/gpu/test_gemm_gpu.py tests/gpu/test_token_window_gpu.py \
+        tests/gpu/test_deadlines_gpu.py tests/gpu/test_layer_gpu.py tests/gpu/test_fused_gpu.py \
+        tests/gpu/test_split_gpu.py tests/gpu/test_prefill_gpu.py tests/gpu/test_examples_gpu.py \
+        tests/gpu/test_readme_gpu.py 2>&1 | tee "$log"
+    MEGAMOE_RT_RANK_DEVICES=0 python3 -m pytest -q -m multigpu -rfE \
+        tests/multigpu/test_prefill_multigpu.py -k wrapping 2>&1 | tee -a "$log"
+    ;;
+tiles)
+    python3 -m megamoe_rt bench gemm --presets flash,pro,v3 --tokens 2048,8192 --tiles 128x128,128x256 \
+        -o "$OUT/one_gpu_tiles.json" 2>&1 | tee "$log"
+    if command -v ncu >/dev/null; then
+        for tile in 128x128 128x256; do
+            ncu --clock-control none -k regex:sm90_fp8_grouped_gemm -c 1 \
+                --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,smsp__cycles_active.avg,gpu__time_duration.sum \
+                python3 bench/gemm_profile_one.py "$tile" 2>&1 | tee -a "$log"
+        done
+    fi
+    ;;
+prefill)
+    python3 -m megamoe_rt bench prefill --presets flash,pro --tokens 65536,131072 --ratios 0.25 --windows 16384 \
+        --rounds 1 -o "$OUT/one_gpu_prefill.json" 2>&1 | tee "$log"
+    ;;
+faults)
+    python3 -m megamoe_rt.cli.faults --md "$OUT/one_gpu_faults.md" -o "$OUT/one_gpu_faults.json" 2>&1 | tee "$log"
+    ;;
+*)
+    echo "bench/one_gpu_runs.sh: unknown stage '$STAGE' (verify, tiles, prefill, faults)" >&2
+    exit 2
+    ;;
+esac

@@ -12,12 +12,6 @@ from typing import Any
 from megamoe_rt.runtime import driver
 
 
-def _cu():
-    from cuda.bindings import driver as cu
-
-    return cu
-
-
 @dataclass
 class KernelNode:
     node: Any
@@ -27,7 +21,7 @@ class KernelNode:
 
 
 def _kernel_params(kernel: driver.LoadedKernel, grid, block, args: Sequence, ctx, smem: int | None):
-    cu = _cu()
+    cu = driver.cuda_driver()
     g = tuple(grid) + (1,) * (3 - len(tuple(grid)))
     b = tuple(block) + (1,) * (3 - len(tuple(block)))
     p = cu.CUDA_KERNEL_NODE_PARAMS()
@@ -45,7 +39,7 @@ def _kernel_params(kernel: driver.LoadedKernel, grid, block, args: Sequence, ctx
 
 class GraphBuilder:
     def __init__(self):
-        self.graph = driver.call(_cu().cuGraphCreate, 0)
+        self.graph = driver.call(driver.cuda_driver().cuGraphCreate, 0)
         self.exec = None
         self._keep: list = []
 
@@ -60,7 +54,7 @@ class GraphBuilder:
         deps: Sequence[Any] = (),
         smem: int | None = None,
     ) -> KernelNode:
-        cu = _cu()
+        cu = driver.cuda_driver()
         if ctx is None:
             ctx = driver.ensure_context()
         params, ptrs = _kernel_params(kernel, grid, block, args, ctx, smem)
@@ -70,7 +64,7 @@ class GraphBuilder:
         return KernelNode(node, kernel, params, list(args))
 
     def add_memset_u32(self, ptr: int, value: int, count: int, *, deps: Sequence[Any] = (), ctx: Any = None):
-        cu = _cu()
+        cu = driver.cuda_driver()
         p = cu.CUDA_MEMSET_NODE_PARAMS()
         p.dst = ptr
         p.value = value & 0xFFFFFFFF
@@ -90,7 +84,7 @@ class GraphBuilder:
 
     def set_cooperative(self, node: KernelNode) -> None:
         """Launch the node's grid cooperatively (all blocks co-resident, as a grid barrier needs)."""
-        cu = _cu()
+        cu = driver.cuda_driver()
         value = cu.CUkernelNodeAttrValue()
         value.cooperative = 1
         driver.call(
@@ -100,7 +94,7 @@ class GraphBuilder:
     def add_to_capture(self, stream: Any) -> None:
         """Append this graph to the graph ``stream`` is being captured into, as one child node
         after the stream's current dependencies (the kernels' arguments as they are now)."""
-        cu = _cu()
+        cu = driver.cuda_driver()
         sh = driver.stream_handle(stream)
         info = driver.call(cu.cuStreamGetCaptureInfo, sh)
         # (status, id, graph, dependencies, edge data, count) with cuda-bindings 13; 12 has no edge data.
@@ -114,7 +108,7 @@ class GraphBuilder:
             driver.call(cu.cuStreamUpdateCaptureDependencies, sh, [child], 1, flag)
 
     def instantiate(self):
-        cu = _cu()
+        cu = driver.cuda_driver()
         if self.exec is not None:
             driver.call(cu.cuGraphExecDestroy, self.exec)
             self.exec = None
@@ -124,14 +118,14 @@ class GraphBuilder:
     def launch(self, stream: Any = None) -> None:
         if self.exec is None:
             self.instantiate()
-        driver.call(_cu().cuGraphLaunch, self.exec, driver.stream_handle(stream))
+        driver.call(driver.cuda_driver().cuGraphLaunch, self.exec, driver.stream_handle(stream))
 
     def update_kernel(self, node: KernelNode, args: Sequence, *, grid=None, template: bool = True) -> None:
         """Rewrite a kernel node's arguments, and its grid when given, in the executable graph
         (launches already enqueued keep what they had); with ``template`` also in the graph it
         was built from, else later through :meth:`update_template` (only a capture copies it).
         The arguments are copied, so the caller may change its ctypes objects afterwards."""
-        cu = _cu()
+        cu = driver.cuda_driver()
         p = node.params
         if grid is not None:
             g = tuple(grid) + (1,) * (3 - len(tuple(grid)))
@@ -145,14 +139,14 @@ class GraphBuilder:
 
     def update_template(self, node: KernelNode) -> None:
         """Bring the built-from graph's copy of ``node`` up to :meth:`update_kernel`'s last write."""
-        cu = _cu()
+        cu = driver.cuda_driver()
         p = node.params
         ptrs = (ctypes.c_void_p * max(len(node.args), 1))(*[ctypes.addressof(a) for a in node.args])
         p.kernelParams = ctypes.addressof(ptrs)
         driver.call(cu.cuGraphKernelNodeSetParams, node.node, p)
 
     def close(self) -> None:
-        cu = _cu()
+        cu = driver.cuda_driver()
         if self.exec is not None:
             driver.call(cu.cuGraphExecDestroy, self.exec)
             self.exec = None

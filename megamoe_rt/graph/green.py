@@ -21,21 +21,15 @@ from megamoe_rt.graph.partition import Request, plan_partitions
 from megamoe_rt.runtime import driver
 
 
-def _cu():
-    from cuda.bindings import driver as cu
-
-    return cu
-
-
 def sm_resource(device: int):
-    cu = _cu()
+    cu = driver.cuda_driver()
     driver.ensure_context(device)
     dev = driver.call(cu.cuDeviceGet, device)
     return driver.call(cu.cuDeviceGetDevResource, dev, cu.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM)
 
 
 def _split_flags(fine: bool) -> int:
-    cu = _cu()
+    cu = driver.cuda_driver()
     return int(cu.CUdevSmResourceSplitByCount_flags.CU_DEV_SM_RESOURCE_SPLIT_IGNORE_SM_COSCHEDULING) if fine else 0
 
 
@@ -43,7 +37,7 @@ def partition_granularity(device: int, *, fine: bool = False) -> int:
     """Minimum SMs per partition, as the driver rounds a one-SM request: 8 on Hopper, 2 with
     ``fine`` (SM co-scheduling ignored: finer partitions, no large thread-block clusters)."""
     res = sm_resource(device)
-    cu = _cu()
+    cu = driver.cuda_driver()
     groups, made, _ = driver.call(cu.cuDevSmResourceSplitByCount, 1, res, _split_flags(fine), 1)
     if made:
         return int(groups[0].sm.smCount)
@@ -54,7 +48,7 @@ def partition_granularity(device: int, *, fine: bool = False) -> int:
 def split_table(device: int, *, fine: bool = False) -> list[tuple[int, int, int]]:
     """``(asked, granted, left)`` for one group of each count split off the whole device:
     what the hardware allows as a first partition (nothing is created)."""
-    cu = _cu()
+    cu = driver.cuda_driver()
     res = sm_resource(device)
     flags = _split_flags(fine)
     rows = []
@@ -85,7 +79,7 @@ class GreenPartitions:
     """
 
     def __init__(self, requests: Sequence[tuple[str, Request]], *, device: int = 0, fine: bool = False):
-        cu = _cu()
+        cu = driver.cuda_driver()
         self.device = device
         info = driver.require_hopper(device)
         self.granularity = partition_granularity(device, fine=fine)
@@ -133,7 +127,7 @@ class GreenPartitions:
     def _resplittable(self, remainder: Any, dev: Any) -> Any:
         """The SM resource of a green context over ``remainder``: a split's remainder can only
         be split again through one (the context stays alive until :meth:`close`)."""
-        cu = _cu()
+        cu = driver.cuda_driver()
         desc = driver.call(cu.cuDevResourceGenerateDesc, [remainder], 1)
         holder = driver.call(cu.cuGreenCtxCreate, desc, dev, cu.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM)
         self._holders.append(holder)
@@ -149,7 +143,7 @@ class GreenPartitions:
         if self._closed:
             return
         self._closed = True
-        cu = _cu()
+        cu = driver.cuda_driver()
         first_error = None
         handles = [
             (fn, handle)

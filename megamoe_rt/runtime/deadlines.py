@@ -66,7 +66,7 @@ class TimeoutRecord:
     _instance: TimeoutRecord | None = None
 
     def __init__(self) -> None:
-        cu = driver._cu()
+        cu = driver.cuda_driver()
         driver.ensure_context()
         size = ctypes.sizeof(_RecordFields)
         flags = cu.CU_MEMHOSTALLOC_DEVICEMAP | cu.CU_MEMHOSTALLOC_PORTABLE

@@ -35,7 +35,8 @@ _init_error: str | None = None
 _initialized = False
 
 
-def _cu() -> Any:
+def cuda_driver() -> Any:
+    """``cuda.bindings.driver`` (the one import of it: a missing package is a GpuUnavailableError)."""
     try:
         from cuda.bindings import driver
     except ImportError as exc:  # cuda-bindings is a base dependency; say so plainly
@@ -87,7 +88,7 @@ def call(fn: Callable[..., Any], *args: Any) -> Any:
 
     Returns None, the single value, or a tuple of values.
     """
-    cu = _cu()
+    cu = cuda_driver()
     out = fn(*args)
     if not isinstance(out, tuple):
         out = (out,)
@@ -134,7 +135,7 @@ def _from_core_error(name: str, exc: BaseException) -> CudaError:
     code = -1
     if head.startswith("CUDA_ERROR_"):
         try:
-            code = int(getattr(_cu().CUresult, head))
+            code = int(getattr(cuda_driver().CUresult, head))
         except (AttributeError, GpuUnavailableError):
             pass
     if code < 0:
@@ -169,7 +170,7 @@ def _ensure_init() -> None:
             return
         if _init_error is None:
             try:
-                cu = _cu()
+                cu = cuda_driver()
                 call(cu.cuInit, 0)
                 _initialized = True
                 return
@@ -194,7 +195,7 @@ def pointer_location(ptr: int) -> tuple[str, int | None]:
     """Where the driver says ``ptr`` points: ``("device", ordinal)`` for device (or managed)
     memory, ``("host", None)`` for host memory CUDA knows of (pinned, registered), and
     ``("unknown", None)`` for an address no CUDA context allocated, mapped or registered."""
-    cu = _cu()
+    cu = cuda_driver()
     _ensure_init()
     attr = cu.CUpointer_attribute
     err, memtype = cu.cuPointerGetAttribute(attr.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr)
@@ -210,14 +211,14 @@ def driver_version() -> tuple[int, int] | None:
     """(major, minor) of the installed driver's CUDA version, or None without a driver."""
     if not driver_available():
         return None
-    v = call(_cu().cuDriverGetVersion)
+    v = call(cuda_driver().cuDriverGetVersion)
     return v // 1000, (v % 1000) // 10
 
 
 def device_count() -> int:
     if not driver_available():
         return 0
-    return int(call(_cu().cuDeviceGetCount))
+    return int(call(cuda_driver().cuDeviceGetCount))
 
 
 @dataclass(frozen=True)
@@ -246,7 +247,7 @@ def device_info(ordinal: int = 0) -> DeviceInfo:
     the driver, so that nothing here starts CUDA runtime state.
     """
     _ensure_init()
-    cu = _cu()
+    cu = cuda_driver()
     n = device_count()
     if not 0 <= ordinal < n:
         raise ValueError(f"device ordinal {ordinal} is out of range: this machine has {n} CUDA device(s)")
@@ -308,7 +309,7 @@ _primary_ctx: dict[int, Any] = {}
 def current_device() -> int:
     """The device of the current context; CuPy's current device if CuPy is loaded; else 0."""
     _ensure_init()
-    cu = _cu()
+    cu = cuda_driver()
     ctx = call(cu.cuCtxGetCurrent)
     if ctx is not None and int(ctx) != 0:
         return int(call(cu.cuCtxGetDevice))
@@ -332,7 +333,7 @@ def ensure_context(ordinal: int | None = None) -> Any:
     ctx = _current_context_on(ordinal)
     if ctx is None:
         ctx = _primary_context(ordinal)
-        call(_cu().cuCtxSetCurrent, ctx)
+        call(cuda_driver().cuCtxSetCurrent, ctx)
     return ctx
 
 
@@ -347,7 +348,7 @@ def context_for(ordinal: int) -> Any:
 
 def _current_context_on(ordinal: int) -> Any:
     """The calling thread's current context if it is on GPU ``ordinal``, else None."""
-    cu = _cu()
+    cu = cuda_driver()
     ctx = call(cu.cuCtxGetCurrent)
     if ctx is not None and int(ctx) != 0 and int(call(cu.cuCtxGetDevice)) == ordinal:
         return ctx
@@ -356,7 +357,7 @@ def _current_context_on(ordinal: int) -> Any:
 
 def _primary_context(ordinal: int) -> Any:
     """GPU ``ordinal``'s primary context, retained once per process."""
-    cu = _cu()
+    cu = cuda_driver()
     with _lock:
         pctx = _primary_ctx.get(ordinal)
         if pctx is None:
@@ -377,7 +378,7 @@ def core_device(ordinal: int | None = None) -> Any:
     that makes the primary context current, so a context that :func:`ensure_context` found
     current (a green context's, say) is made current again afterwards.
     """
-    cu = _cu()
+    cu = cuda_driver()
     ctx = ensure_context(ordinal)
     if ordinal is None:
         ordinal = int(call(cu.cuCtxGetDevice))
@@ -533,7 +534,7 @@ class Event:
 
     def record(self, stream: Any = None) -> Event:
         # Recorded through the driver so that any stream stream_handle accepts will do.
-        call(_cu().cuEventRecord, self._event.handle, stream_handle(stream))
+        call(cuda_driver().cuEventRecord, self._event.handle, stream_handle(stream))
         return self
 
     def synchronize(self) -> None:
@@ -541,7 +542,7 @@ class Event:
 
     def wait_on(self, stream: Any = None) -> None:
         """Make ``stream`` wait (on the device) for the work recorded before this event."""
-        call(_cu().cuStreamWaitEvent, stream_handle(stream), self._event.handle, 0)
+        call(cuda_driver().cuStreamWaitEvent, stream_handle(stream), self._event.handle, 0)
 
     @property
     def done(self) -> bool:
@@ -558,7 +559,7 @@ class Event:
 
 def memset_d32_async(ptr: int, value: int, count: int, stream: Any = None) -> None:
     if count:
-        call(_cu().cuMemsetD32Async, ptr, value & 0xFFFFFFFF, count, stream_handle(stream))
+        call(cuda_driver().cuMemsetD32Async, ptr, value & 0xFFFFFFFF, count, stream_handle(stream))
 
 
 def memcpy_2d_async(
@@ -567,7 +568,7 @@ def memcpy_2d_async(
     """Device-to-device copy of ``rows`` rows of ``width_bytes`` between pitched layouts."""
     if not rows or not width_bytes:
         return
-    cu = _cu()
+    cu = cuda_driver()
     m = cu.CUDA_MEMCPY2D()
     m.srcMemoryType = m.dstMemoryType = cu.CUmemorytype.CU_MEMORYTYPE_DEVICE
     m.srcDevice, m.srcPitch = src, src_pitch
@@ -594,8 +595,8 @@ class StreamOrder:
         elif handle in (0, 1):
             kind = "legacy"
         else:
-            flags = int(call(_cu().cuStreamGetFlags, handle))
-            nb = int(_cu().CUstream_flags.CU_STREAM_NON_BLOCKING)
+            flags = int(call(cuda_driver().cuStreamGetFlags, handle))
+            nb = int(cuda_driver().CUstream_flags.CU_STREAM_NON_BLOCKING)
             kind = "non_blocking" if flags & nb else "blocking"
         return cls(handle, kind, threading.get_ident() if kind == "per_thread" else 0)
 
@@ -620,7 +621,7 @@ def _per_thread_default() -> bool:
 
 
 def stream_is_capturing(stream: Any = None) -> bool:
-    cu = _cu()
+    cu = cuda_driver()
     status = call(cu.cuStreamIsCapturing, stream_handle(stream))
     return bool(status != cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE)
 
@@ -628,18 +629,18 @@ def stream_is_capturing(stream: Any = None) -> bool:
 def free_memory_bytes(ordinal: int | None = None) -> int:
     """Device memory free now (cuMemGetInfo, in the device's primary context)."""
     ensure_context(ordinal)
-    free, _total = call(_cu().cuMemGetInfo)
+    free, _total = call(cuda_driver().cuMemGetInfo)
     return int(free)
 
 
 def synchronize_device(ordinal: int | None = None) -> None:
     """Wait for all work on a device (its primary context)."""
     ensure_context(ordinal)
-    call(_cu().cuCtxSynchronize)
+    call(cuda_driver().cuCtxSynchronize)
 
 
 def synchronize_stream(stream: Any = None) -> None:
-    call(_cu().cuStreamSynchronize, stream_handle(stream))
+    call(cuda_driver().cuStreamSynchronize, stream_handle(stream))
 
 
 # --- memory ---------------------------------------------------------------------
@@ -681,18 +682,18 @@ class DeviceMemory:
 
     def memset_u8(self, value: int, stream: Any = None, nbytes: int | None = None, offset: int = 0) -> None:
         n = self.nbytes - offset if nbytes is None else nbytes
-        call(_cu().cuMemsetD8Async, self.ptr + offset, value & 0xFF, n, stream_handle(stream))
+        call(cuda_driver().cuMemsetD8Async, self.ptr + offset, value & 0xFF, n, stream_handle(stream))
 
     def copy_from_host(self, data: bytes | memoryview, offset: int = 0) -> None:
         mv = memoryview(data).cast("B")
         if offset + mv.nbytes > self.nbytes:
             raise ValueError(f"copy of {mv.nbytes} bytes at offset {offset} overflows a {self.nbytes}-byte allocation")
-        call(_cu().cuMemcpyHtoD, self.ptr + offset, mv, mv.nbytes)
+        call(cuda_driver().cuMemcpyHtoD, self.ptr + offset, mv, mv.nbytes)
 
     def copy_to_host(self, nbytes: int | None = None, offset: int = 0) -> bytearray:
         n = self.nbytes - offset if nbytes is None else nbytes
         out = bytearray(n)
-        call(_cu().cuMemcpyDtoH, out, self.ptr + offset, n)
+        call(cuda_driver().cuMemcpyDtoH, out, self.ptr + offset, n)
         return out
 
     def free(self) -> None:
@@ -700,7 +701,7 @@ class DeviceMemory:
             return
         self._ptr = None
         if not self._ordered:
-            call(_cu().cuCtxSynchronize)
+            call(cuda_driver().cuCtxSynchronize)
         core_call("cuMemFreeAsync", self._buf.close, self._stream)
 
     def __del__(self) -> None:
@@ -723,7 +724,7 @@ def _launch_config(
     cooperative: bool = False,
     programmatic: bool = False,
 ) -> Any:
-    cu = _cu()
+    cu = cuda_driver()
     cfg = cu.CUlaunchConfig()
     cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
     cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
@@ -765,7 +766,7 @@ class LoadedKernel:
 
     def __init__(self, cubin: bytes, lowered_name: str, *, dynamic_smem_bytes: int = 0):
         ensure_context()
-        cu = _cu()
+        cu = cuda_driver()
         self.lowered_name = lowered_name
         self.library = call(cu.cuLibraryLoadData, cubin, None, None, 0, None, None, 0)
         self.kernel = call(cu.cuLibraryGetKernel, self.library, lowered_name.encode())
@@ -786,7 +787,7 @@ class LoadedKernel:
         memory of the SMs it runs on, and a block of another kernel that needs more cannot join
         them until they drain: a kernel whose blocks wait for such a kernel's work (a streamed
         call's consumer, waiting on the producer's kernels) must not do that to every SM."""
-        cu = _cu()
+        cu = cuda_driver()
         call(
             cu.cuFuncSetAttribute,
             self.function,
@@ -795,7 +796,7 @@ class LoadedKernel:
         )
 
     def attribute(self, name: str) -> int:
-        cu = _cu()
+        cu = cuda_driver()
         attr = getattr(cu.CUfunction_attribute, f"CU_FUNC_ATTRIBUTE_{name.upper()}")
         return int(call(cu.cuFuncGetAttribute, attr, self.function))
 
@@ -826,7 +827,7 @@ class LoadedKernel:
             raise ValueError(f"grid {g} and block {b} must be positive")
         ptrs = (ctypes.c_void_p * max(len(args), 1))(*[ctypes.addressof(a) for a in args])
         smem = self.dynamic_smem_bytes if smem_bytes is None else smem_bytes
-        cu = _cu()
+        cu = cuda_driver()
         func = cu.CUfunction(int(self.kernel)) if in_stream_context else self.function
         if cluster is not None and tuple(cluster) in ((1,), (1, 1, 1)):
             cluster = None
@@ -853,16 +854,16 @@ class LoadedKernel:
             b = tuple(block) + (1,) * (3 - len(block))
             c = tuple(cluster) + (1,) * (3 - len(cluster))
             cfg = _launch_config(c, b, smem, 0, cluster=c)
-            cache[key] = int(call(_cu().cuOccupancyMaxActiveClusters, self.function, cfg))
+            cache[key] = int(call(cuda_driver().cuOccupancyMaxActiveClusters, self.function, cfg))
         return cache[key]
 
     def max_active_blocks_per_sm(self, block_threads: int, smem_bytes: int | None = None) -> int:
         smem = self.dynamic_smem_bytes if smem_bytes is None else smem_bytes
-        return int(call(_cu().cuOccupancyMaxActiveBlocksPerMultiprocessor, self.function, block_threads, smem))
+        return int(call(cuda_driver().cuOccupancyMaxActiveBlocksPerMultiprocessor, self.function, block_threads, smem))
 
     def __del__(self) -> None:
         try:
             if getattr(self, "library", None) is not None:
-                _cu().cuLibraryUnload(self.library)
+                cuda_driver().cuLibraryUnload(self.library)
         except Exception:
             pass

@@ -35,7 +35,7 @@ class ErrorReport:
     :meth:`take` read it on the host without waiting for anything."""
 
     def __init__(self, device: int | None = None) -> None:
-        cu = driver._cu()
+        cu = driver.cuda_driver()
         driver.ensure_context(device)
         self._size = ctypes.sizeof(_ReportFields)
         flags = cu.CU_MEMHOSTALLOC_DEVICEMAP | cu.CU_MEMHOSTALLOC_PORTABLE
@@ -66,7 +66,7 @@ class ErrorReport:
             ptr, self.host_ptr = self.host_ptr, 0
             self.device_ptr = 0
             try:
-                driver.call(driver._cu().cuMemFreeHost, ptr)
+                driver.call(driver.cuda_driver().cuMemFreeHost, ptr)
             except Exception:  # interpreter shutdown, dead context: nothing to give back
                 pass
 

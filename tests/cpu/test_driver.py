@@ -326,7 +326,7 @@ def test_context_for_leaves_the_current_context_alone_and_ensure_context_switche
 
     fake = _FakeDriver()
     fake.current = Ctx("ctx0")
-    monkeypatch.setattr(driver, "_cu", lambda: fake)
+    monkeypatch.setattr(driver, "cuda_driver", lambda: fake)
     monkeypatch.setattr(driver, "_ensure_init", lambda: None)
     monkeypatch.setattr(driver, "_primary_ctx", {})
     assert driver.context_for(0) == "ctx0"  # the current context, on the GPU asked for

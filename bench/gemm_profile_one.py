@@ -1,6 +1,6 @@
 """One launch of the flash L1 8192 grouped GEMM, for Nsight Compute.
 
-    python bench/gemm_profile_one.py [MxN]     # a forced tile (default: the heuristic's, 128x128)
+Usage: ``python bench/gemm_profile_one.py [MxN]``, MxN a forced tile (default: the heuristic's).
 """
 
 import sys

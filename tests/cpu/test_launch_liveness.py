@@ -64,6 +64,23 @@ def _wait_for(pred, timeout_s: float) -> bool:
 # --- the hub: handshakes and messages ------------------------------------------------------
 
 
+def _two_ranks_exchange_s(hub) -> float:
+    """Seconds two ranks of ``hub`` take for a broadcast and a barrier (each checked)."""
+    r0, r1 = RankContext(0, 2, hub.address, hub.key), RankContext(1, 2, hub.address, hub.key)
+    got = {}
+    t0 = time.monotonic()
+    t = threading.Thread(target=lambda: got.setdefault("v", r1.broadcast(None, key="k")))
+    t.start()
+    assert r0.broadcast(b"value", key="k") == b"value"
+    t.join(5)
+    b = threading.Thread(target=r1.barrier)
+    b.start()
+    r0.barrier()
+    b.join(5)
+    assert got == {"v": b"value"} and not b.is_alive()
+    return time.monotonic() - t0
+
+
 def test_clients_that_never_handshake_delay_no_one(monkeypatch):
     monkeypatch.setattr(wire, "HANDSHAKE_TIMEOUT_S", 1.0)
     hub = _Hub(2)
@@ -73,19 +90,7 @@ def test_clients_that_never_handshake_delay_no_one(monkeypatch):
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             s.connect(hub.address)
             stalled.append(s)
-        r0, r1 = RankContext(0, 2, hub.address, hub.key), RankContext(1, 2, hub.address, hub.key)
-        got = {}
-        t0 = time.monotonic()
-        t = threading.Thread(target=lambda: got.setdefault("v", r1.broadcast(None, key="k")))
-        t.start()
-        assert r0.broadcast(b"value", key="k") == b"value"
-        t.join(5)
-        b = threading.Thread(target=r1.barrier)
-        b.start()
-        r0.barrier()
-        b.join(5)
-        assert got == {"v": b"value"} and not b.is_alive()
-        assert time.monotonic() - t0 < 3.0
+        assert _two_ranks_exchange_s(hub) < 3.0
         # The hub gives up on each stalled handshake after its timeout: the socket is closed.
         s = stalled[0]
         s.settimeout(5.0)
@@ -109,19 +114,7 @@ def test_a_client_that_does_not_read_its_reply_delays_no_other_exchange():
         sleeper = Client(hub.address, family="AF_UNIX", authkey=hub.key)
         sleeper.send_bytes(wire.encode({"op": "get", "key": "big#1", "root": 0}))  # never read
         time.sleep(0.5)  # the hub is now blocked sending to it (up to its send timeout)
-        r0, r1 = RankContext(0, 2, hub.address, hub.key), RankContext(1, 2, hub.address, hub.key)
-        t0 = time.monotonic()
-        got = {}
-        t = threading.Thread(target=lambda: got.setdefault("v", r1.broadcast(None, key="k")))
-        t.start()
-        assert r0.broadcast(b"value", key="k") == b"value"
-        t.join(5)
-        b = threading.Thread(target=r1.barrier)
-        b.start()
-        r0.barrier()
-        b.join(5)
-        assert got == {"v": b"value"} and not b.is_alive()
-        assert time.monotonic() - t0 < 2.0, "an exchange waited for the unread reply"
+        assert _two_ranks_exchange_s(hub) < 2.0, "an exchange waited for the unread reply"
         sleeper.close()
         put.close()
     finally:

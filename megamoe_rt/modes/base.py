@@ -29,6 +29,7 @@ from megamoe_rt.modes.peers import write_peer_table
 from megamoe_rt.runtime.buffer import LayerBuffer, SymmetricLayerBuffer
 from megamoe_rt.schedule.layout import BufferLayout, symm_buffer_layout
 from megamoe_rt.schedule.streaming import StreamConfig
+from megamoe_rt.schedule.token_windows import token_windows
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,16 @@ class Call(NamedTuple):
             bound,
             self.token_base + first,
         )
+
+    def windows(self, window: int | None, *, hidden: int, num_topk: int) -> list[Call]:
+        """The calls this call runs as: itself (``window`` None), or one per token window of
+        ``window`` tokens (megamoe_rt/schedule/token_windows.py)."""
+        if window is None:
+            return [self]
+        return [
+            self.window(w.first, w.num_tokens, w.bound, hidden=hidden, num_topk=num_topk)
+            for w in token_windows(self.num_tokens, self.bound, window)
+        ]
 
 
 class Mode(ABC):

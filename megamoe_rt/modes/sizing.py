@@ -7,10 +7,12 @@ plan a user reads before allocating is the allocation (``tests/cpu/test_plan_siz
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from megamoe_rt.modes.base import POOL_REGIONS, LayerSpec, LayoutNeeds, Mode, buffer_layout
 from megamoe_rt.schedule.layout import BufferLayout
 from megamoe_rt.schedule.ring_size import PoolCost, ring_blocks_for_memory, ring_blocks_for_ratio
+from megamoe_rt.schedule.token_windows import num_windows
 
 
 def full_pool_layout(mode_cls: type[Mode], spec: LayerSpec) -> BufferLayout:
@@ -51,3 +53,18 @@ def layer_layout(
             raise ValueError("chunk_ratio='auto': sizing the ring needs the device memory free (free_bytes)")
         ring_blocks = ring_for_chunk_ratio(mode_cls, spec, chunk_ratio, free_bytes or (lambda: 0))
     return buffer_layout(spec, mode_cls.layout_needs(spec, ring_blocks))
+
+
+def token_window_note(runner: Mode, capacity: int, window: int) -> str:
+    """The memory report's line on token windows: the buffer of a layer whose mode object is
+    ``runner`` against the one a layer without a window would allocate (the mode's default
+    pool at the full ``capacity``)."""
+    line = (
+        f"token window: {window} tokens per rank (a call of up to {capacity} tokens runs as up to "
+        f"{num_windows(capacity, window)} windows); buffer {runner.layout.total_bytes / 2**20:.2f} MiB"
+    )
+    try:
+        whole = layer_layout(type(runner), replace(runner.spec, num_max_tokens_per_rank=capacity))
+    except ValueError as exc:  # a capacity the mode cannot hold in one window at all
+        return f"{line}; without a window: not possible ({exc})"
+    return f"{line} vs {whole.total_bytes / 2**20:.2f} MiB without a window"

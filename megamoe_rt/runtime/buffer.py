@@ -43,6 +43,10 @@ class LayerBuffer(Protocol):
         """A CuPy array over region ``name``, typed and shaped as the layout says."""
         ...
 
+    def close(self) -> None:
+        """Give the memory back (work still using it must have finished)."""
+        ...
+
 
 @runtime_checkable
 class SymmetricLayerBuffer(LayerBuffer, Protocol):
@@ -57,8 +61,6 @@ class SymmetricLayerBuffer(LayerBuffer, Protocol):
     def peer_view(self, rank: int, name: str) -> Any: ...
 
     def peer_table(self) -> ctypes.Array[ctypes.c_uint64]: ...
-
-    def close(self) -> None: ...
 
 
 def typed_view(raw: Any, region: Region) -> Any:
@@ -106,8 +108,14 @@ class DeviceBuffer(LaidOutBuffer):
         self.layout = layout
         self.device = device
         with cupy.cuda.Device(device):
-            self._mem = cupy.empty(layout.total_bytes, dtype=cupy.uint8)
+            self._mem: Any = cupy.empty(layout.total_bytes, dtype=cupy.uint8)
         self.base_ptr = int(self._mem.data.ptr)
 
     def _bytes(self, offset: int, nbytes: int) -> Any:
+        if self._mem is None:
+            raise RuntimeError("DeviceBuffer: the buffer was closed")
         return self._mem[offset : offset + nbytes]
+
+    def close(self) -> None:
+        """Hand the allocation back to CuPy's pool; views taken earlier keep it alive."""
+        self._mem = None

@@ -23,6 +23,7 @@ from megamoe_rt.kernels.interface import decl
 from megamoe_rt.kernels.interface import ep as ep_decl
 from megamoe_rt.kernels.interface import fused as fused_decl
 from megamoe_rt.layer import MegaMoE
+from megamoe_rt.layer_calls import CallChecks
 from megamoe_rt.schedule import plan
 from megamoe_rt.schedule.layout import check_channels, symm_buffer_layout
 from megamoe_rt.schedule.split_sms import SplitSms, check_split_sms
@@ -137,12 +138,12 @@ def test_the_layer_refuses_a_bool_shape_count_before_any_gpu_work(name):
 
 
 def test_the_layer_refuses_a_bool_token_bound():
-    stub = SimpleNamespace(num_max_tokens_per_rank=128)
-    assert MegaMoE._check_bound(stub, np.int32(64), 10) == 64
+    checks = CallChecks(hidden=512, num_topk=2, capacity=128, device=0)
+    assert checks.bound(np.int32(64), 10) == 64
     with pytest.raises(TypeError, match="^num_tokens_bound: expected an integer, got the bool True"):
-        MegaMoE._check_bound(stub, True, 1)
+        checks.bound(True, 1)
     with pytest.raises(TypeError, match="^num_tokens_bound: expected an integer, got float 64.0"):
-        MegaMoE._check_bound(stub, 64.0, 1)
+        checks.bound(64.0, 1)
 
 
 def test_the_reference_refuses_bool_granularities():

@@ -31,6 +31,7 @@ FREE_GIB = 20.0
 def allocation(monkeypatch):
     """MegaMoE(...) -> the layout its buffer would be allocated with (no GPU touched)."""
     from megamoe_rt import layer as layer_module
+    from megamoe_rt import layer_setup
     from megamoe_rt.modes import split as split_module
 
     info = driver.DeviceInfo(0, "stand-in H200", (9, 0), 132, 141 * 2**30, 60 * 2**20, 227 * 1024, 1_980_000, "0")
@@ -43,7 +44,7 @@ def allocation(monkeypatch):
     def allocate(layout, device=None):
         raise _Allocated(layout)
 
-    monkeypatch.setattr(layer_module, "DeviceBuffer", allocate)
+    monkeypatch.setattr(layer_setup, "DeviceBuffer", allocate)
 
     def build(preset: str, tokens: int, **kw):
         p = get_preset(preset)

@@ -85,6 +85,7 @@ def one_rank_has_no_gpu(ctx):
 def one_rank_fails_its_layout(ctx):
     """Both ranks have a GPU; rank 1's layout computation fails: no rank allocates."""
     from megamoe_rt import layer as layer_module
+    from megamoe_rt import layer_setup
     from megamoe_rt.ep import symm
     from megamoe_rt.runtime import driver
 
@@ -92,14 +93,14 @@ def one_rank_fails_its_layout(ctx):
     driver.require_hopper = lambda device=None: SimpleNamespace(ordinal=ctx.rank, sm_count=132)
     driver.ensure_context = lambda device: None
     symm.NvshmemRuntime.initialize = classmethod(lambda cls, *a, **k: started.append(1))  # type: ignore[method-assign]
-    real = layer_module.layer_layout
+    real = layer_setup.layer_layout
 
     def layer_layout(mode_cls, spec, **kw):
         if ctx.rank == 1:
             raise MemoryError("free device memory: 12 MiB")
         return real(mode_cls, spec, **kw)
 
-    layer_module.layer_layout = layer_layout
+    layer_setup.layer_layout = layer_layout
     return _outcome(lambda: layer_module.MegaMoE(*SHAPE, group=ctx, mode="unfused", transport="nvlink")), started
 
 

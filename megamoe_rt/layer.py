@@ -1,11 +1,8 @@
 """``MegaMoE``: one expert-parallel FP8 MoE FFN layer (one rank).
 
-A call runs, on one stream with no host synchronisation between the steps:
-route counting -> block-aligned pool offsets -> dispatch into the expert pool ->
-L1 grouped GEMM with the SwiGLU / top-k weight / FP8 requant epilogue -> L2 grouped
-GEMM scattering bf16 rows to their combine slots -> combine (slot-order sum). The
-whole call can therefore be captured in a CUDA graph and replayed with new inputs
-written into the same arrays.
+A call runs on one stream with no host synchronisation between its steps (routing, dispatch,
+L1 GEMM + SwiGLU + FP8 requant, L2 GEMM, slot-order combine), so it can be captured in a CUDA
+graph and replayed with new inputs written into the same arrays.
 
 How the steps are launched is the job of the layer's execution mode (megamoe_rt/modes/).
 The layer is a facade over one concern per module: construction (layer_setup.py), a call's
@@ -48,8 +45,7 @@ class MegaMoE:
     act_sf_gran: 64 or 128, the requant group of the intermediate activation.
     pow2_scale: round intermediate scales up to powers of two (UE8M0-style callers).
     track_expert_stats: keep ``expert_recv_stats`` (int32 ``[E_local]``): pairs each expert received.
-    validate_ids: raise ``DeviceInputError`` for expert ids the device refused (and treated as
-        empty slots, whatever this says); False drops them silently.
+    validate_ids: raise ``DeviceInputError`` for expert ids the device refused (False: drop them).
     debug: wait for every call and raise what it reported before returning.
     mode: ``"fused"`` (one persistent launch, ring pools; the default where the shape allows
         it), ``"unfused"`` (separate kernels) or ``"split"`` (K1 and K2 side by side in
@@ -57,8 +53,7 @@ class MegaMoE:
     ring_blocks, chunk_ratio: the pool as a ring of this many blocks, or this share of the
         worst-case pool (``"auto"``: what half the free memory holds).
     split_sms: split: ``(l1, l2, reduce)`` SMs of K1, K2 and K3 (default: the tuned split).
-    timeout_s: deadline of every wait on another block or rank (default
-        ``$MEGAMOE_RT_TIMEOUT_S`` or 60 s); a wait past it traps and the error names it.
+    timeout_s: deadline of every device wait (``$MEGAMOE_RT_TIMEOUT_S`` or 60 s): a wait past it traps.
     group: a ``megamoe_rt.ep.launch.RankContext``: run expert-parallel across its ranks, the
         buffer on the NVSHMEM symmetric heap; every rank constructs the layer and makes every call.
     streaming: a ``StreamConfig``: an input ring producers publish token chunks into, run by
@@ -68,9 +63,7 @@ class MegaMoE:
     token_window: size the whole buffer for this many tokens per rank and run a longer call
         window by window, bit for bit the same output (docs/PREFILL.md).
 
-    ``mode`` is the mode's name; ``runner`` the mode object (megamoe_rt/modes/) that launches
-    the calls, which the test and profiling hooks of :mod:`megamoe_rt.testing` act on.
-
+    ``mode`` is the mode's name; ``runner`` the mode object (megamoe_rt/modes/) that launches calls.
     Errors found on the device (refused expert ids) are raised without making a call wait, by
     the next call, :meth:`check` or :meth:`synchronize`; across ranks a call, :meth:`check`,
     :meth:`synchronize` and construction are collectives that every rank passes or every rank
@@ -135,9 +128,7 @@ class MegaMoE:
         self.group, self.num_ranks, self.rank = rank.group, spec.num_ranks, rank.rank
         self.num_local_experts, self.first_local_expert = spec.num_local_experts, spec.first_local_expert
         self.runner, self.mode, self.layout, self.buffer = rank.runner, rank.runner.name, rank.layout, rank.buffer
-        self.pool_align, self.token_capacity = self.layout.block_m, self.layout.num_max_tokens_per_rank
-        self.expert_recv_stats = rank.expert_recv_stats
-        self._reports = rank.reports
+        self.expert_recv_stats, self._reports = rank.expert_recv_stats, rank.reports
         self._checks = CallChecks(self.hidden, self.num_topk, self.num_max_tokens_per_rank, self.device)
         self._weights: Weights | None = None
 
@@ -148,13 +139,12 @@ class MegaMoE:
         CUDA array; e4m3 as ml_dtypes or uint8): ``w1`` ``[E, 2I, H]`` (gate rows then up rows),
         ``w1_sf`` ``[E, 2I/128, H/128]``, ``w2`` ``[E, H, I]``, ``w2_sf`` ``[E, H/128, I/128]``.
 
-        The layer keeps its own copies, made on ``stream`` (default: CuPy's current one): a call
-        on another stream must be ordered after it. The first load builds the mode's plans
-        (across ranks it also loads the kernels, so no rank compiles inside a peer's deadline);
-        a later one copies into the same device arrays, so plans and captured graphs read the
-        new weights from their next call or replay on (a call still running on another stream
-        must be finished first, since the copy overwrites what it reads)."""
-        self._check_open()
+        The layer keeps its own copies, made on ``stream`` (default: CuPy's current one; a call
+        on another stream must be ordered after it). The first load builds the mode's plans and,
+        across ranks, loads the kernels (no rank compiles inside a peer's deadline); a later one
+        copies into the same arrays, so plans and captured graphs read the new weights from
+        their next call on (a call still running on another stream must finish first)."""
+        self._check_usable(weights=False)
         sh = driver.stream_handle(stream)
         shapes = weight_shapes(self.num_local_experts, self.hidden, self.intermediate)
         fresh = device_weights(dict(zip(WEIGHT_NAMES, (w1, w1_sf, w2, w2_sf))), shapes, self.device, sh)
@@ -180,18 +170,12 @@ class MegaMoE:
         """Run the layer; returns ``y`` (bf16 bits as uint16, ``[T, H]``).
 
         ``x`` e4m3 (uint8) ``[T, H]``, ``x_sf`` float32 ``[T, H/128]``, ``topk_idx`` int32/int64
-        ``[T, K]`` (global expert ids, -1 = empty), ``topk_weights`` float32 ``[T, K]``.
-        ``out`` (default: a new array) must not share memory with an input (ValueError).
-        Inputs must be ready on ``stream``. A layer owns one buffer: calls must be ordered
-        (one stream, or streams the caller orders with events).
-
-        ``num_tokens_bound``: at least ``T`` and at most the capacity (default: the capacity).
-        The fused mode picks its order from it: a bound whose worst-case pool fits the ring
-        runs single-wave, and a smaller bound gives a shorter lag. Across ranks it must be the
-        same on every rank (checked on every call). The unfused mode with a ring enqueues the
-        cycles the worst-case pool at the bound needs (fewer for a smaller bound); without a
-        ring it only checks it.
-        """
+        ``[T, K]`` (global expert ids, -1 = empty), ``topk_weights`` float32 ``[T, K]``; ready on
+        ``stream``. ``out`` (default: a new array) must not share memory with an input. A layer
+        owns one buffer: calls must be ordered (one stream, or streams ordered with events).
+        ``num_tokens_bound`` (``T`` up to the capacity, the default; across ranks the same on
+        every rank): the most tokens any rank's call has, which sizes the fused order, the
+        unfused ring's cycles and the token windows run."""
 
         def prepare(sh: int) -> tuple[Call, Any]:
             call, y = self._checks.batch(x, x_sf, topk_idx, topk_weights, out, sh, num_tokens_bound)
@@ -201,19 +185,16 @@ class MegaMoE:
         return self._run_call(prepare, stream, self._run_windows)
 
     def _run_windows(self, call: Call, sh: int) -> None:
-        """``call`` as the runner's calls (one per token window with ``token_window=``). One rank
-        skips those without tokens; across ranks every rank runs every window of the agreed
-        bound (a rank without tokens still serves its experts)."""
+        """``call`` as the runner's calls, one per token window; across ranks every rank runs
+        every window of the agreed bound (a rank without tokens still serves its experts)."""
         for window in call.windows(self.token_window, hidden=self.hidden, num_topk=self.num_topk):
             if window.num_tokens or self.group is not None:
                 self.runner.run(window, sh)
 
     def _run_call(self, prepare, stream, run):
-        """The one path of a call (``__call__`` and ``consume``): ``prepare(stream)`` checks it
-        and gives the call and its output, ``run(call, stream)`` enqueues it; reports of earlier
-        calls are raised first (one rank) or agreed on (across ranks: every rank launches, or
-        every rank raises the same error, megamoe_rt/ep/agreement.py), and again after it in
-        debug mode. Nothing is raised while capturing: a wait would break the capture."""
+        """The one path of ``__call__`` and ``consume``: ``prepare(stream)`` checks the call and
+        gives it and its output, ``run(call, stream)`` enqueues it. Reports of earlier calls are
+        raised first (across ranks agreed: all launch or all raise), never while capturing."""
         capturing, local, call, y = False, None, None, None
         try:
             self._check_usable()
@@ -243,8 +224,7 @@ class MegaMoE:
 
     @property
     def input_ring(self) -> Any:
-        """The chunk-ready input ring (``streaming=``): ``descriptor`` is the ``StreamRing`` a
-        producer kernel takes (``megamoe_rt.streaming``); None without streaming."""
+        """The input ring (``streaming=``; its ``descriptor`` goes to producer kernels), or None."""
         return self.runner.input_ring
 
     def consume(self, num_tokens: int, *, out: Any = None, stream: Any = None, num_tokens_bound: int | None = None):
@@ -263,32 +243,26 @@ class MegaMoE:
 
         return self._run_call(prepare, stream, self.runner.run_streamed)
 
-    def _check_usable(self) -> None:
-        self._check_open()
-        if self._weights is None:
-            raise RuntimeError("MegaMoE: call load_weights(w1, w1_sf, w2, w2_sf) before running the layer")
-
-    def _check_open(self) -> None:
+    def _check_usable(self, *, weights: bool = True) -> None:
         if self._closed:
             raise RuntimeError("MegaMoE: the layer was closed")
+        if weights and self._weights is None:
+            raise RuntimeError("MegaMoE: call load_weights(w1, w1_sf, w2, w2_sf) before running the layer")
 
     # --- errors found on the device ------------------------------------------------------
 
     def check(self) -> None:
-        """Raise what the device has reported about earlier calls' inputs so far
-        (:class:`DeviceInputError`; nothing when all is well). It waits for nothing unless a
-        report is there; then it waits for the device's work before taking it.
-        Across ranks a collective: every rank calls it, and all raise alike."""
+        """Raise what the device reported about earlier calls' inputs (``DeviceInputError``),
+        waiting for the device only when a report is there (across ranks a collective)."""
         self._raise_reported(key="check", wait=False)
 
     def synchronize(self) -> None:
-        """Wait until all work on the layer's device has finished (calls and graph replays),
-        then raise what the device reported, like :meth:`check` (across ranks a collective)."""
+        """Wait for all work on the layer's device, then raise like :meth:`check` (a collective)."""
         self._raise_reported(key="synchronize", wait=True)
 
     def _raise_reported(self, *, key: str, wait: bool) -> None:
         if self.group is None:
-            self._check_open()
+            self._check_usable(weights=False)
             self._reports.raise_pending(wait=wait)
             return
         closed = RuntimeError("MegaMoE: the layer was closed") if self._closed else None
@@ -298,9 +272,8 @@ class MegaMoE:
     # --- reports -------------------------------------------------------------------------
 
     def memory_report(self) -> str:
-        """Per-region MiB of this layer's buffer, then the mode's notes (fused: the ring against
-        the full pool, and the schedule at capacity; with a token window: the buffer against the
-        one a layer without a window would allocate)."""
+        """Per-region MiB of this layer's buffer, then the mode's notes (a ring against the full
+        pool; a token window's buffer against the one without a window)."""
         notes = [self.layout.format_report(), self.runner.memory_notes()]
         if self.token_window is not None:
             notes.append(token_window_note(self.runner, self.num_max_tokens_per_rank, self.token_window))
@@ -312,8 +285,7 @@ class MegaMoE:
         return self._closed
 
     def close(self) -> None:
-        """Release the buffer; the layer cannot be called afterwards. Across ranks this frees
-        symmetric memory (after this rank's work is done): every rank calls it."""
+        """Release the buffer once this rank's work is done; across ranks every rank calls it."""
         if self._closed:
             return
         self._closed = True

@@ -26,7 +26,7 @@ from megamoe_rt.layer_weights import WEIGHT_NAMES, copy_weights, device_weights,
 from megamoe_rt.modes.base import Call, Weights
 from megamoe_rt.modes.registry import mode_names
 from megamoe_rt.modes.sizing import token_window_note
-from megamoe_rt.runtime import driver
+from megamoe_rt.runtime import streams
 from megamoe_rt.schedule.streaming import StreamConfig
 
 # The names of the execution modes (megamoe_rt.modes.registry.MODES maps them to their classes).
@@ -145,7 +145,7 @@ class MegaMoE:
         copies into the same arrays, so plans and captured graphs read the new weights from
         their next call on (a call still running on another stream must finish first)."""
         self._check_usable(weights=False)
-        sh = driver.stream_handle(stream)
+        sh = streams.stream_handle(stream)
         shapes = weight_shapes(self.num_local_experts, self.hidden, self.intermediate)
         fresh = device_weights(dict(zip(WEIGHT_NAMES, (w1, w1_sf, w2, w2_sf))), shapes, self.device, sh)
         if self._weights is None:
@@ -198,8 +198,8 @@ class MegaMoE:
         capturing, local, call, y = False, None, None, None
         try:
             self._check_usable()
-            sh = driver.stream_handle(stream)
-            capturing = driver.stream_is_capturing(sh)
+            sh = streams.stream_handle(stream)
+            capturing = streams.stream_is_capturing(sh)
             if self.group is None and not capturing:
                 self._reports.raise_pending(wait=False)
             call, y = prepare(sh)
@@ -214,7 +214,7 @@ class MegaMoE:
         run(call, sh)
         if self.debug and raise_reports:
             if self.group is None:
-                driver.synchronize_stream(sh)
+                streams.synchronize_stream(sh)
                 self._reports.raise_pending(wait=False)
             else:
                 self._reports.raise_across_ranks()

@@ -19,7 +19,7 @@ from megamoe_rt.layer_reports import LayerReports
 from megamoe_rt.modes.base import LayerSpec, Mode, buffer_layout
 from megamoe_rt.modes.registry import select_mode
 from megamoe_rt.modes.sizing import layer_layout
-from megamoe_rt.runtime import args, driver
+from megamoe_rt.runtime import args, devices, driver
 from megamoe_rt.runtime.arrays import require_cupy
 from megamoe_rt.runtime.buffer import DeviceBuffer, LayerBuffer
 
@@ -97,7 +97,7 @@ def set_up_rank(
     spec = given.spec
     # Every rank's GPU, before any rank starts NVSHMEM (whose start-up waits for all).
     with _Agreed(multi, "the ranks' GPUs"):
-        device_info = driver.require_hopper(device)
+        device_info = devices.require_hopper(device)
         driver.ensure_context(device_info.ordinal)
     if multi is not None and given.transport == "auto":
         # Resolved before a mode is picked (where a peer is not mapped, only 'unfused' runs):

@@ -25,7 +25,7 @@ from megamoe_rt.ep.env import leave_launch_report
 from megamoe_rt.runtime.errors import INSTALL_HINT, GpuUnavailableError
 
 if TYPE_CHECKING:
-    from megamoe_rt.runtime.driver import DeviceInfo
+    from megamoe_rt.runtime.devices import DeviceInfo
 
 
 @dataclass(frozen=True)
@@ -111,9 +111,9 @@ def check_gpu(ordinal: int | None = None) -> DeviceInfo:
     problem = stack_problem(GPU_STACK)
     if problem is not None:
         raise GpuUnavailableError(problem)
-    from megamoe_rt.runtime import driver
+    from megamoe_rt.runtime import devices
 
-    return driver.require_hopper(ordinal)
+    return devices.require_hopper(ordinal)
 
 
 def _program() -> str:

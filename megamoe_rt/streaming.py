@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from megamoe_rt.kernels.stream import InputRing, producer_options
-from megamoe_rt.runtime import args, driver
+from megamoe_rt.runtime import args, streams
 from megamoe_rt.runtime.arrays import as_device_array, check_array
 from megamoe_rt.schedule.streaming import StreamConfig
 
@@ -44,14 +44,14 @@ class ChunkWriter:
     def begin_call(self, *, stream: Any = None) -> None:
         """A new call starts: the chunks written next carry its generation."""
         self._check_open()
-        self.ring.begin_call(driver.stream_handle(stream))
+        self.ring.begin_call(streams.stream_handle(stream))
 
     def write(self, chunk: int, x: Any, x_sf: Any, topk_idx: Any, topk_weights: Any, *, stream: Any = None) -> None:
         """Chunk ``chunk`` of the call whose inputs are the whole-call arrays ``x`` e4m3
         ``[T, H]``, ``x_sf`` ``[T, H/128]``, ``topk_idx`` int32 or int64 ``[T, K]``, ``topk_weights``
         ``[T, K]``: waits (on the device) for its slot, copies the chunk's tokens, publishes."""
         self._check_open()
-        sh = driver.stream_handle(stream)
+        sh = streams.stream_handle(stream)
         inputs, t = self._inputs(x, x_sf, topk_idx, topk_weights, sh)
         chunks = self.config.num_chunks(t)
         chunk = args.integer("chunk", chunk)
@@ -66,7 +66,7 @@ class ChunkWriter:
     def write_all(self, x: Any, x_sf: Any, topk_idx: Any, topk_weights: Any, *, stream: Any = None) -> None:
         """``begin_call`` and every chunk of the call, in order."""
         self._check_open()
-        sh = driver.stream_handle(stream)
+        sh = streams.stream_handle(stream)
         inputs, t = self._inputs(x, x_sf, topk_idx, topk_weights, sh)  # checked before the call begins
         self.begin_call(stream=stream)
         for chunk in range(self.config.num_chunks(t)):

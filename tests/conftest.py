@@ -16,10 +16,10 @@ TEST_RANKS = int(os.environ.get("MEGAMOE_RT_TEST_RANKS", "2"))
 
 @functools.cache
 def hopper_gpu_count() -> int:
-    from megamoe_rt.runtime import driver
+    from megamoe_rt.runtime import devices
 
     try:
-        return sum(1 for d in driver.list_devices() if d.is_hopper)
+        return sum(1 for d in devices.list_devices() if d.is_hopper)
     except Exception:
         return 0
 

@@ -68,7 +68,7 @@ def _gemm_arms(
     from megamoe_rt.kernels.gemm_heuristics import choose_config
     from megamoe_rt.kernels.grouped_gemm import GROUP_ALIGN, plan_grouped_gemm_fp8
     from megamoe_rt.kernels.quantize import quantize_fp8
-    from megamoe_rt.runtime import driver
+    from megamoe_rt.runtime import devices
 
     g, m, n, k = shape.groups, shape.rows_per_group, shape.n, shape.k
     if shape.stage == "decode":
@@ -84,7 +84,7 @@ def _gemm_arms(
     offsets = cp.asarray(np.arange(g + 1, dtype=np.int32) * padded)
     counts = cp.full((g,), m, dtype=cp.int32)
     out = cp.empty((rows, n), dtype=cp.uint16)
-    info = driver.require_hopper()
+    info = devices.require_hopper()
     cfg = choose_config(
         layout="contiguous", epilogue="bf16", num_rows=rows, n=n, k=k, num_groups=g, sm_count=info.sm_count
     )
@@ -141,7 +141,7 @@ def _decode_arms(shape: GemmShape, tiles: Sequence[tuple[int, int]] = ()) -> tup
     from megamoe_rt.kernels.gemm_heuristics import choose_config
     from megamoe_rt.kernels.grouped_gemm import plan_grouped_gemm_fp8
     from megamoe_rt.kernels.quantize import quantize_fp8
-    from megamoe_rt.runtime import driver
+    from megamoe_rt.runtime import devices
 
     g, m, n, k = shape.groups, shape.rows_per_group, shape.n, shape.k
     a, a_sf = quantize_fp8(cp.random.standard_normal((g * m, k), dtype=cp.float32))
@@ -158,7 +158,7 @@ def _decode_arms(shape: GemmShape, tiles: Sequence[tuple[int, int]] = ()) -> tup
         n=n,
         k=k,
         num_groups=g,
-        sm_count=driver.require_hopper().sm_count,
+        sm_count=devices.require_hopper().sm_count,
         masked_rows=m,
     )
 

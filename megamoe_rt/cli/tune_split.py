@@ -83,12 +83,12 @@ def tune_split(
     from megamoe_rt.graph import split_tuning
     from megamoe_rt.graph.green import partition_granularity
     from megamoe_rt.layer import MegaMoE
-    from megamoe_rt.runtime import driver
+    from megamoe_rt.runtime import devices
 
     rank, world = (0, 1) if group is None else (group.rank, group.world_size)
     device = 0 if group is None else group.device
     cp.cuda.Device(device).use()
-    info = driver.require_hopper(device)
+    info = devices.require_hopper(device)
     granularity = partition_granularity(device)
     candidates = split_candidates(info.sm_count, granularity, step)
     name, p, local, experts, t = next(iter(preset_slices([preset], [tokens], world)))

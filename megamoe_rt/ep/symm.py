@@ -26,7 +26,7 @@ from typing import Any
 
 from megamoe_rt.ep import agreement
 from megamoe_rt.ep.group import RankGroup, check_group, ranks_share_a_gpu
-from megamoe_rt.runtime import args, driver
+from megamoe_rt.runtime import args, streams
 from megamoe_rt.runtime.arrays import require_cupy
 from megamoe_rt.runtime.buffer import LaidOutBuffer, typed_view
 from megamoe_rt.runtime.errors import INSTALL_HINT
@@ -98,7 +98,7 @@ class NvshmemRuntime:
         # per-GPU mode, whose on-stream collectives abort the process: barrier() refuses them.
         self.shares_gpu: bool = ranks_share_a_gpu(ctx)
         self._buffers: list[SymmetricBuffer] = []
-        self._last_barrier: driver.Event | None = None
+        self._last_barrier: streams.Event | None = None
         # Loaded libraries handed NVSHMEM's device state (init_device_library), each with what
         # forgets its kernel: finalize() takes the state back before NVSHMEM ends.
         self._device_libraries: list[tuple[Any, Callable[[], None]]] = []
@@ -207,7 +207,7 @@ class NvshmemRuntime:
         self._device_libraries.append((library, forget))
 
     def barrier(self, stream: Any = None) -> None:
-        """All ranks reach this point on ``stream`` (any stream :func:`driver.stream_handle`
+        """All ranks reach this point on ``stream`` (any stream :func:`streams.stream_handle`
         accepts; None: CuPy's current stream, else the legacy default stream).
 
         NVSHMEM runs a team's collectives one at a time, in the same order on every rank; two
@@ -219,8 +219,8 @@ class NvshmemRuntime:
                 "NvshmemRuntime.barrier: ranks share a GPU (MEGAMOE_RT_RANK_DEVICES), where NVSHMEM has no "
                 "on-stream barrier; use the rank group's host barrier (ctx.barrier())"
             )
-        sh = driver.stream_handle(stream)
-        capturing = driver.stream_is_capturing(sh)
+        sh = streams.stream_handle(stream)
+        capturing = streams.stream_is_capturing(sh)
         # No host meeting first (as before the host collectives): this barrier is enqueued, not
         # run, here, so a meeting would block the host on its peers at every call and still not
         # bound the barrier itself, which waits on the device when the stream reaches it. What
@@ -232,10 +232,10 @@ class NvshmemRuntime:
             raise RuntimeError(f"NvshmemRuntime.barrier: not entered, a peer failed: {failure}") from failure
         if self._last_barrier is not None and not capturing:
             self._last_barrier.wait_on(sh)
-        self._nvshmem.barrier(self._nvshmem.Teams.TEAM_WORLD, stream=driver.core_stream(sh))
+        self._nvshmem.barrier(self._nvshmem.Teams.TEAM_WORLD, stream=streams.core_stream(sh))
         if not capturing:
             if self._last_barrier is None:
-                self._last_barrier = driver.Event(device=self.device, timing=False)
+                self._last_barrier = streams.Event(device=self.device, timing=False)
             self._last_barrier.record(sh)
 
     def finalize(self) -> None:

@@ -9,18 +9,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from megamoe_rt.runtime import driver
+from megamoe_rt.runtime import driver, kernel_launch, streams
 
 
 @dataclass
 class KernelNode:
     node: Any
-    kernel: driver.LoadedKernel
+    kernel: kernel_launch.LoadedKernel
     params: Any  # CUDA_KERNEL_NODE_PARAMS (kept: updates start from it)
     args: list  # ctypes arguments, alive as long as the node
 
 
-def _kernel_params(kernel: driver.LoadedKernel, grid, block, args: Sequence, ctx, smem: int | None):
+def _kernel_params(kernel: kernel_launch.LoadedKernel, grid, block, args: Sequence, ctx, smem: int | None):
     cu = driver.cuda_driver()
     g = tuple(grid) + (1,) * (3 - len(tuple(grid)))
     b = tuple(block) + (1,) * (3 - len(tuple(block)))
@@ -45,7 +45,7 @@ class GraphBuilder:
 
     def add_kernel(
         self,
-        kernel: driver.LoadedKernel,
+        kernel: kernel_launch.LoadedKernel,
         grid,
         block,
         args: Sequence,
@@ -95,7 +95,7 @@ class GraphBuilder:
         """Append this graph to the graph ``stream`` is being captured into, as one child node
         after the stream's current dependencies (the kernels' arguments as they are now)."""
         cu = driver.cuda_driver()
-        sh = driver.stream_handle(stream)
+        sh = streams.stream_handle(stream)
         info = driver.call(cu.cuStreamGetCaptureInfo, sh)
         # (status, id, graph, dependencies, edge data, count) with cuda-bindings 13; 12 has no edge data.
         graph, deps, count = info[2], info[3], info[-1]
@@ -118,7 +118,7 @@ class GraphBuilder:
     def launch(self, stream: Any = None) -> None:
         if self.exec is None:
             self.instantiate()
-        driver.call(driver.cuda_driver().cuGraphLaunch, self.exec, driver.stream_handle(stream))
+        driver.call(driver.cuda_driver().cuGraphLaunch, self.exec, streams.stream_handle(stream))
 
     def update_kernel(self, node: KernelNode, args: Sequence, *, grid=None, template: bool = True) -> None:
         """Rewrite a kernel node's arguments, and its grid when given, in the executable graph

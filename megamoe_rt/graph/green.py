@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from megamoe_rt.graph.partition import Request, plan_partitions
-from megamoe_rt.runtime import driver
+from megamoe_rt.runtime import devices, driver
 
 
 def sm_resource(device: int):
@@ -81,7 +81,7 @@ class GreenPartitions:
     def __init__(self, requests: Sequence[tuple[str, Request]], *, device: int = 0, fine: bool = False):
         cu = driver.cuda_driver()
         self.device = device
-        info = driver.require_hopper(device)
+        info = devices.require_hopper(device)
         self.granularity = partition_granularity(device, fine=fine)
         self.available_sms = info.sm_count
         self.plan = plan_partitions(info.sm_count, self.granularity, requests)

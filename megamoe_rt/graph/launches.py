@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from megamoe_rt.graph.builder import GraphBuilder, KernelNode
-from megamoe_rt.runtime import driver
+from megamoe_rt.runtime import driver, streams
 from megamoe_rt.runtime.launches import Launches as Launches
 from megamoe_rt.runtime.launches import StreamLaunches as StreamLaunches
 
@@ -120,7 +120,7 @@ class GraphLaunches:
             self._recording = False
         elif self._pos != len(self._nodes):
             raise SequenceChanged(f"{self._pos} launches, the recorded call had {len(self._nodes)}")
-        if driver.stream_is_capturing(stream):
+        if streams.stream_is_capturing(stream):
             # The capture copies the graph the executable one came from: bring it up to date.
             for rec in self._nodes:
                 if rec.template_stale:

@@ -15,7 +15,7 @@ import ctypes
 from dataclasses import dataclass, field
 
 from megamoe_rt.graph.spec import NodeSpec, SpecError
-from megamoe_rt.runtime import driver
+from megamoe_rt.runtime import kernel_launch
 from megamoe_rt.schedule.arith import align_up
 
 KNOWN = ("sm_probe", "stream_copy", "fp8_gemm")
@@ -23,7 +23,7 @@ KNOWN = ("sm_probe", "stream_copy", "fp8_gemm")
 
 @dataclass
 class Workload:
-    kernel: driver.LoadedKernel
+    kernel: kernel_launch.LoadedKernel
     grid: int
     block: int
     smem: int

@@ -24,7 +24,7 @@ from typing import Any
 from megamoe_rt.kernels import gemm as k
 from megamoe_rt.kernels.gemm_heuristics import choose_config
 from megamoe_rt.kernels.operands import Fp8Operand, ScaleFactors, activation_operand, kmajor_rows, weight_operand
-from megamoe_rt.runtime import args, driver
+from megamoe_rt.runtime import args, devices, driver, streams
 from megamoe_rt.runtime.arrays import (
     DeviceArray,
     as_device_array,
@@ -147,8 +147,8 @@ class GroupedGemmPlan:
         reported is raised here first, as :class:`DeviceInputError`, and nothing is launched
         (not while ``stream`` is being captured: then the next run or :meth:`check` raises it).
         A plan runs on one stream at a time: its layout check has one state word."""
-        sh = self.stream if stream is None else driver.stream_handle(stream)
-        if self.errors is not None and self.errors.pending() and not driver.stream_is_capturing(sh):
+        sh = self.stream if stream is None else streams.stream_handle(stream)
+        if self.errors is not None and self.errors.pending() and not streams.stream_is_capturing(sh):
             self.check(wait=True)
         if self.refresh_scales is not None:
             self.refresh_scales(sh)
@@ -256,13 +256,13 @@ def plan_grouped_gemm_fp8(
     record with ``MEGAMOE_RT_TIMEOUT_S``).
     """
     layout = _group_layout(group_offsets, group_counts, masked_counts)
-    sh = driver.stream_handle(stream)
+    sh = streams.stream_handle(stream)
     bo = weight_operand(b, b_sf, stream=sh)
     ao = activation_operand(a, a_sf, weights=bo, masked=layout == "masked", kmajor=a_sf_kmajor, stream=sh)
     groups, n, kk, dev = bo.groups, bo.rows, bo.k, bo.device
     rows, lead = ao.total_rows, ao.shape[:-1]
 
-    info = driver.require_hopper(dev)
+    info = devices.require_hopper(dev)
     cupy = require_cupy()
     # Temporaries and outputs come from CuPy's pool on the launch stream, so a
     # block is never handed out while earlier work on another stream still uses it.
@@ -342,7 +342,7 @@ def _params(a: Fp8Operand, b: Fp8Operand, wait: k.WaitContext | None, **fields: 
 
 def _plan(
     cupy: Any,
-    info: driver.DeviceInfo,
+    info: devices.DeviceInfo,
     cfg: k.GemmConfig,
     p: k.GemmParams,
     a: Fp8Operand,
@@ -469,7 +469,7 @@ def plan_grouped_gemm_swiglu_fp8(
     if swiglu_limit is not None:
         swiglu_limit = args.positive_float32("swiglu_limit", swiglu_limit)
     layout = _group_layout(group_offsets, group_counts, masked_counts)
-    sh = driver.stream_handle(stream)
+    sh = streams.stream_handle(stream)
     bo = weight_operand(w1p, w1p_sf, name="w1p", sf_name="w1p_sf", sf_rows=SWIGLU_HALF, stream=sh)
     if bo.rows % 256:
         raise ValueError(f"w1p: N = 2I = {bo.rows} (shape {list(bo.shape)}) must be a multiple of 256")
@@ -479,7 +479,7 @@ def plan_grouped_gemm_swiglu_fp8(
     rows, lead = ao.total_rows, ao.shape[:-1]
     rw = _per_row_array(row_weight, "row_weight", "float32", rows, dev, sh)
 
-    info = driver.require_hopper(dev)
+    info = devices.require_hopper(dev)
     cupy = require_cupy()
     rows_pad = kmajor_rows(rows)
     with cupy.cuda.Device(info.ordinal), cupy_stream(cupy, sh):

@@ -17,10 +17,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from megamoe_rt.jit import KernelSpec, compile_kernel
-from megamoe_rt.runtime import driver
+from megamoe_rt.runtime import driver, kernel_launch
 from megamoe_rt.runtime.errors import CudaError
 
-_loaded: dict[tuple[str, int], driver.LoadedKernel] = {}
+_loaded: dict[tuple[str, int], kernel_launch.LoadedKernel] = {}
 _lock = threading.Lock()
 
 # index -> (offset, size) of that parameter, or None past the last one.
@@ -31,7 +31,7 @@ class KernelParamMismatch(RuntimeError):
     """A loaded kernel's parameters differ from the ones its KernelSpec declares."""
 
 
-def get_kernel(spec: KernelSpec, device: int) -> driver.LoadedKernel:
+def get_kernel(spec: KernelSpec, device: int) -> kernel_launch.LoadedKernel:
     key = (spec.name, device)
     k = _loaded.get(key)
     if k is not None:
@@ -46,7 +46,9 @@ def get_kernel(spec: KernelSpec, device: int) -> driver.LoadedKernel:
                 nvshmem_rt = NvshmemRuntime.require_device_api(spec.name, device)
             compiled = compile_kernel(spec)
             driver.ensure_context(device)
-            k = driver.LoadedKernel(compiled.cubin, compiled.lowered_name, dynamic_smem_bytes=spec.dynamic_smem_bytes)
+            k = kernel_launch.LoadedKernel(
+                compiled.cubin, compiled.lowered_name, dynamic_smem_bytes=spec.dynamic_smem_bytes
+            )
             if nvshmem_rt is not None:
                 nvshmem_rt.init_device_library(k.library, spec.name, lambda: forget({spec.name}, device))
             if spec.params:

@@ -8,7 +8,7 @@ from megamoe_rt.jit import KernelSpec
 from megamoe_rt.kernels.interface import quantize as decl
 from megamoe_rt.kernels.interface.structs import QuantizeParams as QuantizeParams
 from megamoe_rt.kernels.interface.structs import WeightQuantizeParams as WeightQuantizeParams
-from megamoe_rt.runtime import driver
+from megamoe_rt.runtime import devices, streams
 from megamoe_rt.runtime.arrays import as_device_array, check_array, cupy_stream, located, require_cupy
 from megamoe_rt.schedule.arith import ceil_div
 
@@ -44,13 +44,13 @@ def quantize_fp8(x: Any, *, out: Any = None, out_sf: Any = None, stream: Any = N
     ``out_sf`` may be given to write in place. Runs on ``stream`` (default:
     CuPy's current stream) with no host synchronisation.
     """
-    sh = driver.stream_handle(stream)
+    sh = streams.stream_handle(stream)
     xa = located(as_device_array(x, "x", stream=sh), "x")
     dtype = check_array(xa, "x", dtypes=("bf16", "float32"), ndim=2)
     rows, hidden = xa.shape
     if hidden % GROUP:
         raise ValueError(f"x: hidden size {hidden} (shape {list(xa.shape)}) must be a multiple of {GROUP}")
-    info = driver.require_hopper(xa.device)
+    info = devices.require_hopper(xa.device)
     cupy = require_cupy()
     with cupy.cuda.Device(info.ordinal), cupy_stream(cupy, sh):
         q = cupy.empty((rows, hidden), dtype=cupy.uint8) if out is None else out
@@ -93,7 +93,7 @@ def _weight_spec(input_dtype: str) -> KernelSpec:
 def quantize_weight_fp8(w: Any, *, stream: Any = None) -> tuple[Any, Any]:
     """Quantize weights ``[..., N, K]`` (bf16 bits as uint16, or fp32; N, K multiples of 128)
     to e4m3 codes (uint8, same shape) and fp32 128x128 block scales ``[..., N/128, K/128]``."""
-    sh = driver.stream_handle(stream)
+    sh = streams.stream_handle(stream)
     wa = located(as_device_array(w, "w", stream=sh), "w")
     dtype = check_array(wa, "w", dtypes=("bf16", "float32"))
     if wa.ndim < 2 or wa.shape[-1] % GROUP or wa.shape[-2] % GROUP or 0 in wa.shape:
@@ -103,7 +103,7 @@ def quantize_weight_fp8(w: Any, *, stream: Any = None) -> tuple[Any, Any]:
     groups = 1
     for d in lead:
         groups *= d
-    info = driver.require_hopper(wa.device)
+    info = devices.require_hopper(wa.device)
     cupy = require_cupy()
     with cupy.cuda.Device(info.ordinal), cupy_stream(cupy, sh):
         q = cupy.empty(wa.shape, dtype=cupy.uint8)

@@ -72,7 +72,7 @@ class InputRing:
         # layer, the last eager streamed call's stream and an event after it, and the call it
         # waits on a producer for (None: its producer came first).
         self._producer_calls = self._consumer_calls = 0
-        self._consumer_stream: Any = None  # a driver.StreamOrder
+        self._consumer_stream: Any = None  # a streams.StreamOrder
         self._consumer_done: Any = None
         self._awaited_call: int | None = None
         self._untracked = False
@@ -153,29 +153,29 @@ class InputRing:
         """A streamed call was just enqueued on ``stream`` (eagerly): remember it with an event
         after it, and whether its producer's call is still to come, so that a host-side
         producer that could only run after it is refused (:meth:`check_producer`)."""
-        from megamoe_rt.runtime import driver
+        from megamoe_rt.runtime import streams
 
         self._consumer_calls += 1
-        if self._untracked or driver.stream_is_capturing(stream):
+        if self._untracked or streams.stream_is_capturing(stream):
             # Graph replays advance the ring without the host: from now on the host's counts
             # are not the ring's, so no check is made (never a false refusal).
             self._untracked = True
             return
         if self._consumer_done is None:
-            self._consumer_done = driver.Event(device=self.device, timing=False)
+            self._consumer_done = streams.Event(device=self.device, timing=False)
         self._consumer_done.record(stream)
-        self._consumer_stream = driver.StreamOrder.of(stream)
+        self._consumer_stream = streams.StreamOrder.of(stream)
         self._awaited_call = self._consumer_calls if self._producer_calls < self._consumer_calls else None
 
     def check_producer(self, stream: int, *, new_call: bool = False) -> None:
         """Refuse producer work on ``stream`` (``new_call``: its ``begin_call``) that the pending
         streamed call waits for but that could only run after that call: both would hold until
         the deadline trap."""
-        from megamoe_rt.runtime import driver
+        from megamoe_rt.runtime import streams
 
         if self._untracked:
             return
-        if driver.stream_is_capturing(stream):
+        if streams.stream_is_capturing(stream):
             # Captured producer work runs wherever the graph is launched, not here; and its
             # replays move the ring without the host: stand down for good.
             self._untracked = True
@@ -186,7 +186,7 @@ class InputRing:
         if call > self._awaited_call or self._consumer_done.done:
             return
         consumer = self._consumer_stream
-        if consumer.serialises_with(driver.StreamOrder.of(stream)):
+        if consumer.serialises_with(streams.StreamOrder.of(stream)):
             raise ValueError(
                 f"stream: a producer on stream {stream:#x} runs only after the layer's streamed call on stream "
                 f"{consumer.handle:#x} ({consumer.kind.replace('_', '-')}), which waits for its chunks (deadlock); "

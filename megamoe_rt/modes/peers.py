@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from megamoe_rt.runtime import driver
+from megamoe_rt.runtime import streams
 from megamoe_rt.runtime.buffer import LayerBuffer, SymmetricLayerBuffer
 
 
@@ -19,5 +19,5 @@ def stage_inputs(buffer: LayerBuffer, x: int, x_sf: int, num_tokens: int, stream
     """x rows and their scales (device addresses ``x``, ``x_sf``) into the symmetric buffer,
     where the ranks owning their experts pull them from."""
     h = buffer.layout.hidden
-    driver.memcpy_2d_async(buffer.ptr("x"), h, x, h, h, num_tokens, stream)
-    driver.memcpy_2d_async(buffer.ptr("x_sf"), h // 32, x_sf, h // 32, h // 32, num_tokens, stream)
+    streams.memcpy_2d_async(buffer.ptr("x"), h, x, h, h, num_tokens, stream)
+    streams.memcpy_2d_async(buffer.ptr("x_sf"), h // 32, x_sf, h // 32, h // 32, num_tokens, stream)

@@ -27,7 +27,7 @@ from megamoe_rt.kernels.loader import get_kernel
 from megamoe_rt.modes.base import Call, LayerSpec, LayoutNeeds, Mode, Weights, pool_memory_line
 from megamoe_rt.modes.fused import BLOCK_M, GROUP_UNITS, CallSchedule, FusedMode, FusedPlan
 from megamoe_rt.modes.peers import stage_inputs
-from megamoe_rt.runtime import driver
+from megamoe_rt.runtime import devices, kernel_launch, streams
 from megamoe_rt.schedule.layout import BufferLayout
 from megamoe_rt.schedule.plan import FusedSchedule, align_tokens, live_blocks_upper_bound, pool_blocks_upper_bound
 from megamoe_rt.schedule.split_sms import SplitSms, check_split_sms, default_split_sms
@@ -49,7 +49,7 @@ def resolve_split_sms(spec: LayerSpec, granularity: int, requested: Any = None) 
     if requested is not None:
         return check_split_sms(requested, total, granularity), "given"
     key = split_tuning.shape_key(
-        driver.device_info(spec.device).name,
+        devices.device_info(spec.device).name,
         total,
         spec.hidden,
         spec.intermediate,
@@ -141,7 +141,7 @@ class SplitMode(FusedMode):
         if self.plan is not None:
             self._graph(idx)
 
-    def _reduce_kernel(self, idx: str) -> driver.LoadedKernel:
+    def _reduce_kernel(self, idx: str) -> kernel_launch.LoadedKernel:
         return get_kernel(fk.reduce_spec(idx, self.spec.expert_parallel), self.spec.device)
 
     def _graph(self, idx: str) -> _SplitGraph:
@@ -218,7 +218,7 @@ class SplitMode(FusedMode):
                 if old != new:
                     g.builder.update_kernel(node, [p, *maps] if node is not g.k3 else [p])
             g.args = raw  # type: ignore[assignment]
-        if driver.stream_is_capturing(stream):
+        if streams.stream_is_capturing(stream):
             g.builder.add_to_capture(stream)
         else:
             g.builder.launch(stream)

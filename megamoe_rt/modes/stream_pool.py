@@ -21,7 +21,7 @@ from typing import Any
 from megamoe_rt.kernels import moe as mk
 from megamoe_rt.kernels.loader import get_kernel
 from megamoe_rt.modes.base import Call, LayerSpec
-from megamoe_rt.runtime import driver
+from megamoe_rt.runtime import streams
 from megamoe_rt.runtime.buffer import LayerBuffer
 from megamoe_rt.runtime.deadlines import TimeoutRecord
 from megamoe_rt.runtime.launches import StreamLaunches
@@ -89,10 +89,10 @@ class StreamPool:
         assert ring is not None and cfg is not None
         self.load_kernels()
         el = s.num_local_experts
-        driver.memset_d32_async(self._counts, 0, el, stream)
-        driver.memset_d32_async(self._claimed, 0, 1, stream)
-        driver.memset_d32_async(self._expert_blocks, 0, el * self._blocks_per_expert, stream)
-        driver.memset_d32_async(self._slot_done, 0, cfg.num_slots, stream)
+        streams.memset_d32_async(self._counts, 0, el, stream)
+        streams.memset_d32_async(self._claimed, 0, 1, stream)
+        streams.memset_d32_async(self._expert_blocks, 0, el * self._blocks_per_expert, stream)
+        streams.memset_d32_async(self._slot_done, 0, cfg.num_slots, stream)
         ring.begin_consume(stream)
         wait = TimeoutRecord.get().context(s.timeout_s, rank=s.rank)  # once a call: it reads the environment
         whole = mode.moe_params(Call(0, 0, self.call_topk_idx, 0, call.y, call.num_tokens, "int32", call.bound))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from megamoe_rt.runtime import driver
+from megamoe_rt.runtime import streams
 
 
 class Launches(Protocol):
@@ -32,4 +32,4 @@ class StreamLaunches:
         kernel.launch(grid, block, args, stream=self.stream, cluster=cluster)
 
     def memset_u32(self, ptr: int, value: int, count: int) -> None:
-        driver.memset_d32_async(ptr, value, count, self.stream)
+        streams.memset_d32_async(ptr, value, count, self.stream)

@@ -131,7 +131,7 @@ def test_tune_split_step_that_leaves_no_split_is_refused_with_the_largest_that_w
 def test_tune_split_step_is_checked_before_anything_is_timed(monkeypatch, capsys):
     import megamoe_rt.graph.green as green
     import megamoe_rt.layer as layer
-    from megamoe_rt.runtime import driver
+    from megamoe_rt.runtime import devices
 
     fake_cupy = SimpleNamespace(cuda=SimpleNamespace(Device=lambda d: SimpleNamespace(use=lambda: None)))
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
@@ -139,7 +139,7 @@ def test_tune_split_step_is_checked_before_anything_is_timed(monkeypatch, capsys
 
     monkeypatch.setattr(commands, "hopper_or_none", lambda command: H200)
     monkeypatch.setattr(requirements, "gpu_or_report", lambda program, ordinal=None: H200)  # CuPy is stood in for
-    monkeypatch.setattr(driver, "require_hopper", lambda device=None: H200)
+    monkeypatch.setattr(devices, "require_hopper", lambda device=None: H200)
     monkeypatch.setattr(green, "partition_granularity", lambda device, fine=False: 8)
     monkeypatch.setattr(layer, "MegaMoE", _gpu_probed)
     import megamoe_rt.cli.tune_split as tune_split

@@ -6,7 +6,7 @@ import pytest
 from helpers.streams import TorchLikeStream
 
 from megamoe_rt import CudaError, GpuUnavailableError
-from megamoe_rt.runtime import driver
+from megamoe_rt.runtime import device_memory, devices, driver, streams
 from megamoe_rt.runtime.errors import NvrtcError
 
 
@@ -48,7 +48,7 @@ def test_gpu_entry_points_raise_one_line_without_a_hopper_gpu():
     if hopper_gpu_count():
         pytest.skip("a Hopper GPU is present")
     with pytest.raises(GpuUnavailableError) as info:
-        driver.require_hopper()
+        devices.require_hopper()
     msg = str(info.value)
     assert "\n" not in msg and ("sm_90" in msg or "Hopper" in msg)
     assert isinstance(info.value, RuntimeError)
@@ -91,12 +91,12 @@ class _CupyLike:
 
 
 def test_stream_handle_accepts_common_forms():
-    assert driver.stream_handle(0) == 0
-    assert driver.stream_handle(1234) == 1234
-    assert driver.stream_handle(_Handle(77)) == 77
-    assert driver.stream_handle(_CupyLike()) == 99
+    assert streams.stream_handle(0) == 0
+    assert streams.stream_handle(1234) == 1234
+    assert streams.stream_handle(_Handle(77)) == 77
+    assert streams.stream_handle(_CupyLike()) == 99
     with pytest.raises(TypeError, match="stream"):
-        driver.stream_handle("not a stream")
+        streams.stream_handle("not a stream")
 
 
 def test_stream_handle_accepts_pytorch_cuda_core_and_bindings_streams():
@@ -104,14 +104,14 @@ def test_stream_handle_accepts_pytorch_cuda_core_and_bindings_streams():
     from cuda.bindings import driver as cu
 
     core = pytest.importorskip("cuda.core")
-    assert driver.stream_handle(TorchLikeStream(0x7F00)) == 0x7F00
-    assert driver.stream_handle(TorchLikeStream(0)) == 0  # torch's default stream
-    assert driver.stream_handle(_OldProtocol()) == 55
+    assert streams.stream_handle(TorchLikeStream(0x7F00)) == 0x7F00
+    assert streams.stream_handle(TorchLikeStream(0)) == 0  # torch's default stream
+    assert streams.stream_handle(_OldProtocol()) == 55
     # Real cuda.core objects: wrapping a foreign handle needs no GPU.
-    assert driver.stream_handle(core.Stream.from_handle(0x1234)) == 0x1234
-    assert driver.stream_handle(core.LEGACY_DEFAULT_STREAM) == 1
-    assert driver.stream_handle(cu.CUstream(0x42)) == 0x42
-    assert driver.stream_handle(np.uint64(0x43)) == 0x43
+    assert streams.stream_handle(core.Stream.from_handle(0x1234)) == 0x1234
+    assert streams.stream_handle(core.LEGACY_DEFAULT_STREAM) == 1
+    assert streams.stream_handle(cu.CUstream(0x42)) == 0x42
+    assert streams.stream_handle(np.uint64(0x43)) == 0x43
 
 
 def test_stream_handle_prefers_the_protocol_over_attributes():
@@ -121,16 +121,16 @@ def test_stream_handle_prefers_the_protocol_over_attributes():
         def __cuda_stream__(self):
             return (0, 11)
 
-    assert driver.stream_handle(Both(7)) == 11
+    assert streams.stream_handle(Both(7)) == 11
 
 
 def test_stream_handle_for_our_own_stream_needs_no_driver_call():
-    s = object.__new__(driver.Stream)
+    s = object.__new__(streams.Stream)
     s._handle = 0x5000
-    assert driver.stream_handle(s) == 0x5000 and s.__cuda_stream__() == (0, 0x5000)
+    assert streams.stream_handle(s) == 0x5000 and s.__cuda_stream__() == (0, 0x5000)
     s._handle = None  # closed
     with pytest.raises(ValueError, match="closed"):
-        driver.stream_handle(s)
+        streams.stream_handle(s)
 
 
 def test_stream_handle_none_is_cupys_current_stream_or_the_default(monkeypatch):
@@ -138,36 +138,36 @@ def test_stream_handle_none_is_cupys_current_stream_or_the_default(monkeypatch):
     import types
 
     monkeypatch.delitem(sys.modules, "cupy", raising=False)
-    assert driver.stream_handle(None) == 0
+    assert streams.stream_handle(None) == 0
     fake = types.SimpleNamespace(cuda=types.SimpleNamespace(get_current_stream=lambda: _CupyLike()))
     monkeypatch.setitem(sys.modules, "cupy", fake)
-    assert driver.stream_handle(None) == 99
+    assert streams.stream_handle(None) == 99
 
 
 def test_stream_handle_rejects_what_is_not_a_stream():
     with pytest.raises(TypeError, match="bool"):
-        driver.stream_handle(True)
+        streams.stream_handle(True)
     with pytest.raises(ValueError, match="non-negative"):
-        driver.stream_handle(-1)
+        streams.stream_handle(-1)
     with pytest.raises(TypeError, match="protocol version 1"):
-        driver.stream_handle(_Handle(5, version=1))
+        streams.stream_handle(_Handle(5, version=1))
 
     class Broken:
         def __cuda_stream__(self):
             return 5
 
     with pytest.raises(TypeError, match=r"Broken.__cuda_stream__ gave 5"):
-        driver.stream_handle(Broken())
+        streams.stream_handle(Broken())
 
 
 def test_core_stream_wraps_any_stream_without_a_gpu():
     core = pytest.importorskip("cuda.core")
     s = core.Stream.from_handle(0x1234)
-    assert driver.core_stream(s) is s
-    assert driver.core_stream(0) is core.LEGACY_DEFAULT_STREAM
-    assert driver.core_stream(1) is core.LEGACY_DEFAULT_STREAM
-    assert driver.core_stream(2) is core.PER_THREAD_DEFAULT_STREAM
-    wrapped = driver.core_stream(TorchLikeStream(0x9000))
+    assert streams.core_stream(s) is s
+    assert streams.core_stream(0) is core.LEGACY_DEFAULT_STREAM
+    assert streams.core_stream(1) is core.LEGACY_DEFAULT_STREAM
+    assert streams.core_stream(2) is core.PER_THREAD_DEFAULT_STREAM
+    wrapped = streams.core_stream(TorchLikeStream(0x9000))
     assert isinstance(wrapped, core.Stream) and wrapped.__cuda_stream__() == (0, 0x9000)
 
 
@@ -241,7 +241,7 @@ def test_too_old_cuda_core_is_a_one_line_error(monkeypatch):
     core = pytest.importorskip("cuda.core")
     monkeypatch.setattr(core, "__version__", "0.7.0")
     with pytest.raises(GpuUnavailableError, match=r"cuda-core 0.7.0 is too old") as info:
-        driver._core()
+        driver.cuda_core()
     assert "\n" not in str(info.value)
 
 
@@ -285,7 +285,7 @@ def test_owned_streams_events_and_memory_need_a_gpu_and_say_so_in_one_line():
 
     if hopper_gpu_count():
         pytest.skip("a GPU is present")
-    for make in (driver.Stream, driver.Event, lambda: driver.DeviceMemory(16)):
+    for make in (streams.Stream, streams.Event, lambda: device_memory.DeviceMemory(16)):
         with pytest.raises(GpuUnavailableError) as info:
             make()
         assert "\n" not in str(info.value)

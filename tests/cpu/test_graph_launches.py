@@ -53,7 +53,7 @@ def graph(monkeypatch):
     log: list = []
     capturing: set[int] = set()
     monkeypatch.setattr(gl, "GraphBuilder", lambda: _Builder(log))
-    monkeypatch.setattr(gl.driver, "stream_is_capturing", lambda s: s in capturing)
+    monkeypatch.setattr(gl.streams, "stream_is_capturing", lambda s: s in capturing)
     return gl.GraphLaunches(), log, capturing
 
 
@@ -136,7 +136,7 @@ def test_stream_launches_go_straight_to_the_stream(monkeypatch):
         def launch(self, grid, block, args, *, stream, cluster=None):
             seen.append(("kernel", grid, block, stream))
 
-    monkeypatch.setattr(rl.driver, "memset_d32_async", lambda p, v, n, s: seen.append(("memset", p, v, n, s)))
+    monkeypatch.setattr(rl.streams, "memset_d32_async", lambda p, v, n, s: seen.append(("memset", p, v, n, s)))
     q = rl.StreamLaunches(5)
     q.memset_u32(0x10, 0, 4)
     q.kernel(K(), (3,), (64,), [])

@@ -331,7 +331,7 @@ def test_a_driver_error_after_the_first_answer_is_raised():
 
 
 def test_get_kernel_checks_once_per_load_and_keeps_no_mismatched_kernel(monkeypatch):
-    from megamoe_rt.runtime import driver
+    from megamoe_rt.runtime import driver, kernel_launch
 
     calls = []
     sizes = {"good": [4], "bad": [8]}
@@ -350,7 +350,7 @@ def test_get_kernel_checks_once_per_load_and_keeps_no_mismatched_kernel(monkeypa
 
     monkeypatch.setattr(loader, "compile_kernel", lambda spec: SimpleNamespace(cubin=b"", lowered_name=spec.entry))
     monkeypatch.setattr(driver, "ensure_context", lambda device=None: None)
-    monkeypatch.setattr(driver, "LoadedKernel", FakeLoaded)
+    monkeypatch.setattr(kernel_launch, "LoadedKernel", FakeLoaded)
     monkeypatch.setattr(loader, "driver_param_info", fake_info)
     monkeypatch.setattr(loader, "_loaded", {})
     good = KernelSpec(name="good", source="x.cu", entry="good", params=(ctypes.c_uint32,))

@@ -348,7 +348,7 @@ def _streamed_mode(monkeypatch, rec, **kw):
     monkeypatch.setattr(ring, "_launch", lambda name, params, stream, grid=1: rec.log.append((name, params, stream)))
     monkeypatch.setattr(ring, "note_consumer", lambda stream: rec.log.append(("note_consumer", None, stream)))
     monkeypatch.setattr(
-        stream_pool.driver,
+        stream_pool.streams,
         "memset_d32_async",
         lambda ptr, v, n, stream: rec.log.append(("memset", (ptr, v, n), stream)),
     )

@@ -13,7 +13,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-import megamoe_rt.layer as layer_module
 from megamoe_rt import reference as ref
 from megamoe_rt.ep import agreement
 from megamoe_rt.ep.launch import RankContext, launch_script, spawn
@@ -24,6 +23,7 @@ from megamoe_rt.kernels.interface import ep as ep_decl
 from megamoe_rt.kernels.interface import fused as fused_decl
 from megamoe_rt.layer import MegaMoE
 from megamoe_rt.layer_calls import CallChecks
+from megamoe_rt.runtime import devices, driver
 from megamoe_rt.schedule import plan
 from megamoe_rt.schedule.layout import check_channels, symm_buffer_layout
 from megamoe_rt.schedule.split_sms import SplitSms, check_split_sms
@@ -241,10 +241,8 @@ def test_the_pool_row_limit_is_one_check_with_one_message(ranks_, topk, local, b
 
     experts, t = ranks_ * local, limit + plan.TOKEN_ALIGN
     # The layer past its GPU check: on a CPU the device is stood in for, the layout refuses.
-    monkeypatch.setattr(
-        layer_module.driver, "require_hopper", lambda device=None: SimpleNamespace(ordinal=0, sm_count=132)
-    )
-    monkeypatch.setattr(layer_module.driver, "ensure_context", lambda device: None)
+    monkeypatch.setattr(devices, "require_hopper", lambda device=None: SimpleNamespace(ordinal=0, sm_count=132))
+    monkeypatch.setattr(driver, "ensure_context", lambda device: None)
     mode = "fused" if block_m == 64 else "unfused"
     raised = {
         "check": _raised_by(lambda: plan.checked_pool_blocks(t, ranks_, topk, local, block_m)),

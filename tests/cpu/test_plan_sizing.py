@@ -14,7 +14,7 @@ import pytest
 from megamoe_rt.cli.main import main
 from megamoe_rt.modes.registry import mode_names
 from megamoe_rt.presets import get_preset
-from megamoe_rt.runtime import driver
+from megamoe_rt.runtime import devices, driver
 from megamoe_rt.schedule.streaming import StreamConfig
 
 
@@ -34,10 +34,10 @@ def allocation(monkeypatch):
     from megamoe_rt import layer_setup
     from megamoe_rt.modes import split as split_module
 
-    info = driver.DeviceInfo(0, "stand-in H200", (9, 0), 132, 141 * 2**30, 60 * 2**20, 227 * 1024, 1_980_000, "0")
-    monkeypatch.setattr(driver, "require_hopper", lambda device=None: info)
+    info = devices.DeviceInfo(0, "stand-in H200", (9, 0), 132, 141 * 2**30, 60 * 2**20, 227 * 1024, 1_980_000, "0")
+    monkeypatch.setattr(devices, "require_hopper", lambda device=None: info)
     monkeypatch.setattr(driver, "ensure_context", lambda device=None: None)
-    monkeypatch.setattr(driver, "device_info", lambda device=0: info)
+    monkeypatch.setattr(devices, "device_info", lambda device=0: info)
     monkeypatch.setattr(driver, "free_memory_bytes", lambda device=None: int(FREE_GIB * 2**30))
     monkeypatch.setattr(split_module, "partition_granularity", lambda device: 8)  # Hopper's green-context step
 

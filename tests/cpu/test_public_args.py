@@ -11,7 +11,7 @@ import pytest
 from megamoe_rt import reference as ref
 from megamoe_rt.runtime import args
 from megamoe_rt.runtime.arrays import as_device_array, check_array, check_disjoint
-from megamoe_rt.runtime.driver import stream_handle
+from megamoe_rt.runtime.streams import stream_handle
 from megamoe_rt.schedule.streaming import StreamConfig
 from tests.cpu.test_arrays import FakeCai
 

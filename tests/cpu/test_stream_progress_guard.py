@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from megamoe_rt.kernels import stream as sk
-from megamoe_rt.runtime import driver
+from megamoe_rt.runtime import driver, streams
 
 NON_BLOCKING, BLOCKING = 0x1001, 0x2002  # stream handles with and without CU_STREAM_NON_BLOCKING
 
@@ -38,7 +38,7 @@ def flags(monkeypatch):
     ],
 )
 def test_which_streams_serialise(flags, a, b, serialise):
-    sa, sb = driver.StreamOrder.of(a), driver.StreamOrder.of(b)
+    sa, sb = streams.StreamOrder.of(a), streams.StreamOrder.of(b)
     assert sa.serialises_with(sb) is serialise
     assert sb.serialises_with(sa) is serialise
 
@@ -46,16 +46,16 @@ def test_which_streams_serialise(flags, a, b, serialise):
 def test_per_thread_default_streams_of_two_threads_run_side_by_side(flags, monkeypatch):
     import threading
 
-    mine = driver.StreamOrder.of(2)
+    mine = streams.StreamOrder.of(2)
     theirs: list = []
-    t = threading.Thread(target=lambda: theirs.append(driver.StreamOrder.of(2)))
+    t = threading.Thread(target=lambda: theirs.append(streams.StreamOrder.of(2)))
     t.start()
     t.join()
-    assert mine.serialises_with(driver.StreamOrder.of(2))  # this thread's own, twice
+    assert mine.serialises_with(streams.StreamOrder.of(2))  # this thread's own, twice
     assert not mine.serialises_with(theirs[0])
-    assert mine.serialises_with(driver.StreamOrder.of(0))  # and each waits for the legacy stream
+    assert mine.serialises_with(streams.StreamOrder.of(0))  # and each waits for the legacy stream
     monkeypatch.setenv("CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM", "1")
-    assert driver.StreamOrder.of(0).kind == "per_thread"  # 0 names it in this mode
+    assert streams.StreamOrder.of(0).kind == "per_thread"  # 0 names it in this mode
 
 
 class _Event:
@@ -70,8 +70,8 @@ class _Event:
 @pytest.fixture
 def ring(monkeypatch, flags):
     capturing: set[int] = set()
-    monkeypatch.setattr(driver, "stream_is_capturing", lambda s: s in capturing)
-    monkeypatch.setattr(driver, "Event", _Event)
+    monkeypatch.setattr(streams, "stream_is_capturing", lambda s: s in capturing)
+    monkeypatch.setattr(streams, "Event", _Event)
     r = object.__new__(sk.InputRing)
     r.device = 0
     r._producer_calls = r._consumer_calls = 0

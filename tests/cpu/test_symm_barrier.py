@@ -38,13 +38,13 @@ def runtime(monkeypatch):
         def close(self):
             log.ops.append(("close", self.id))
 
-    fake_driver = SimpleNamespace(
+    fake_streams = SimpleNamespace(
         stream_handle=lambda s: int(s),
         stream_is_capturing=lambda s: s in log.capturing,
         core_stream=lambda s: ("core", s),
         Event=Event,
     )
-    monkeypatch.setattr(symm, "driver", fake_driver)
+    monkeypatch.setattr(symm, "streams", fake_streams)
     nvshmem = SimpleNamespace(
         Teams=SimpleNamespace(TEAM_WORLD="world"),
         barrier=lambda team, stream: log.ops.append(("barrier", team, stream[1])),

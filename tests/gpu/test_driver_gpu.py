@@ -6,7 +6,7 @@ import pytest
 from helpers.streams import TorchLikeStream
 
 from megamoe_rt import CudaError
-from megamoe_rt.runtime import driver
+from megamoe_rt.runtime import device_memory, devices, driver, streams
 
 # --- on a GPU: what cuda.core now does for the driver layer ----------------------------------
 
@@ -15,7 +15,7 @@ from megamoe_rt.runtime import driver
 def test_device_info_matches_the_driver_attributes():
     from cuda.bindings import driver as cu
 
-    info = driver.device_info(0)
+    info = devices.device_info(0)
     dev = driver.call(cu.cuDeviceGet, 0)
     attr = cu.CUdevice_attribute
 
@@ -37,13 +37,13 @@ def test_device_info_matches_the_driver_attributes():
 @pytest.mark.gpu
 def test_owned_stream_event_and_memory():
     core = pytest.importorskip("cuda.core")
-    s = driver.Stream()
+    s = streams.Stream()
     assert isinstance(s.handle, int) and s.handle not in (0, 1, 2)
-    assert driver.stream_handle(s) == s.handle and driver.core_stream(s) is s.core
+    assert streams.stream_handle(s) == s.handle and streams.core_stream(s) is s.core
     assert isinstance(s.core, core.Stream) and s.core.is_nonblocking
-    mem = driver.DeviceMemory(4096)
+    mem = device_memory.DeviceMemory(4096)
     mem.copy_from_host(bytes(range(256)) * 16)
-    start, end = driver.Event().record(s), driver.Event()
+    start, end = streams.Event().record(s), streams.Event()
     mem.memset_u8(0xAB, stream=s, nbytes=128, offset=256)
     end.record(s)
     end.synchronize()
@@ -53,19 +53,19 @@ def test_owned_stream_event_and_memory():
     mem.free()
     with pytest.raises(ValueError, match="freed"):
         mem.ptr  # noqa: B018
-    ordered = driver.DeviceMemory(64, stream=s)
+    ordered = device_memory.DeviceMemory(64, stream=s)
     ordered.memset_u8(1, stream=s)
     s.synchronize()
     assert ordered.copy_to_host() == b"\x01" * 64
     ordered.free()
     s.close()
     with pytest.raises(ValueError, match="closed"):
-        driver.stream_handle(s)
+        streams.stream_handle(s)
 
 
 @pytest.mark.gpu
 def test_elapsed_time_of_an_unrecorded_event_names_the_call():
-    a, b = driver.Event(), driver.Event()
+    a, b = streams.Event(), streams.Event()
     with pytest.raises((RuntimeError, CudaError), match="cuEventElapsedTime"):
         a.elapsed_ms(b)
 
@@ -79,7 +79,7 @@ def test_kernels_launch_on_every_kind_of_stream():
 
     k = get_kernel(SPEC, 0)
     cps = cp.cuda.Stream(non_blocking=True)
-    ours = driver.Stream()
+    ours = streams.Stream()
     kinds = {
         "int": cps.ptr,
         "cupy": cps,
@@ -93,7 +93,7 @@ def test_kernels_launch_on_every_kind_of_stream():
         bufs = cp.zeros(4, cp.uint32), cp.zeros(4, cp.uint64), cp.zeros(4, cp.uint64)
         args = [SmProbeParams(*(int(b.data.ptr) for b in bufs), 1000)]
         k.launch((4,), (32,), args, stream=stream)
-        driver.synchronize_stream(stream)
+        streams.synchronize_stream(stream)
         assert int(bufs[2].min()) > 0, name
     ours.close()
 
@@ -111,7 +111,7 @@ def test_cuda_core_setup_in_a_new_thread_keeps_the_current_green_context():
     def body(ctx):
         try:
             driver.call(cu.cuCtxSetCurrent, ctx)
-            s = driver.Stream()  # first cuda.core use in this thread
+            s = streams.Stream()  # first cuda.core use in this thread
             seen["current"] = int(driver.call(cu.cuCtxGetCurrent))
             s.close()
         except BaseException as exc:

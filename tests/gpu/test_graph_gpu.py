@@ -36,11 +36,11 @@ def _kernel():
 
 def test_partition_granularity_is_queried_and_splits_match():
     from megamoe_rt.graph.green import GreenPartitions, partition_granularity
-    from megamoe_rt.runtime import driver
+    from megamoe_rt.runtime import devices
 
     g = partition_granularity(0)
     assert g == 8  # Hopper
-    sms = driver.device_info(0).sm_count
+    sms = devices.device_info(0).sm_count
     with GreenPartitions([("a", 64), ("b", "rest")]) as parts:
         # "rest" is every SM the 64 leave.
         assert parts["a"].sm_count == 64 and parts["b"].sm_count == sms - 64 and parts.remainder_sms == 0
@@ -191,9 +191,9 @@ def test_unequal_splits_form_and_confine_their_kernels(requests, fine):
     from cuda.bindings import driver as cu
 
     from megamoe_rt.graph.green import GreenPartitions
-    from megamoe_rt.runtime import driver
+    from megamoe_rt.runtime import devices, driver
 
-    sms = driver.device_info(0).sm_count
+    sms = devices.device_info(0).sm_count
     k = _kernel()
     with GreenPartitions(requests, fine=fine) as parts:
         sizes = {n: p.sm_count for n, p in parts.partitions.items()}

@@ -13,12 +13,12 @@ SHAPE = (512, 256, 8, 2, 64)  # hidden, intermediate, experts, top-k, tokens per
 
 def _no_gpu_here():
     """Every rank's GPU check fails, the same way on every rank (the CPU has none)."""
-    from megamoe_rt.runtime import driver
+    from megamoe_rt.runtime import devices
 
     def require_hopper(device=None):
         raise RuntimeError("no Hopper GPU on this CPU-only test rank")
 
-    driver.require_hopper = require_hopper
+    devices.require_hopper = require_hopper
 
 
 def _outcome(build):
@@ -67,7 +67,7 @@ def one_rank_has_no_gpu(ctx):
     """Rank 1's GPU check fails, rank 0's passes: no rank may start NVSHMEM."""
     from megamoe_rt.ep import symm
     from megamoe_rt.layer import MegaMoE
-    from megamoe_rt.runtime import driver
+    from megamoe_rt.runtime import devices, driver
 
     started = []
 
@@ -76,7 +76,7 @@ def one_rank_has_no_gpu(ctx):
             raise RuntimeError("device 1 (NVIDIA A100) has compute capability 8.0")
         return SimpleNamespace(ordinal=ctx.rank, sm_count=132)
 
-    driver.require_hopper = require_hopper
+    devices.require_hopper = require_hopper
     driver.ensure_context = lambda device: None
     symm.NvshmemRuntime.initialize = classmethod(lambda cls, *a, **k: started.append(1))  # type: ignore[method-assign]
     return _outcome(lambda: MegaMoE(*SHAPE, group=ctx)), started
@@ -87,10 +87,10 @@ def one_rank_fails_its_layout(ctx):
     from megamoe_rt import layer as layer_module
     from megamoe_rt import layer_setup
     from megamoe_rt.ep import symm
-    from megamoe_rt.runtime import driver
+    from megamoe_rt.runtime import devices, driver
 
     started = []
-    driver.require_hopper = lambda device=None: SimpleNamespace(ordinal=ctx.rank, sm_count=132)
+    devices.require_hopper = lambda device=None: SimpleNamespace(ordinal=ctx.rank, sm_count=132)
     driver.ensure_context = lambda device: None
     symm.NvshmemRuntime.initialize = classmethod(lambda cls, *a, **k: started.append(1))  # type: ignore[method-assign]
     real = layer_setup.layer_layout

@@ -104,7 +104,7 @@ def _barrier_on_any_stream(ctx):
     import cupy as cp
 
     from megamoe_rt.ep.symm import NvshmemRuntime
-    from megamoe_rt.runtime import driver
+    from megamoe_rt.runtime import streams
 
     cp.cuda.Device(ctx.device).use()
     rt = NvshmemRuntime.initialize(ctx)
@@ -114,7 +114,7 @@ def _barrier_on_any_stream(ctx):
         rt.finalize()
         return True
     cps = cp.cuda.Stream(non_blocking=True)
-    ours = driver.Stream()
+    ours = streams.Stream()
     # None (CuPy's current stream), a CuPy stream, a raw handle, ours and its cuda.core stream.
     for stream in (None, cps, cps.ptr, ours, ours.core):
         rt.barrier(stream)

@@ -38,7 +38,7 @@ def info_report() -> tuple[list[tuple[str, str]], dict]:
     """What ``megamoe-rt info`` reports: its table's rows, and the same as JSON (``--json``)."""
     from megamoe_rt import __version__
     from megamoe_rt.jit import CubinCache, include_dirs
-    from megamoe_rt.runtime import driver
+    from megamoe_rt.runtime import devices, driver
 
     versions = {
         "megamoe_rt": __version__,
@@ -66,13 +66,13 @@ def info_report() -> tuple[list[tuple[str, str]], dict]:
     cache = CubinCache()
     result["cache"] = {"directory": str(cache.directory), "entries": len(cache.entries())}
     rows.append(("cache", f"{cache.directory} ({result['cache']['entries']} entries)"))
-    ver = driver.driver_version()
+    ver = devices.driver_version()
     result["driver_cuda"] = "{}.{}".format(*ver) if ver else None  # the CUDA version the driver supports
     rows.append(("driver", f"CUDA {result['driver_cuda']}" if ver else "not found"))
-    devices = []
+    gpus = []
     if ver:
         try:
-            devices = driver.list_devices()
+            gpus = devices.list_devices()
         except driver.GpuUnavailableError as exc:  # e.g. cuda-core missing: say why, keep the report
             rows.append(("gpus", str(exc)))
             result["gpus_unavailable"] = str(exc)
@@ -86,7 +86,7 @@ def info_report() -> tuple[list[tuple[str, str]], dict]:
             "l2_cache_bytes": d.l2_cache_bytes,
             "is_hopper": d.is_hopper,
         }
-        for d in devices
+        for d in gpus
     ]
     return rows, result
 

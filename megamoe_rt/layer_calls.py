@@ -38,9 +38,11 @@ class CallChecks:
 
     def _output(self, out: Any, t: int, sh: int) -> tuple[Any, Any]:
         """The call's output (``out``, or a new array on the call's stream) and its checked view."""
-        cupy = require_cupy()
-        with cupy.cuda.Device(self.device), cupy_stream(cupy, sh):
-            y = cupy.empty((t, self.hidden), dtype=cupy.uint16) if out is None else out
+        y = out
+        if y is None:  # the device and stream contexts cost host time: only to allocate
+            cupy = require_cupy()
+            with cupy.cuda.Device(self.device), cupy_stream(cupy, sh):
+                y = cupy.empty((t, self.hidden), dtype=cupy.uint16)
         ya = as_device_array(y, "out", stream=sh)
         check_array(ya, "out", dtypes=("bf16",), shape=(t, self.hidden), device=self.device)
         return y, ya

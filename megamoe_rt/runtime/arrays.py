@@ -10,6 +10,7 @@ JAX) are read zero-copy. Every array a kernel sees is described by a
 from __future__ import annotations
 
 import ctypes
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -69,7 +70,7 @@ class DeviceArray:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        return math.prod(self.shape)  # Python ints: exact, and ~20x cheaper than np.prod per call
 
     @property
     def itemsize(self) -> int:

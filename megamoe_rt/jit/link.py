@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from megamoe_rt.runtime.core_import import import_cuda_core
 from megamoe_rt.runtime.errors import INSTALL_HINT, NvrtcError
 
 
@@ -57,22 +58,12 @@ class LinkError(NvrtcError):
             )
 
 
-_CORE_MIN = (1, 2)  # Program, ProgramOptions, Linker, LinkerOptions and ObjectCode as used here
-
-
 def cuda_core() -> Any:
-    """cuda.core, which compiles (Program) and links (Linker) every kernel; imported on first
-    use, as it comes with the cu13/cu12 extras and ``import megamoe_rt`` should not pay for it."""
-    try:
-        import cuda.core as core
-    except ImportError as exc:
-        raise NvrtcError("import cuda.core", str(exc), f"install cuda-core: {INSTALL_HINT}") from None
-    try:
-        too_old = tuple(int(p) for p in core.__version__.split(".")[:2]) < _CORE_MIN
-    except (AttributeError, ValueError):  # a development build: trust it
-        too_old = False
-    if too_old:
-        raise NvrtcError("import cuda.core", f"cuda-core {core.__version__} is too old", f"need >= 1.2: {INSTALL_HINT}")
+    """cuda.core, which compiles (Program) and links (Linker) every kernel
+    (megamoe_rt/runtime/core_import.py), or an NvrtcError saying why not."""
+    core, why = import_cuda_core()
+    if core is None:
+        raise NvrtcError("import cuda.core", why or "", f"install: {INSTALL_HINT}")
     return core
 
 

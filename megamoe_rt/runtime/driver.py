@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from megamoe_rt.runtime.core_import import import_cuda_core
 from megamoe_rt.runtime.errors import INSTALL_HINT
 from megamoe_rt.runtime.errors import CudaError as CudaError  # re-exported: raised by every call here
 from megamoe_rt.runtime.errors import GpuUnavailableError as GpuUnavailableError
@@ -93,25 +94,11 @@ def call(fn: Callable[..., Any], *args: Any) -> Any:
     return rest[0] if len(rest) == 1 else rest
 
 
-# cuda.core is imported on first use: it comes with the cu13/cu12 extras, and importing it
-# costs time that `import megamoe_rt` should not pay.
-_CORE_MIN = (1, 2)
-
-
 def cuda_core() -> Any:
-    """cuda.core, imported on first use (it comes with the cu13/cu12 extras), at least 1.2."""
-    try:
-        import cuda.core as core
-    except ImportError as exc:
-        raise GpuUnavailableError(f"cuda-core is not importable ({exc}); install: {INSTALL_HINT}") from None
-    try:
-        have = tuple(int(p) for p in core.__version__.split(".")[:2])
-    except (AttributeError, ValueError):  # a development build: trust it
-        have = _CORE_MIN
-    if have < _CORE_MIN:
-        raise GpuUnavailableError(
-            f"cuda-core {core.__version__} is too old; megamoe_rt needs cuda-core >= 1.2: {INSTALL_HINT}"
-        )
+    """cuda.core (megamoe_rt/runtime/core_import.py), or a one-line GpuUnavailableError."""
+    core, why = import_cuda_core()
+    if core is None:
+        raise GpuUnavailableError(f"{why}: {INSTALL_HINT}")
     return core
 
 

@@ -5,33 +5,56 @@
 #
 #   bench/one_gpu_runs.sh STAGE [OUT_DIR]        OUT_DIR defaults to bench/results
 #
-#   verify     the GPU tests of the layer, the GEMM (every tile, the 128x256 one included), token
-#              windows, deadlines, the examples and the README; then the cross-rank tests of
-#              rings and token windows with both ranks on GPU 0 (correctness only)
+#   verify     the GPU tests of the layer (its facade and the runtime modules: every call path),
+#              token windows, the fused and split modes, prefill, streaming, device errors,
+#              deadlines, the driver and graphs
+#   verify-ep  the cross-rank tests (rings, token windows, the three modes, streaming) with
+#              both ranks on GPU 0 (correctness only)
+#   gemm       the GEMM tests (every tile, the 128x256 one included), the examples and the README
 #   tiles      bench gemm with the heuristic's tile, 128x128 and 128x256 side by side (flash,
 #              pro, v3 x 2048/8192, with the torch peers), then Nsight Compute's tensor-pipe and
 #              shared-memory figures of flash L1 8192 on both tiles where ncu reads counters
-#   prefill    long calls against rings and a 16K-token window (flash, pro x 65536/131072)
+#   prefill    long calls against rings and a 16K-token window: 16384 and 65536 tokens in three
+#              rounds (the 16K call is the window's own cost alone), then 131072 in one
+#   overhead   eager calls against graph replays, host us per eager call (every mode)
 #   faults     the fault suite on this tree (python -m megamoe_rt.cli.faults)
+#
+# Every stage first builds every kernel into the cache in parallel (compile --all), so that no
+# test or arm pays a compile inside its time.
 #
 # Writes OUT_DIR/one_gpu_<stage>.txt (and .json / .md where the run has one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-STAGE=${1:?"usage: bench/one_gpu_runs.sh verify|tiles|prefill|faults [OUT_DIR]"}
+STAGE=${1:?"usage: bench/one_gpu_runs.sh verify|verify-ep|gemm|tiles|prefill|overhead|faults [OUT_DIR]"}
 OUT=${2:-bench/results}
 mkdir -p "$OUT"
 export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 log="$OUT/one_gpu_$STAGE.txt"
 
 case "$STAGE" in
+verify | verify-ep | gemm | tiles | prefill | overhead | faults) ;;
+*)
+    echo "bench/one_gpu_runs.sh: unknown stage '$STAGE' (verify, verify-ep, gemm, tiles, prefill, overhead, faults)" >&2
+    exit 2
+    ;;
+esac
+python3 -m megamoe_rt compile --all >"$OUT/one_gpu_${STAGE}_compile.txt" 2>&1
+
+case "$STAGE" in
 verify)
-    python3 -m pytest -q -m gpu -rfE tests/gpu/test_gemm_gpu.py tests/gpu/test_token_window_gpu.py \
-        tests/gpu/test_deadlines_gpu.py tests/gpu/test_layer_gpu.py tests/gpu/test_fused_gpu.py \
-        tests/gpu/test_split_gpu.py tests/gpu/test_prefill_gpu.py tests/gpu/test_examples_gpu.py \
+    python3 -m pytest -q -m gpu -rfE tests/gpu/test_layer_gpu.py tests/gpu/test_token_window_gpu.py \
+        tests/gpu/test_fused_gpu.py tests/gpu/test_split_gpu.py tests/gpu/test_prefill_gpu.py \
+        tests/gpu/test_stream_gpu.py tests/gpu/test_device_errors_gpu.py tests/gpu/test_deadlines_gpu.py \
+        tests/gpu/test_driver_gpu.py tests/gpu/test_graph_gpu.py 2>&1 | tee "$log"
+    ;;
+verify-ep)
+    MEGAMOE_RT_RANK_DEVICES=0 python3 -m pytest -q -m multigpu -rfE tests/multigpu/test_prefill_multigpu.py \
+        tests/multigpu/test_ep_multigpu.py tests/multigpu/test_stream_multigpu.py 2>&1 | tee "$log"
+    ;;
+gemm)
+    python3 -m pytest -q -m gpu -rfE tests/gpu/test_gemm_gpu.py tests/gpu/test_examples_gpu.py \
         tests/gpu/test_readme_gpu.py 2>&1 | tee "$log"
-    MEGAMOE_RT_RANK_DEVICES=0 python3 -m pytest -q -m multigpu -rfE \
-        tests/multigpu/test_prefill_multigpu.py -k wrapping 2>&1 | tee -a "$log"
     ;;
 tiles)
     python3 -m megamoe_rt bench gemm --presets flash,pro,v3 --tokens 2048,8192 --tiles 128x128,128x256 \
@@ -45,14 +68,16 @@ tiles)
     fi
     ;;
 prefill)
-    python3 -m megamoe_rt bench prefill --presets flash,pro --tokens 65536,131072 --ratios 0.25 --windows 16384 \
-        --rounds 1 -o "$OUT/one_gpu_prefill.json" 2>&1 | tee "$log"
+    python3 -m megamoe_rt bench prefill --presets flash,pro --tokens 16384,65536 --ratios 0.25 --windows 16384 \
+        --rounds 3 -o "$OUT/one_gpu_prefill.json" 2>&1 | tee "$log"
+    python3 -m megamoe_rt bench prefill --presets flash,pro --tokens 131072 --ratios 0.25 --windows 16384 \
+        --rounds 1 -o "$OUT/one_gpu_prefill_131072.json" 2>&1 | tee -a "$log"
+    ;;
+overhead)
+    python3 -m megamoe_rt bench overhead --preset flash,v3 --tokens 64,2048 --mode fused,unfused,split \
+        -o "$OUT/one_gpu_overhead.json" 2>&1 | tee "$log"
     ;;
 faults)
     python3 -m megamoe_rt.cli.faults --md "$OUT/one_gpu_faults.md" -o "$OUT/one_gpu_faults.json" 2>&1 | tee "$log"
-    ;;
-*)
-    echo "bench/one_gpu_runs.sh: unknown stage '$STAGE' (verify, tiles, prefill, faults)" >&2
-    exit 2
     ;;
 esac

@@ -56,7 +56,7 @@ def test_every_benchmark_of_the_two_gpu_runs_parses():
 def test_the_one_gpu_runs_refuse_an_unknown_stage_and_their_benchmarks_parse(tmp_path):
     script = BENCH / "one_gpu_runs.sh"
     out = subprocess.run(["bash", str(script), "nope", str(tmp_path)], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and "unknown stage 'nope' (verify, tiles, prefill, faults)" in out.stderr
+    assert out.returncode == 2 and "unknown stage 'nope' (verify, verify-ep, gemm, tiles, prefill, overhead, faults)" in out.stderr
     from megamoe_rt.cli.main import build_parser
 
     joined = script.read_text().replace("\\\n", " ")
@@ -64,7 +64,7 @@ def test_the_one_gpu_runs_refuse_an_unknown_stage_and_their_benchmarks_parse(tmp
         shlex.split(re.sub(r'"\$OUT/([^"]+)"', r"out/\1", m.group(1)))
         for m in re.finditer(r"python3 -m megamoe_rt (bench .*?)\s*2>&1", joined)
     ]
-    assert sorted(c[1] for c in commands) == ["gemm", "prefill"]
+    assert sorted(c[1] for c in commands) == ["gemm", "overhead", "prefill", "prefill"]
     for argv in commands:
         ns = build_parser().parse_args(argv)  # a bad option raises UsageError
         assert ns.output.startswith("out/one_gpu_"), argv

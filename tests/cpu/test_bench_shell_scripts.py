@@ -56,7 +56,10 @@ def test_every_benchmark_of_the_two_gpu_runs_parses():
 def test_the_one_gpu_runs_refuse_an_unknown_stage_and_their_benchmarks_parse(tmp_path):
     script = BENCH / "one_gpu_runs.sh"
     out = subprocess.run(["bash", str(script), "nope", str(tmp_path)], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and "unknown stage 'nope' (verify, verify-ep, gemm, tiles, prefill, overhead, faults)" in out.stderr
+    assert (
+        out.returncode == 2
+        and "unknown stage 'nope' (verify, verify-ep, gemm, tiles, prefill, overhead, faults)" in out.stderr
+    )
     from megamoe_rt.cli.main import build_parser
 
     joined = script.read_text().replace("\\\n", " ")

@@ -50,7 +50,8 @@ class _Agreed:
         return None
 
     def __exit__(self, kind, exc, tb) -> bool:
-        if self.group is None:
+        # One rank, or an interrupt (not a set-up failure to agree on): raised here as it is.
+        if self.group is None or (exc is not None and not isinstance(exc, Exception)):
             return False
         failed = agreement.gather_failures(self.group, f"MegaMoE set-up: {self.step}", exc)
         if failed:

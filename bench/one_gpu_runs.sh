@@ -18,6 +18,9 @@
 #              rounds (the 16K call is the window's own cost alone), then 131072 in one
 #   overhead   eager calls against graph replays, host us per eager call (every mode)
 #   faults     the fault suite on this tree (python -m megamoe_rt.cli.faults)
+#   ab         bench gemm and bench moe (fused) in the baseline tree .base and in this one, base /
+#              tree / base (bench/ab_run.sh; export the baseline first and carry .base:
+#              mkdir .base && git archive <commit> | tar -x -C .base)
 #
 # Every stage first builds every kernel into the cache in parallel (compile --all), so that no
 # test or arm pays a compile inside its time.
@@ -26,20 +29,24 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-STAGE=${1:?"usage: bench/one_gpu_runs.sh verify|verify-ep|gemm|tiles|prefill|overhead|faults [OUT_DIR]"}
+STAGE=${1:?"usage: bench/one_gpu_runs.sh verify|verify-ep|gemm|tiles|prefill|overhead|faults|ab [OUT_DIR]"}
 OUT=${2:-bench/results}
 mkdir -p "$OUT"
 export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 log="$OUT/one_gpu_$STAGE.txt"
 
 case "$STAGE" in
-verify | verify-ep | gemm | tiles | prefill | overhead | faults) ;;
+verify | verify-ep | gemm | tiles | prefill | overhead | faults | ab) ;;
 *)
-    echo "bench/one_gpu_runs.sh: unknown stage '$STAGE' (verify, verify-ep, gemm, tiles, prefill, overhead, faults)" >&2
+    echo "bench/one_gpu_runs.sh: unknown stage '$STAGE' (verify, verify-ep, gemm, tiles, prefill, overhead, faults, ab)" >&2
     exit 2
     ;;
 esac
 python3 -m megamoe_rt compile --all >"$OUT/one_gpu_${STAGE}_compile.txt" 2>&1
+if [ "$STAGE" = ab ]; then
+    [ -d .base/megamoe_rt ] || { echo "bench/one_gpu_runs.sh ab: no baseline tree in .base" >&2; exit 2; }
+    (cd .base && python3 -m megamoe_rt compile --all) >"$OUT/one_gpu_ab_base_compile.txt" 2>&1
+fi
 
 case "$STAGE" in
 verify)
@@ -76,6 +83,11 @@ prefill)
 overhead)
     python3 -m megamoe_rt bench overhead --preset flash,v3 --tokens 64,2048 --mode fused,unfused,split \
         -o "$OUT/one_gpu_overhead.json" 2>&1 | tee "$log"
+    ;;
+ab)
+    bench/ab_run.sh "$OUT/ab_gemm" gemm --presets flash,pro,v3 --tokens 2048,8192 2>&1 | tee "$log"
+    AB_BASE_TWICE=0 bench/ab_run.sh "$OUT/ab_moe" moe --mode fused --preset flash,v3 --tokens 2048,8192 \
+        2>&1 | tee -a "$log"
     ;;
 faults)
     python3 -m megamoe_rt.cli.faults --md "$OUT/one_gpu_faults.md" -o "$OUT/one_gpu_faults.json" 2>&1 | tee "$log"

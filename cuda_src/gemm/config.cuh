@@ -71,10 +71,16 @@ struct Config {
     static constexpr u32 kOffBarriers = kOffScratch + kScratchBytes;
     static constexpr u32 kSmemBytes = kOffBarriers + kStages * kBarrierBytesPerStage;
     static constexpr u32 kSmemAlignSlack = gemm::kSmemAlignSlack;  // the dynamic base is only 16-byte aligned
-    // The host reserves dynamic_smem_bytes() (the same generated formula); the carve-up above
-    // must add up to exactly that.
+    // The carve-up above must add up to exactly pipeline_smem_bytes() (the same generated
+    // formula the host sizes with; the fused kernel's tables start after it).
+    static_assert(kSmemBytes + kSmemAlignSlack == pipeline_smem_bytes(kBlockM, kBlockN, kStages),
+                  "the carve-up differs from the host's size");
+    // The grouped GEMM kernel adds one tile slot per stage after the pipeline; the host reserves
+    // dynamic_smem_bytes() for it.
+    static constexpr u32 kOffTileSlots = kSmemBytes;
     static constexpr u32 kDynamicSmemBytes = dynamic_smem_bytes(kBlockM, kBlockN, kStages);
-    static_assert(kSmemBytes + kSmemAlignSlack == kDynamicSmemBytes, "the carve-up differs from the host's size");
+    static_assert(kOffTileSlots + kStages * kTileSlotBytes + kSmemAlignSlack == kDynamicSmemBytes,
+                  "the tile slots differ from the host's size");
     static_assert(kScratchBytes >= 2 * kWgTileM * 4, "epilogue scratch holds a per-row amax per N-split warpgroup");
 
     static_assert(kBlockM == 64 || kBlockM == 128, "BLOCK_M must be 64 or 128");

@@ -30,6 +30,10 @@ struct SharedStorage {
     __device__ __forceinline__ u64* empty(u32 s) const {
         return reinterpret_cast<u64*>(base + Cfg::kOffBarriers) + Cfg::kStages + s;
     }
+    // Only the grouped GEMM kernel reserves these (gemm/tile_slots.cuh); the fused kernel does not.
+    __device__ __forceinline__ Tile* tile_slot(u32 s) const {
+        return reinterpret_cast<Tile*>(base + Cfg::kOffTileSlots + s * kTileSlotBytes);
+    }
 };
 
 template <u32 kStages>

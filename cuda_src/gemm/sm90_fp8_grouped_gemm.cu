@@ -11,6 +11,7 @@
 #include "gemm/mainloop.cuh"
 #include "gemm/params.cuh"
 #include "gemm/tile_scheduler.cuh"
+#include "gemm/tile_slots.cuh"
 #include "ptx/cluster.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/sync.cuh"
@@ -58,10 +59,7 @@ __global__ void __launch_bounds__(
         __syncthreads();
     }
 
-    const TileScheduler<kBlockM, kBlockN, kLayout, kClusterN> scheduler(p);
     const u32 cta_rank = kClusterN > 1 ? ptx::cluster_ctarank() : 0;
-    const u32 first_tile = blockIdx.x / kClusterN;
-    const u32 tile_step = gridDim.x / kClusterN;
     const u32 num_k_blocks = p.k / Cfg::kBlockK;
     const u32 warpgroup = threadIdx.x / 128;
     // Nothing else in this kernel waits: its pipeline waits take the context's deadline as it is.
@@ -70,12 +68,18 @@ __global__ void __launch_bounds__(
     if (warpgroup == 0) {
         ptx::setmaxnreg_dec_sync_aligned<kProducerRegs>();
         if (threadIdx.x == 0) {
+            // Only the producer walks the schedule; the math warpgroups take the tiles it
+            // announces (gemm/tile_slots.cuh).
+            const TileScheduler<kBlockM, kBlockN, kLayout, kClusterN> scheduler(p);
+            const u32 tile_step = gridDim.x / kClusterN;
             PipelineState<kStages> st;
-            for (u32 t = first_tile; t < scheduler.num_tiles; t += tile_step) {
+            for (u32 t = blockIdx.x / kClusterN; t < scheduler.num_tiles; t += tile_step) {
                 const Tile tile = scheduler.get(t, cta_rank);
                 if (!tile.valid) continue;
+                announce_tile<Cfg>(sm, st, tile, deadline);
                 produce_tile<Cfg>(tile, num_k_blocks, sm, st, &tma_a, &tma_b, &tma_sfa, cta_rank, deadline);
             }
+            announce_end<Cfg>(sm, st, deadline);
             drain_stages<Cfg>(sm, st, deadline);
         }
     } else {
@@ -84,9 +88,12 @@ __global__ void __launch_bounds__(
         PipelineState<kStages> st;
         float acc[64];
         PromotedSums<Cfg> out;
-        for (u32 t = first_tile; t < scheduler.num_tiles; t += tile_step) {
-            const Tile tile = scheduler.get(t, cta_rank);
-            if (!tile.valid) continue;
+        for (;;) {
+            const Tile tile = announced_tile<Cfg>(sm, st);
+            if (!tile.valid) {
+                release_end<Cfg>(sm, st, mt, cta_rank);
+                break;
+            }
             consume_tile<Cfg>(p, tile, num_k_blocks, sm, st, mt, acc, out, cta_rank);
 #pragma unroll
             for (u32 pass = 0; pass < Cfg::kNPasses; ++pass)

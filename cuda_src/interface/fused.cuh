@@ -82,7 +82,7 @@ __host__ __device__ constexpr u32 bank_words(u32 num_experts, u32 max_blocks) {
 // Shared memory of the GEMM carve-up (stages, epilogue scratch, barriers); the routing
 // tables start there (FusedParams::table_smem_offset).
 __host__ __device__ constexpr u32 tile_smem_bytes(u32 stages) {
-    return gemm::dynamic_smem_bytes(kBlockM, kBlockN, stages) - gemm::kSmemAlignSlack;
+    return gemm::pipeline_smem_bytes(kBlockM, kBlockN, stages) - gemm::kSmemAlignSlack;
 }
 
 // The pool layout and unit table (fused/unit_table.cuh): scalars[4] | row_begin[E_local + 1] |

@@ -14,6 +14,8 @@ constexpr u32 kSmemLimit = 232448;  // opt-in dynamic shared memory per block on
 constexpr u32 kSmemAlignSlack = 1024;
 constexpr u32 kEpilogueScratchBytes = 512;  // per-row amax exchange between N-split math warpgroups
 constexpr u32 kBarrierBytesPerStage = 16;   // a full and an empty mbarrier
+// a tile as the grouped GEMM's producer announces it to the math warpgroups, one slot per stage
+constexpr u32 kTileSlotBytes = 32;
 // rows of one pool block named by GemmParams::block_map (a multiple of every BLOCK_M)
 constexpr u32 kBlockMapRows = 128;
 
@@ -97,9 +99,15 @@ __host__ __device__ constexpr u32 fixed_smem_bytes(u32 stages) {
     return kEpilogueScratchBytes + kBarrierBytesPerStage * stages + kSmemAlignSlack;
 }
 
-// Dynamic shared memory of a launch. gemm::Config lays its carve-up out to add up to it.
-__host__ __device__ constexpr u32 dynamic_smem_bytes(u32 block_m, u32 block_n, u32 stages) {
+// The tile pipeline's shared memory (stages, scratch, barriers, slack): what gemm::Config lays
+// out and the fused kernel shares between its two GEMMs.
+__host__ __device__ constexpr u32 pipeline_smem_bytes(u32 block_m, u32 block_n, u32 stages) {
     return stages * stage_bytes(block_m, block_n) + fixed_smem_bytes(stages);
+}
+
+// Dynamic shared memory of a grouped GEMM launch: the pipeline and one tile slot per stage.
+__host__ __device__ constexpr u32 dynamic_smem_bytes(u32 block_m, u32 block_n, u32 stages) {
+    return pipeline_smem_bytes(block_m, block_n, stages) + kTileSlotBytes * stages;
 }
 
 }  // namespace megamoe_rt::gemm

@@ -138,9 +138,8 @@ class GemmConfig:
 
 
 def max_stages(block_m: int, block_n: int, a_sf_gran: int) -> int:
-    per = GemmConfig.stage_bytes(block_m, block_n, a_sf_gran)
     s = MAX_STAGES
-    while s > 2 and s * per + GemmConfig.fixed_smem_bytes(s) > SMEM_LIMIT:
+    while s > 2 and int(decl.dynamic_smem_bytes(block_m, block_n, s)) > SMEM_LIMIT:
         s -= 1
     return s
 

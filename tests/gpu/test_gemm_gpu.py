@@ -127,6 +127,30 @@ def test_masked_bf16_matches_reference(groups, m_max, counts):
     _check_masked_bf16(rng, groups, m_max, counts, 512, 1024)
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "masked"])
+def test_a_call_with_no_rows_ends_and_writes_nothing(layout):
+    """Every block's producer finds no tile and announces the end at once (gemm/tile_slots.cuh):
+    the launch must finish, write nothing, and leave the next call on the same buffers right."""
+    rng = np.random.default_rng()
+    if layout == "masked":
+        _check_masked_bf16(rng, 4, 128, [0, 0, 0, 0], 256, 512)
+        _check_masked_bf16(rng, 4, 128, [128, 0, 3, 128], 256, 512)
+        return
+    counts, n, k = [0, 0, 0], 256, 512
+    a, a_sf, b, b_sf, offsets, cnt = _contiguous_problem(rng, counts, n, k)
+    out = cp.full((a.shape[0], n), BF16_NAN, dtype=cp.uint16)
+    grouped_gemm_fp8(
+        _dev(a),
+        _dev(a_sf),
+        _dev(b),
+        _dev(b_sf),
+        group_offsets=cp.asarray(offsets),
+        group_counts=cp.asarray(cnt),
+        out=out,
+    )
+    assert (cp.asnumpy(out) == BF16_NAN).all()
+
+
 def _check_masked_bf16(rng, groups, m_max, counts, n, k, config=None):
     """A masked bf16 GEMM (``config``: a forced tile) against the reference; rows past a
     group's count stay poisoned."""

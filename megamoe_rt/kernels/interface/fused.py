@@ -123,7 +123,7 @@ def bank_offsets(num_experts: int, max_blocks: int) -> dict[str, int]:
     "tables start there (FusedParams::table_smem_offset)."
 )
 def tile_smem_bytes(stages: Value) -> Value:
-    return gemm.dynamic_smem_bytes(BLOCK_M, BLOCK_N, stages) - gemm.SMEM_ALIGN_SLACK
+    return gemm.pipeline_smem_bytes(BLOCK_M, BLOCK_N, stages) - gemm.SMEM_ALIGN_SLACK
 
 
 @formula(

@@ -32,6 +32,11 @@ EPILOGUE_SCRATCH_BYTES = Constant(
     "kEpilogueScratchBytes", 2 * 64 * 4, doc="per-row amax exchange between N-split math warpgroups"
 )
 BARRIER_BYTES_PER_STAGE = Constant("kBarrierBytesPerStage", 2 * 8, doc="a full and an empty mbarrier")
+TILE_SLOT_BYTES = Constant(
+    "kTileSlotBytes",
+    32,
+    doc="a tile as the grouped GEMM's producer announces it to the math warpgroups, one slot per stage",
+)
 BLOCK_MAP_ROWS = Constant(
     "kBlockMapRows", 128, doc="rows of one pool block named by GemmParams::block_map (a multiple of every BLOCK_M)"
 )
@@ -129,9 +134,17 @@ def fixed_smem_bytes(stages: Value) -> Value:
     return EPILOGUE_SCRATCH_BYTES + BARRIER_BYTES_PER_STAGE * stages + SMEM_ALIGN_SLACK
 
 
-@formula(doc="Dynamic shared memory of a launch. gemm::Config lays its carve-up out to add up to it.")
-def dynamic_smem_bytes(block_m: Value, block_n: Value, stages: Value) -> Value:
+@formula(
+    doc="The tile pipeline's shared memory (stages, scratch, barriers, slack): what gemm::Config lays\n"
+    "out and the fused kernel shares between its two GEMMs."
+)
+def pipeline_smem_bytes(block_m: Value, block_n: Value, stages: Value) -> Value:
     return stages * stage_bytes(block_m, block_n) + fixed_smem_bytes(stages)
+
+
+@formula(doc="Dynamic shared memory of a grouped GEMM launch: the pipeline and one tile slot per stage.")
+def dynamic_smem_bytes(block_m: Value, block_n: Value, stages: Value) -> Value:
+    return pipeline_smem_bytes(block_m, block_n, stages) + TILE_SLOT_BYTES * stages
 
 
 HEADER = Header(
@@ -143,6 +156,7 @@ HEADER = Header(
         SMEM_ALIGN_SLACK,
         EPILOGUE_SCRATCH_BYTES,
         BARRIER_BYTES_PER_STAGE,
+        TILE_SLOT_BYTES,
         BLOCK_MAP_ROWS,
         GROUP_LAYOUT,
         FLAGS,
@@ -150,6 +164,7 @@ HEADER = Header(
         stage_bytes,
         stage_tx_bytes,
         fixed_smem_bytes,
+        pipeline_smem_bytes,
         dynamic_smem_bytes,
     ],
     doc="The grouped FP8 GEMM's parameters, group layouts, flags and shared-memory sizes.",

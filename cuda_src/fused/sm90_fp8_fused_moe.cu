@@ -44,6 +44,7 @@
 #include "ptx/special_regs.cuh"
 #include "ptx/sync.cuh"
 #include "ptx/tma.cuh"
+#include "ptx/warp_uniform.cuh"
 #include "sync/deadline_wait.cuh"
 #include "sync/grid_barrier.cuh"
 #include "sync/named_barriers.cuh"
@@ -491,7 +492,9 @@ __device__ __forceinline__ void compute_tiles(const FusedParams& p, const Routin
     using L2 = L2Config<kStages, kActSfGran>;
     const gemm::SharedStorage<L1> sm1{smem};
     const gemm::SharedStorage<L2> sm2{smem};
-    const u32 math_wg = threadIdx.x / 128 - 1;
+    // Warp-uniform (ptx/warp_uniform.cuh), as the tile's kind below: the wgmma descriptors stay in
+    // uniform registers.
+    const u32 math_wg = ptx::warpgroup_index_uniform() - 1;
     const gemm::MathThread<L1> mt1(math_wg);
     const gemm::MathThread<L2> mt2(math_wg);
     const bool leader = threadIdx.x == 128;
@@ -504,10 +507,10 @@ __device__ __forceinline__ void compute_tiles(const FusedParams& p, const Routin
     float out[64];
     OrderedTile s;
     for (;;) {
-        const u32 t = pop_ticket(tab.tiles, queue, threadIdx.x % 32);
-        if (!order.tile(t, s)) break;
+        const u32 t = ptx::warp_uniform(pop_ticket(tab.tiles, queue, threadIdx.x % 32));
+        if (!ptx::warp_uniform(order.tile(t, s))) break;
         const gemm::Tile tile = ring_tile(p, tab, s);
-        if (!s.l2) {
+        if (!ptx::warp_uniform(s.l2)) {
             gemm::consume_tile<L1>(p.l1, tile, p.l1.k / L1::kBlockK, sm1, st, mt1, acc, out, 0);
             L1::Epilogue::template store<L1>(p.l1, tile, mt1, sm1, out);
             // Every math thread's rows are written before the leader posts them (TMA reads them

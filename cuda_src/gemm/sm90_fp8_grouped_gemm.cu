@@ -16,6 +16,7 @@
 #include "ptx/mbarrier.cuh"
 #include "ptx/sync.cuh"
 #include "ptx/tma.cuh"
+#include "ptx/warp_uniform.cuh"
 
 namespace megamoe_rt::gemm {
 
@@ -61,7 +62,7 @@ __global__ void __launch_bounds__(
 
     const u32 cta_rank = kClusterN > 1 ? ptx::cluster_ctarank() : 0;
     const u32 num_k_blocks = p.k / Cfg::kBlockK;
-    const u32 warpgroup = threadIdx.x / 128;
+    const u32 warpgroup = ptx::warpgroup_index_uniform();
     // Nothing else in this kernel waits: its pipeline waits take the context's deadline as it is.
     const sync::MbarrierDeadline deadline{p.wait, 0};
 

@@ -44,3 +44,39 @@ _OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)"
 def sass_opcodes(sass: str) -> set[str]:
     """Base opcodes (before the first '.') appearing in a SASS listing."""
     return {m.group(1).split(".")[0] for m in _OPCODE.finditer(sass)}
+
+
+_INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][^;]*);")
+
+
+def wgmma_issue_windows(sass: str) -> list[list[str]]:
+    """Each wgmma issue sequence of a listing: the instructions from a ``WARPGROUP.ARRIVE`` to the
+    ``QGMMA`` that closes its group (``gsb0``), without their predicates."""
+    windows: list[list[str]] = []
+    current: list[str] | None = None
+    for m in _INSTRUCTION.finditer(sass):
+        text = " ".join(m.group(1).split())
+        if text.startswith("WARPGROUP.ARRIVE"):
+            current = [text]
+        elif current is not None:
+            current.append(text)
+            if text.startswith("QGMMA") and "gsb0" in text:
+                windows.append(current)
+                current = None
+    return windows
+
+
+_GDESC = re.compile(r"gdesc\[UR(\d+)\]")
+_R2UR_DEST = re.compile(r"^R2UR UR(\d+),")
+
+
+def descriptors_moved_from_vector_registers(window: list[str]) -> list[str]:
+    """The ``R2UR`` moves of a wgmma issue window (wgmma_issue_windows) that write a uniform
+    register one of its ``QGMMA`` reads as a descriptor (``gdesc[URn]``: URn..URn+3): a
+    descriptor computed in ordinary registers, moved over on the issue path."""
+    read: set[int] = set()
+    for text in window:
+        m = _GDESC.search(text) if text.startswith("QGMMA") else None
+        if m:
+            read.update(range(int(m.group(1)), int(m.group(1)) + 4))
+    return [t for t in window if (m := _R2UR_DEST.match(t)) and int(m.group(1)) in read]

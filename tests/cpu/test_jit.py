@@ -10,7 +10,13 @@ import pytest
 
 from megamoe_rt.jit import CubinCache, KernelSpec, compile_kernel, parse_ptxas_report
 from megamoe_rt.jit import compiler as jit_compiler
-from megamoe_rt.jit.sass import dump_sass, find_cuobjdump, sass_opcodes
+from megamoe_rt.jit.sass import (
+    descriptors_moved_from_vector_registers,
+    dump_sass,
+    find_cuobjdump,
+    sass_opcodes,
+    wgmma_issue_windows,
+)
 from megamoe_rt.kernels.registry import all_kernel_specs
 from megamoe_rt.runtime.errors import NvrtcError
 
@@ -66,6 +72,26 @@ def test_sass_contains_expected_instructions(spec, cache):
     missing = [op for op in spec.expect_sass if op not in ops]
     assert not missing, f"{spec.name}: SASS lacks {missing}"
     assert "LDL" not in ops and "STL" not in ops  # nothing went to local memory
+    if "QGMMA" in spec.expect_sass:
+        # The k-block's wgmmas issue back to back: their shared-memory descriptors are computed
+        # in uniform registers (ptx/warp_uniform.cuh), not moved there (R2UR) before each wgmma.
+        windows = wgmma_issue_windows(sass)
+        assert windows, f"{spec.name}: no wgmma issue sequence found"
+        moved = [m for w in windows for m in descriptors_moved_from_vector_registers(w)]
+        assert not moved, f"{spec.name}: wgmma descriptors moved from ordinary registers: {moved}"
+
+
+def test_descriptor_moves_are_told_from_other_moves():
+    window = [
+        "WARPGROUP.ARRIVE",
+        "R2UR UR20, R8",
+        "R2UR UR6, R2",
+        "QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR20], RZ, !UPT",
+        "LDG.E.CONSTANT R1, desc[UR6][R4.64]",
+        "QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR12], R24, gsb0",
+    ]
+    assert wgmma_issue_windows("".join(f"/*{i:04x}*/ {t} ;\n" for i, t in enumerate(window))) == [window]
+    assert descriptors_moved_from_vector_registers(window) == ["R2UR UR20, R8"]
 
 
 def test_cache_hit_returns_identical_cubin(toy_tree, cache):

@@ -141,20 +141,38 @@ __device__ __forceinline__ void issue_step(const SharedStorage<Cfg>& sm, u32 sta
     ptx::wgmma_commit_group_sync_aligned();
 }
 
-// out += acc * sa[row] * sb: fp32 promotion of one step's partial sums.
+// The scales of one promotion step of this thread: sa[row] * sb for its two rows (row0, row0 + 8),
+// and with 64-column B scales a second pair for the upper eight column pairs (columns 64..127).
+struct StepScales {
+    float lo0, lo1, hi0, hi1;
+};
+
+// Reads the step's A scales from the loaded stage and multiplies in the B scales. Called right
+// after the stage's full-barrier wait, before the step's wgmmas are issued: the shared-memory
+// loads and the products then run under the wgmmas instead of after their wait (where the
+// promotion's first FMUL waited on the LDS: the largest stall of the promotion, bench/NOTES.md).
 template <class Cfg>
-__device__ __forceinline__ void promote_step(const SharedStorage<Cfg>& sm, u32 stage, u32 h, const MathThread<Cfg>& mt,
-                                             float sb_lo, float sb_hi, float (&acc)[64], float (&out)[64]) {
-#pragma unroll
-    for (int i = 0; i < 64; ++i) fence_operand(acc[i]);
+__device__ __forceinline__ StepScales step_scales(const SharedStorage<Cfg>& sm, u32 stage, u32 h,
+                                                  const MathThread<Cfg>& mt, float sb_lo, float sb_hi) {
     const float* sfa = sm.sfa(stage) + h * Cfg::kBlockM;
     const float sa0 = sfa[mt.row0];
     const float sa1 = sfa[mt.row0 + 8];
+    StepScales s;
+    s.lo0 = sa0 * sb_lo;
+    s.lo1 = sa1 * sb_lo;
+    s.hi0 = Cfg::kBSfN == 64 ? sa0 * sb_hi : s.lo0;
+    s.hi1 = Cfg::kBSfN == 64 ? sa1 * sb_hi : s.lo1;
+    return s;
+}
+
+// out += acc * sa[row] * sb: fp32 promotion of one step's partial sums.
+template <class Cfg>
+__device__ __forceinline__ void promote_step(const StepScales& sc, float (&acc)[64], float (&out)[64]) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) fence_operand(acc[i]);
 #pragma unroll
     for (u32 i = 0; i < 16; ++i) {
-        // With 64-column B scales the upper eight pairs (columns 64..127) take the second scale.
-        const float sb = (Cfg::kBSfN == 64 && i >= 8) ? sb_hi : sb_lo;
-        const float s0 = sa0 * sb, s1 = sa1 * sb;
+        const float s0 = i >= 8 ? sc.hi0 : sc.lo0, s1 = i >= 8 ? sc.hi1 : sc.lo1;
         out[4 * i + 0] += acc[4 * i + 0] * s0;
         out[4 * i + 1] += acc[4 * i + 1] * s0;
         out[4 * i + 2] += acc[4 * i + 2] * s1;
@@ -219,10 +237,10 @@ __device__ __forceinline__ void consume_tile(const GemmParams& p, const Tile& ti
         for (u32 h = 0; h < kSteps; ++h) {
 #pragma unroll
             for (u32 ps = 0; ps < kPasses; ++ps) {
+                const StepScales sc = step_scales<Cfg>(sm, st.stage, h, mt, sb_lo[ps], sb_hi[ps]);
                 issue_step<Cfg>(sm, st.stage, h, a_offset, b_offset + ps * Cfg::kWgTileN * Cfg::kBlockK, acc);
                 ptx::wgmma_wait_group_sync_aligned<0>();
-                promote_step<Cfg>(sm, st.stage, h, mt, sb_lo[ps], sb_hi[ps], acc,
-                                  *reinterpret_cast<float (*)[64]>(out + 64 * ps));
+                promote_step<Cfg>(sc, acc, *reinterpret_cast<float (*)[64]>(out + 64 * ps));
             }
         }
         release_stage<Cfg>(sm, st.stage, mt, cta_rank);

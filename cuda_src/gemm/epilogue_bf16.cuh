@@ -4,6 +4,7 @@
 #include "common/types.cuh"
 #include "gemm/mainloop.cuh"
 #include "gemm/params.cuh"
+#include "gemm/quad_transpose.cuh"
 #include "gemm/tile_scheduler.cuh"
 #include "ptx/cvt.cuh"
 #include "ptx/ld_st.cuh"
@@ -15,16 +16,24 @@ struct StoreBf16Epilogue {
     static __device__ __forceinline__ void store(const GemmParams& p, const Tile& tile, const MathThread<Cfg>& mt,
                                                  const SharedStorage<Cfg>& /*sm*/, const float (&out)[64]) {
         const u32 col0 = mt.col0(tile);
+        // Each lane stores 16 bytes (a quad writes 64 contiguous bytes of its row): a quarter of
+        // the store instructions of one 4-byte pair per lane, which queued in the LSU while the
+        // tensor pipe waited for the next tile (the epilogue's LG-throttle stalls, bench/NOTES.md).
+        const u32 q = mt.lane % 4;
 #pragma unroll
         for (u32 half = 0; half < 2; ++half) {
             const u32 r = mt.row0 + 8 * half;
-            if (r >= tile.rows) continue;
             u8* base = p.d + static_cast<u64>(tile.d_row0 + r) * p.d_row_stride_bytes;
+            const bool keep = r < tile.rows;
 #pragma unroll
-            for (u32 i = 0; i < 16; ++i) {
-                const u32 col = col0 + mt.pair_col(i);
-                ptx::st_global_b32(base + 2ull * col,
-                                   ptx::cvt_rn_bf16x2_f32(out[4 * i + 2 * half], out[4 * i + 2 * half + 1]));
+            for (u32 g0 = 0; g0 < 16; g0 += 4) {
+                u32 v[4];
+#pragma unroll
+                for (u32 k = 0; k < 4; ++k)
+                    v[k] = ptx::cvt_rn_bf16x2_f32(out[4 * (g0 + k) + 2 * half], out[4 * (g0 + k) + 2 * half + 1]);
+                // Every lane shuffles, rows past the tile's end included; only rows in it store.
+                const ptx::u32x4 run = quad_transpose_b32(v, q);
+                if (keep) ptx::st_global_v4_b32(base + 2ull * (col0 + 8 * (g0 + q)), run);
             }
         }
     }

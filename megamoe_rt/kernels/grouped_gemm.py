@@ -245,7 +245,8 @@ def plan_grouped_gemm_fp8(
     b: e4m3 ``[G, N, K]``; b_sf: float32 ``[G, N/128, K/128]``.
     Exactly one of ``group_offsets`` (int32 ``[G+1]``) and ``masked_counts`` (int32 ``[G]``).
     ``row_dst``: uint64 ``[M]`` (or longer) byte addresses; row r of D is written there (0 skips it)
-    instead of into ``out``. ``check_layout`` runs a one-thread device check of the
+    instead of into ``out`` (bf16 as uint16 ``[M, N]`` / ``[G, M_max, N]``, 16-byte aligned:
+    rows are stored 16 bytes at a time; allocated when not given). ``check_layout`` runs a one-thread device check of the
     offsets/counts before each GEMM: a violated contract makes that GEMM do nothing and is
     raised by the plan's next :meth:`~GroupedGemmPlan.run` or :meth:`~GroupedGemmPlan.check`.
     ``a_sf_kmajor=True``: ``a_sf`` is already ``[K/gran, rows_pad]`` (rows padded to a
@@ -293,7 +294,7 @@ def plan_grouped_gemm_fp8(
             out_shape = lead + (n,)
             result = cupy.empty(out_shape, dtype=cupy.uint16) if out is None else out
             oa = as_device_array(result, "out", stream=sh)
-            check_array(oa, "out", dtypes=("bf16",), shape=out_shape, device=dev, align=4)
+            check_array(oa, "out", dtypes=("bf16",), shape=out_shape, device=dev, align=16)  # 16-byte row stores
             check_disjoint(oa, "out", _operand_arrays(ao, bo))
             p.d = oa.ptr
             p.d_row_stride_bytes = n * 2

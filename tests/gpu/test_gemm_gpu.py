@@ -320,6 +320,10 @@ def test_bad_arguments_raise_before_launch():
         grouped_gemm_fp8(a, a_sf, b, b_sf, group_offsets=offs.astype(cp.int64))
     with pytest.raises(ValueError, match="out: expected shape"):
         grouped_gemm_fp8(a, a_sf, b, b_sf, group_offsets=offs, out=cp.empty((256, 128), cp.uint16))
+    # Rows are stored 16 bytes at a time: an `out` starting 4 bytes into an allocation is refused.
+    shifted = cp.empty(256 * 256 + 8, cp.uint16)[2 : 2 + 256 * 256].reshape(256, 256)
+    with pytest.raises(ValueError, match="out: data pointer .* is not 16-byte aligned"):
+        grouped_gemm_fp8(a, a_sf, b, b_sf, group_offsets=offs, out=shifted)
 
 
 @pytest.mark.parametrize(

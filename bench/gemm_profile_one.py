@@ -1,6 +1,7 @@
 """One launch of the flash L1 8192 grouped GEMM, for Nsight Compute.
 
-Usage: ``python bench/gemm_profile_one.py [MxN]``, MxN a forced tile (default: the heuristic's).
+Usage: ``python bench/gemm_profile_one.py [MxN[c2]]``, a forced tile (default: the heuristic's;
+``c2``: CTA pairs sharing the A tile).
 """
 
 import sys
@@ -14,8 +15,9 @@ from megamoe_rt.kernels.quantize import quantize_fp8
 
 config = None
 if len(sys.argv) > 1:
-    bm, bn = (int(v) for v in sys.argv[1].split("x"))
-    config = tile_config(bm, bn, layout="contiguous", epilogue="bf16")
+    tile, paired = sys.argv[1].removesuffix("c2"), sys.argv[1].endswith("c2")
+    bm, bn = (int(v) for v in tile.split("x"))
+    config = tile_config(bm, bn, layout="contiguous", epilogue="bf16", cluster_n=2 if paired else 1)
 
 g, m, n, k = 32, 1536, 4096, 4096
 rows = g * m

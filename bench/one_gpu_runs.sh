@@ -11,9 +11,9 @@
 #   verify-ep  the cross-rank tests (rings, token windows, the three modes, streaming) with
 #              both ranks on GPU 0 (correctness only)
 #   gemm       the GEMM tests (every tile, the 128x256 one included), the examples and the README
-#   tiles      bench gemm with the heuristic's tile, 128x128 and 128x256 side by side (flash,
-#              pro, v3 x 2048/8192, with the torch peers), then Nsight Compute's tensor-pipe and
-#              shared-memory figures of flash L1 8192 on both tiles where ncu reads counters
+#   tiles      bench gemm with the heuristic's tile, 128x128, 128x256 and 128x128 CTA pairs side by
+#              side (flash, pro, v3 x 2048/8192, with the torch peers), then Nsight Compute's
+#              tensor-pipe and shared-memory figures of flash L1 8192 on each where ncu reads counters
 #   prefill    long calls against rings and a 16K-token window: 16384 and 65536 tokens in three
 #              rounds (the 16K call is the window's own cost alone), then 131072 in one
 #   overhead   eager calls against graph replays, host us per eager call (every mode)
@@ -64,10 +64,10 @@ gemm)
         tests/gpu/test_readme_gpu.py 2>&1 | tee "$log"
     ;;
 tiles)
-    python3 -m megamoe_rt bench gemm --presets flash,pro,v3 --tokens 2048,8192 --tiles 128x128,128x256 \
+    python3 -m megamoe_rt bench gemm --presets flash,pro,v3 --tokens 2048,8192 --tiles 128x128,128x256,128x128c2 \
         -o "$OUT/one_gpu_tiles.json" 2>&1 | tee "$log"
     if command -v ncu >/dev/null; then
-        for tile in 128x128 128x256; do
+        for tile in 128x128 128x256 128x128c2; do
             ncu --clock-control none -k regex:sm90_fp8_grouped_gemm -c 1 \
                 --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,smsp__cycles_active.avg,gpu__time_duration.sum \
                 python3 bench/gemm_profile_one.py "$tile" 2>&1 | tee -a "$log"

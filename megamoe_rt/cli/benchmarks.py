@@ -43,24 +43,24 @@ def gemm_shapes(presets: list[str], tokens: list[int], ranks: int = DEFAULT_EP_R
 
 
 def _forced_tile_arms(
-    shape: GemmShape, tiles: Sequence[tuple[int, int]], plan_with: Callable[[Any], Any]
+    shape: GemmShape, tiles: Sequence[tuple[int, int, int]], plan_with: Callable[[Any], Any]
 ) -> dict[str, Callable[[], None]]:
     """One arm per tile asked for by ``--tiles`` (beside the heuristic's): the same operands
     through a plan built with that tile's configuration (its N must divide the shape's)."""
     from megamoe_rt.kernels.gemm_heuristics import tile_config
 
     arms: dict[str, Callable[[], None]] = {}
-    for bm, bn in tiles:
-        if shape.n % bn:
+    for bm, bn, cluster in tiles:
+        if shape.n % (bn * cluster):
             continue
         layout = "masked" if shape.stage == "decode" else "contiguous"
-        cfg = tile_config(bm, bn, layout=layout, epilogue="bf16")
-        arms[f"megamoe_rt {bm}x{bn}"] = plan_with(cfg).run
+        cfg = tile_config(bm, bn, layout=layout, epilogue="bf16", cluster_n=cluster)
+        arms[f"megamoe_rt {bm}x{bn}{'c2' if cluster == 2 else ''}"] = plan_with(cfg).run
     return arms
 
 
 def _gemm_arms(
-    shape: GemmShape, with_torch: bool, tiles: Sequence[tuple[int, int]] = ()
+    shape: GemmShape, with_torch: bool, tiles: Sequence[tuple[int, int, int]] = ()
 ) -> tuple[dict[str, Callable[[], None]], str]:
     import cupy as cp
     import numpy as np
@@ -134,7 +134,9 @@ def _gemm_arms(
     return arms, cfg.name
 
 
-def _decode_arms(shape: GemmShape, tiles: Sequence[tuple[int, int]] = ()) -> tuple[dict[str, Callable[[], None]], str]:
+def _decode_arms(
+    shape: GemmShape, tiles: Sequence[tuple[int, int, int]] = ()
+) -> tuple[dict[str, Callable[[], None]], str]:
     """Masked layout, every group full: the decode-sized L1 call, bound by reading the weights."""
     import cupy as cp
 
@@ -185,7 +187,7 @@ def bench_gemm(
     with_torch: bool = True,
     rounds: int = 3,
     json_path: str | None = None,
-    tiles: Sequence[tuple[int, int]] = (),
+    tiles: Sequence[tuple[int, int, int]] = (),
 ) -> list[dict]:
     """The grouped GEMM against its peers; ``tiles`` adds an arm per forced tile shape (the
     heuristic's choice is always the ``megamoe_rt`` arm)."""

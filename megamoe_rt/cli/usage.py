@@ -147,11 +147,12 @@ def stream_config(text: str):
         raise argparse.ArgumentTypeError(f"expected SLOTSxTOKENS (e.g. 4x512), got {text!r}") from None
 
 
-def gemm_tiles(text: str) -> tuple[tuple[int, int], ...]:
-    """``MxN[,MxN]``: grouped-GEMM tiles the kernels are built for (``gemm_heuristics.TILES``)."""
-    from megamoe_rt.kernels.gemm_heuristics import TILES
+def gemm_tiles(text: str) -> tuple[tuple[int, int, int], ...]:
+    """``MxN[c2][,...]``: grouped-GEMM tiles the kernels are built for (``gemm_heuristics.TILES``,
+    and ``PAIRED_TILES`` with ``c2``: CTA pairs sharing the A tile), as (M, N, CTAs per cluster)."""
+    from megamoe_rt.kernels.gemm_heuristics import PAIRED_TILES, TILES
 
-    names = {f"{m}x{n}": (m, n) for m, n in TILES}
+    names = {f"{m}x{n}": (m, n, 1) for m, n in TILES} | {f"{m}x{n}c2": (m, n, 2) for m, n in PAIRED_TILES}
     items = [t.strip() for t in text.split(",") if t.strip()]
     bad = [t for t in items if t not in names]
     if not items or bad:

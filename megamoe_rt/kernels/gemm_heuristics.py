@@ -12,13 +12,22 @@ from megamoe_rt.schedule.arith import ceil_div
 # warpgroup making two 128-column passes (128x256: less shared-memory traffic per FLOP;
 # built and offered to `megamoe-rt bench gemm --tiles`, not picked below until measured).
 TILES = ((128, 128), (64, 256), (64, 128), (128, 256))
+# Tiles also built as CTA pairs along N that share (multicast) the A tile: half the A traffic
+# from L2. Offered to `megamoe-rt bench gemm --tiles 128x128c2`, not picked below until measured.
+PAIRED_TILES = ((128, 128),)
 
 
 def _config(
-    bm: int, bn: int, *, a_sf_gran: int, b_sf_n: int, out_sf_gran: int, layout: str, epilogue: str
+    bm: int,
+    bn: int,
+    *,
+    a_sf_gran: int,
+    b_sf_n: int,
+    out_sf_gran: int,
+    layout: str,
+    epilogue: str,
+    cluster_n: int = 1,
 ) -> GemmConfig:
-    # One CTA per tile: CTA pairs sharing the A tile are not built (GemmConfig refuses
-    # cluster_n != 1 until their cross-CTA waits carry a deadline).
     return GemmConfig(
         bm,
         bn,
@@ -26,17 +35,28 @@ def _config(
         a_sf_gran=a_sf_gran,
         b_sf_n=b_sf_n,
         out_sf_gran=out_sf_gran,
+        cluster_n=cluster_n,
         layout=layout,
         epilogue=epilogue,
     )
 
 
 def tile_config(
-    bm: int, bn: int, *, layout: str, epilogue: str, a_sf_gran: int = 128, out_sf_gran: int = 128
+    bm: int,
+    bn: int,
+    *,
+    layout: str,
+    epilogue: str,
+    a_sf_gran: int = 128,
+    out_sf_gran: int = 128,
+    cluster_n: int = 1,
 ) -> GemmConfig:
-    """The configuration of tile ``bm x bn`` for an epilogue (a forced tile: tuning, benchmarks)."""
-    if (bm, bn) not in TILES:
-        raise ValueError(f"tile {bm}x{bn}: expected one of {', '.join(f'{m}x{n}' for m, n in TILES)}")
+    """The configuration of tile ``bm x bn`` for an epilogue (a forced tile: tuning, benchmarks);
+    ``cluster_n=2``: as CTA pairs sharing the A tile (:data:`PAIRED_TILES`)."""
+    built = TILES if cluster_n == 1 else PAIRED_TILES if cluster_n == 2 else ()
+    if (bm, bn) not in built:
+        names = [f"{m}x{n}" for m, n in TILES] + [f"{m}x{n}c2" for m, n in PAIRED_TILES]
+        raise ValueError(f"tile {bm}x{bn} with cluster_n={cluster_n}: expected one of {', '.join(names)}")
     epi = get_epilogue(epilogue)
     return _config(
         bm,
@@ -46,7 +66,18 @@ def tile_config(
         out_sf_gran=out_sf_gran if epi.requant else 128,
         layout=layout,
         epilogue=epilogue,
+        cluster_n=cluster_n,
     )
+
+
+def paired_tile_configs() -> list[GemmConfig]:
+    """The CTA-pair instantiations `bench gemm --tiles` can force: the plain bf16 epilogue in both
+    layouts (what the benchmark runs). Compiled and tested like the heuristic's candidates."""
+    return [
+        tile_config(bm, bn, layout=layout, epilogue="bf16", cluster_n=2)
+        for bm, bn in PAIRED_TILES
+        for layout in ("contiguous", "masked")
+    ]
 
 
 def _fits(epi: Epilogue, bm: int, bn: int, out_sf_gran: int, **fields: object) -> bool:
@@ -129,4 +160,4 @@ def _preferred_tile(
 
 def kernel_specs() -> list[KernelSpec]:
     """Every instantiation the heuristics can choose, and the layout check."""
-    return [CHECK_LAYOUT_SPEC] + [c.spec() for c in candidate_configs()]
+    return [CHECK_LAYOUT_SPEC] + [c.spec() for c in candidate_configs() + paired_tile_configs()]

@@ -8,7 +8,7 @@ import pytest
 from megamoe_rt.jit.paths import cuda_src_dir
 from megamoe_rt.kernels.epilogues import EPILOGUES, get_epilogue
 from megamoe_rt.kernels.gemm import SMEM_LIMIT, GemmConfig
-from megamoe_rt.kernels.gemm_heuristics import candidate_configs, choose_config
+from megamoe_rt.kernels.gemm_heuristics import candidate_configs, choose_config, kernel_specs
 from megamoe_rt.presets import PRESETS
 
 CANDIDATES = {c.name: c for c in candidate_configs()}
@@ -93,6 +93,22 @@ def test_invalid_configs_are_rejected():
         GemmConfig(128, 128, 4, b_sf_n=64, out_sf_gran=128, epilogue="swiglu_fp8")
     with pytest.raises(ValueError, match="shared memory"):
         GemmConfig(128, 128, 8)
+
+
+def test_cta_pairs_are_built_for_the_128x128_tile_only():
+    from megamoe_rt.kernels.gemm_heuristics import paired_tile_configs, tile_config
+
+    paired = GemmConfig(128, 128, 6, cluster_n=2)
+    assert paired.name == "fp8_gemm[contiguous,bf16,128x128,c2,s6,asf128,bsf128,osf128]"
+    for bad in (dict(block_m=64, block_n=128, cluster_n=2), dict(block_m=128, block_n=128, cluster_n=3)):
+        with pytest.raises(ValueError, match="CTA pairs are built for the 128x128 tile only"):
+            GemmConfig(stages=4, **bad)
+    with pytest.raises(ValueError, match="128x128c2"):
+        tile_config(128, 256, layout="contiguous", epilogue="bf16", cluster_n=2)
+    # What `bench gemm --tiles 128x128c2` can force is compiled with every other kernel.
+    names = {s.name for s in kernel_specs()}
+    assert {c.name for c in paired_tile_configs()} <= names
+    assert {c.cluster_n for c in paired_tile_configs()} == {2}
 
 
 @pytest.mark.parametrize("limit", [-1.0, 0.0, float("nan"), float("inf")])

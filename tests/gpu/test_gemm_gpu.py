@@ -438,9 +438,10 @@ def test_l2_consumes_swiglu_output_in_place():
             assert ref.calc_diff(_bf16_bits_to_f32(gy[s : s + c]), exp) < 1e-5
 
 
+_HEURISTICS = __import__("megamoe_rt.kernels.gemm_heuristics", fromlist=["x"])
 _BF16_CONTIGUOUS = [
     c
-    for c in __import__("megamoe_rt.kernels.gemm_heuristics", fromlist=["x"]).candidate_configs()
+    for c in _HEURISTICS.candidate_configs() + _HEURISTICS.paired_tile_configs()
     if c.layout == "contiguous" and c.epilogue == "bf16"
 ]
 
@@ -473,7 +474,7 @@ def test_every_bf16_tile_config(config):
 
 _BF16_MASKED = [
     c
-    for c in __import__("megamoe_rt.kernels.gemm_heuristics", fromlist=["x"]).candidate_configs()
+    for c in _HEURISTICS.candidate_configs() + _HEURISTICS.paired_tile_configs()
     if c.layout == "masked" and c.epilogue == "bf16" and c.a_sf_gran == 128
 ]
 
@@ -486,9 +487,7 @@ def test_every_masked_bf16_tile_config(config):
 
 
 _SWIGLU_CONTIGUOUS = [
-    c
-    for c in __import__("megamoe_rt.kernels.gemm_heuristics", fromlist=["x"]).candidate_configs()
-    if c.layout == "contiguous" and c.epilogue == "swiglu_fp8"
+    c for c in _HEURISTICS.candidate_configs() if c.layout == "contiguous" and c.epilogue == "swiglu_fp8"
 ]
 
 

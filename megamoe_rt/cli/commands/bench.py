@@ -85,7 +85,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=gemm_tiles,
         default=(),
         metavar="MxN[,MxN]",
-        help="gemm: an arm per forced tile beside the heuristic's, e.g. 128x128,128x256",
+        help="gemm: an arm per forced tile beside the heuristic's, e.g. 128x128,128x256,128x128c2 "
+        "(c2: CTA pairs sharing the A tile)",
     )
     add_output_options(s, "the rows")
     s.set_defaults(func=run)

@@ -67,16 +67,31 @@ def wgmma_issue_windows(sass: str) -> list[list[str]]:
 
 
 _GDESC = re.compile(r"gdesc\[UR(\d+)\]")
-_R2UR_DEST = re.compile(r"^R2UR UR(\d+),")
+_UNIFORM_DEST = re.compile(r"^(\S+) UR(\d+),")
 
 
 def descriptors_moved_from_vector_registers(window: list[str]) -> list[str]:
-    """The ``R2UR`` moves of a wgmma issue window (wgmma_issue_windows) that write a uniform
-    register one of its ``QGMMA`` reads as a descriptor (``gdesc[URn]``: URn..URn+3): a
-    descriptor computed in ordinary registers, moved over on the issue path."""
-    read: set[int] = set()
+    """The ``R2UR`` moves of a wgmma issue window (wgmma_issue_windows) whose value a ``QGMMA`` of
+    the window reads as a descriptor (``gdesc[URn]``: URn..URn+3, as last written before it): a
+    descriptor computed in ordinary registers and moved over on the issue path. A uniform register
+    that an R2UR filled for something else (a load's memory descriptor) and that is written again
+    before the QGMMA does not count."""
+    last_writer: dict[int, str] = {}
+    moved: list[str] = []
     for text in window:
-        m = _GDESC.search(text) if text.startswith("QGMMA") else None
+        if text.startswith("QGMMA"):
+            m = _GDESC.search(text)
+            if m:
+                base = int(m.group(1))
+                for reg in range(base, base + 4):
+                    writer = last_writer.get(reg, "")
+                    if writer.startswith("R2UR") and writer not in moved:
+                        moved.append(writer)
+            continue
+        m = _UNIFORM_DEST.match(text)
         if m:
-            read.update(range(int(m.group(1)), int(m.group(1)) + 4))
-    return [t for t in window if (m := _R2UR_DEST.match(t)) and int(m.group(1)) in read]
+            first = int(m.group(2))
+            width = 2 if ".64" in m.group(1) else 1
+            for reg in range(first, first + width):
+                last_writer[reg] = text
+    return moved

@@ -38,8 +38,9 @@ def test_timeouts_are_clamped_to_what_the_device_can_count():
 def test_every_mbarrier_wait_in_the_kernels_has_a_deadline():
     # The waiting loops are sync/mbarrier_deadline.cuh's and one without a deadline in ptx/,
     # used only by the math warpgroups where another wait bounds it (each use says which): the
-    # wait for a loaded stage (the producer's waits and drain), for a tile ticket (the
-    # producer's) and for a relay slot (the relay thread, which waits on nothing else).
+    # wait for a loaded stage and for the tile announced in it (the producer's waits and drain),
+    # for a tile ticket (the producer's) and for a relay slot (the relay thread, which waits on
+    # nothing else).
     root = Path(__file__).resolve().parents[2] / "cuda_src"
     sources = {p.relative_to(root).as_posix(): p.read_text() for p in root.rglob("*.cu*")}
     loops = sorted(name for name, text in sources.items() if "mbarrier.try_wait" in text)
@@ -49,11 +50,17 @@ def test_every_mbarrier_wait_in_the_kernels_has_a_deadline():
     assert users == {
         "ptx/mbarrier.cuh": 1,
         "gemm/mainloop.cuh": 1,
+        "gemm/tile_slots.cuh": 1,
         "fused/tile_queue.cuh": 1,
         "fused/signal_relay.cuh": 1,
     }, users
     mainloop = sources["gemm/mainloop.cuh"]
     assert "drain_stages" in sources["gemm/sm90_fp8_grouped_gemm.cu"]
+    # The end marker's stage is released too, so the drain after it completes.
+    assert (
+        "release_end" in sources["gemm/sm90_fp8_grouped_gemm.cu"]
+        and "announce_end" in sources["gemm/sm90_fp8_grouped_gemm.cu"]
+    )
     assert "drain_stages" in sources["fused/sm90_fp8_fused_moe.cu"]
     assert "void drain_stages" in mainloop
 

@@ -92,6 +92,15 @@ def test_descriptor_moves_are_told_from_other_moves():
     ]
     assert wgmma_issue_windows("".join(f"/*{i:04x}*/ {t} ;\n" for i, t in enumerate(window))) == [window]
     assert descriptors_moved_from_vector_registers(window) == ["R2UR UR20, R8"]
+    # A uniform register filled by R2UR for a load and written again before a QGMMA reads it.
+    reused = [
+        "WARPGROUP.ARRIVE",
+        "R2UR UR12, R2",
+        "LDG.E.CONSTANT R14, desc[UR12][R14.64]",
+        "UIADD3.64 UR12, UR8, 0x4, URZ",
+        "QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR12], R24, gsb0",
+    ]
+    assert descriptors_moved_from_vector_registers(reused) == []
 
 
 def test_cache_hit_returns_identical_cubin(toy_tree, cache):

@@ -464,7 +464,8 @@ def plan_grouped_gemm_swiglu_fp8(
     ``w1p``/``w1p_sf`` come from :func:`prepare_swiglu_weights`. ``row_weight`` float32 ``[rows]``
     (or longer) is each row's top-k weight. Returns ``(q, sf)``: ``q`` uint8 e4m3 ``[rows, I]`` and ``sf``
     float32 ``[I/act_sf_gran, rows_pad]`` (K-block major: the layout the L2 GEMM's TMA reads;
-    ``rows_pad`` is rows rounded up to 4).
+    ``rows_pad`` is rows rounded up to 4). ``out`` / ``out_sf`` given: written in place (``out``
+    16-byte aligned: rows are stored 16 bytes at a time).
     """
     act_sf_gran = args.integer_choice("act_sf_gran", act_sf_gran, (64, 128))
     if swiglu_limit is not None:
@@ -487,7 +488,7 @@ def plan_grouped_gemm_swiglu_fp8(
         q = cupy.empty(lead + (inter,), dtype=cupy.uint8) if out is None else out
         sf = cupy.empty((inter // act_sf_gran, rows_pad), dtype=cupy.float32) if out_sf is None else out_sf
         qa = as_device_array(q, "out")
-        check_array(qa, "out", dtypes=("e4m3",), shape=lead + (inter,), device=dev, align=2)
+        check_array(qa, "out", dtypes=("e4m3",), shape=lead + (inter,), device=dev, align=16)  # 16-byte row stores
         sfo = as_device_array(sf, "out_sf")
         check_array(sfo, "out_sf", dtypes=("float32",), shape=(inter // act_sf_gran, rows_pad), device=dev, align=4)
         check_disjoint(qa, "out", {**_operand_arrays(ao, bo), "out_sf": sfo})

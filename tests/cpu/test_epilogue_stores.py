@@ -1,0 +1,77 @@
+"""The epilogues' wide stores (gemm/quad_transpose.cuh, epilogue_bf16.cuh, epilogue_swiglu_fp8.cuh)
+modelled lane by lane: what a quad stores 16 bytes per lane must be, byte for byte, what the
+accumulator layout puts at each column (one 2- or 4-byte store per pair)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+def quad_transpose(v: np.ndarray) -> np.ndarray:
+    """``v[lane, k]``: lane's word for group k (4 lanes of a quad). Returns ``out[lane, j]``, the
+    words lane receives, as the device helper does: the three xor shuffles, then lane q's word of
+    group q itself or the word from lane q ^ r."""
+    out = np.zeros_like(v)
+    for q in range(4):
+        sent = {r: v[q ^ r, q] for r in (1, 2, 3)}  # lane q ^ r sends pick(q) to lane q
+        for k in range(4):
+            r = q ^ k
+            out[q, k] = v[q, q] if r == 0 else sent[r]
+    return out
+
+
+def byte_perm(x: int, y: int, selector: int) -> int:
+    """__byte_perm(x, y, s): result byte i is byte (s >> 4i) & 7 of the pair {y:x}."""
+    pool = int(x) | (int(y) << 32)
+    return sum(((pool >> (8 * ((selector >> (4 * i)) & 7))) & 0xFF) << (8 * i) for i in range(4))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_bf16_rows_stored_16_bytes_per_lane_match_the_pair_layout(seed):
+    rng = np.random.default_rng(seed)
+    # pairs[lane, g]: the bf16x2 word lane holds for column group g (columns 8g + 2 lane, +1).
+    pairs = rng.integers(0, 2**32, size=(4, 16), dtype=np.uint64).astype(np.uint32)
+    expected = np.zeros(16 * 4, np.uint32)  # the row's 128 columns as 64 words, by pair stores
+    for lane in range(4):
+        for g in range(16):
+            expected[(8 * g + 2 * lane) // 2] = pairs[lane, g]
+    got = np.zeros_like(expected)
+    for g0 in range(0, 16, 4):
+        run = quad_transpose(pairs[:, g0 : g0 + 4])
+        for q in range(4):
+            col = 8 * (g0 + q)  # the lane's 16-byte store at column col0 + 8 (g0 + q)
+            got[col // 2 : col // 2 + 4] = run[q]
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_e4m3_rows_stored_16_bytes_per_lane_match_the_pair_layout(seed):
+    rng = np.random.default_rng(seed)
+    # codes[lane, i]: the two e4m3 codes (a u16) lane holds for pair i, at byte 8 i + 2 lane.
+    codes = rng.integers(0, 2**16, size=(4, 8), dtype=np.uint32)
+    expected = np.zeros(64, np.uint8)
+    for lane in range(4):
+        for i in range(8):
+            expected[8 * i + 2 * lane] = codes[lane, i] & 0xFF
+            expected[8 * i + 2 * lane + 1] = codes[lane, i] >> 8
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 16)).astype(np.uint32)  # packed[lane, j]
+    t = quad_transpose(packed)
+    got = np.zeros(64, np.uint8)
+    for q in range(4):
+        x, y, z, w = (int(t[q, k]) for k in range(4))
+        run = [byte_perm(x, y, 0x5410), byte_perm(z, w, 0x5410), byte_perm(x, y, 0x7632), byte_perm(z, w, 0x7632)]
+        got[16 * q : 16 * q + 16] = np.array(run, np.uint32).view(np.uint8)
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_the_model_follows_the_device_source():
+    """The selectors and the store offsets above are the ones in the kernels."""
+    from megamoe_rt.jit.paths import cuda_src_dir
+
+    swiglu = (cuda_src_dir() / "gemm" / "epilogue_swiglu_fp8.cuh").read_text()
+    assert "__byte_perm(t.x, t.y, 0x5410), __byte_perm(t.z, t.w, 0x5410)" in swiglu
+    assert "__byte_perm(t.x, t.y, 0x7632), __byte_perm(t.z, t.w, 0x7632)" in swiglu
+    assert "packed[j] = two[0] | (two[1] << 16)" in swiglu and "dst + 16 * q" in swiglu
+    bf16 = (cuda_src_dir() / "gemm" / "epilogue_bf16.cuh").read_text()
+    assert "base + 2ull * (col0 + 8 * (g0 + q))" in bf16

@@ -7,7 +7,6 @@
 #include "gemm/params.cuh"
 #include "gemm/quad_transpose.cuh"
 #include "gemm/tile_scheduler.cuh"
-#include "ptx/cvt.cuh"
 #include "ptx/ld_st.cuh"
 
 namespace megamoe_rt::gemm {
@@ -27,11 +26,7 @@ struct ScatterBf16Epilogue {
             u8* base = r < tile.rows ? reinterpret_cast<u8*>(p.row_dst[tile.row0 + r]) : nullptr;
 #pragma unroll
             for (u32 g0 = 0; g0 < 16; g0 += 4) {
-                u32 v[4];
-#pragma unroll
-                for (u32 k = 0; k < 4; ++k)
-                    v[k] = ptx::cvt_rn_bf16x2_f32(out[4 * (g0 + k) + 2 * half], out[4 * (g0 + k) + 2 * half + 1]);
-                const ptx::u32x4 run = quad_transpose_b32(v, q);
+                const ptx::u32x4 run = bf16_row_run(out, half, g0, q);
                 if (base != nullptr) ptx::st_global_v4_b32(base + 2ull * (col0 + 8 * (g0 + q)), run);
             }
         }

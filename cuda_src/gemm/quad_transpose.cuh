@@ -2,6 +2,7 @@
 #pragma once
 
 #include "common/types.cuh"
+#include "ptx/cvt.cuh"
 #include "ptx/ld_st.cuh"
 
 namespace megamoe_rt::gemm {
@@ -21,6 +22,16 @@ __device__ __forceinline__ ptx::u32x4 quad_transpose_b32(const u32 (&v)[4], u32 
         return r == 0 ? pick(q) : r == 1 ? from1 : r == 2 ? from2 : from3;
     };
     return {pair_of_lane(0), pair_of_lane(1), pair_of_lane(2), pair_of_lane(3)};
+}
+
+// The 16 bytes lane q of a quad stores of one of its rows (`half`: row0 or row0 + 8): column
+// groups g0..g0+3 of the promoted sums as bf16, transposed so the lane holds group g0 + q whole.
+__device__ __forceinline__ ptx::u32x4 bf16_row_run(const float (&out)[64], u32 half, u32 g0, u32 q) {
+    u32 v[4];
+#pragma unroll
+    for (u32 k = 0; k < 4; ++k)
+        v[k] = ptx::cvt_rn_bf16x2_f32(out[4 * (g0 + k) + 2 * half], out[4 * (g0 + k) + 2 * half + 1]);
+    return quad_transpose_b32(v, q);
 }
 
 }  // namespace megamoe_rt::gemm

@@ -47,6 +47,22 @@ def _contiguous_problem(rng, counts, n, k, a_gran=128):
     return a, a_sf, b, b_sf, offsets, np.array(counts, np.int32)
 
 
+def _run_contiguous_bf16(a, a_sf, b, b_sf, offsets, counts, n, config=None):
+    """The contiguous bf16 GEMM into a poisoned output; returns the output on the host."""
+    out = cp.full((a.shape[0], n), BF16_NAN, dtype=cp.uint16)
+    grouped_gemm_fp8(
+        _dev(a),
+        _dev(a_sf),
+        _dev(b),
+        _dev(b_sf),
+        group_offsets=cp.asarray(offsets),
+        group_counts=cp.asarray(counts),
+        out=out,
+        config=config,
+    )
+    return cp.asnumpy(out)
+
+
 def _bf16_bits_to_f32(bits):
     return (np.asarray(bits, np.uint32) << 16).view(np.float32)
 
@@ -78,17 +94,7 @@ def _dev(x):
 def test_contiguous_bf16_matches_reference(counts, n, k):
     rng = np.random.default_rng()
     a, a_sf, b, b_sf, offsets, cnt = _contiguous_problem(rng, counts, n, k)
-    out = cp.full((a.shape[0], n), BF16_NAN, dtype=cp.uint16)
-    grouped_gemm_fp8(
-        _dev(a),
-        _dev(a_sf),
-        _dev(b),
-        _dev(b_sf),
-        group_offsets=cp.asarray(offsets),
-        group_counts=cp.asarray(cnt),
-        out=out,
-    )
-    got = cp.asnumpy(out)
+    got = _run_contiguous_bf16(a, a_sf, b, b_sf, offsets, cnt, n)
     for g, c in enumerate(counts):
         start = offsets[g]
         exp = _expected_rows(a[start : start + c], a_sf[start : start + c], b[g], b_sf[g])
@@ -138,17 +144,7 @@ def test_a_call_with_no_rows_ends_and_writes_nothing(layout):
         return
     counts, n, k = [0, 0, 0], 256, 512
     a, a_sf, b, b_sf, offsets, cnt = _contiguous_problem(rng, counts, n, k)
-    out = cp.full((a.shape[0], n), BF16_NAN, dtype=cp.uint16)
-    grouped_gemm_fp8(
-        _dev(a),
-        _dev(a_sf),
-        _dev(b),
-        _dev(b_sf),
-        group_offsets=cp.asarray(offsets),
-        group_counts=cp.asarray(cnt),
-        out=out,
-    )
-    assert (cp.asnumpy(out) == BF16_NAN).all()
+    assert (_run_contiguous_bf16(a, a_sf, b, b_sf, offsets, cnt, n) == BF16_NAN).all()
 
 
 def _check_masked_bf16(rng, groups, m_max, counts, n, k, config=None):
@@ -178,17 +174,7 @@ def _check_masked_bf16(rng, groups, m_max, counts, n, k, config=None):
 def test_1x64_activation_scales():
     rng = np.random.default_rng()
     a, a_sf, b, b_sf, offsets, cnt = _contiguous_problem(rng, [300, 77], 256, 768, a_gran=64)
-    out = cp.full((a.shape[0], 256), BF16_NAN, dtype=cp.uint16)
-    grouped_gemm_fp8(
-        _dev(a),
-        _dev(a_sf),
-        _dev(b),
-        _dev(b_sf),
-        group_offsets=cp.asarray(offsets),
-        group_counts=cp.asarray(cnt),
-        out=out,
-    )
-    got = cp.asnumpy(out)
+    got = _run_contiguous_bf16(a, a_sf, b, b_sf, offsets, cnt, 256)
     for g, c in enumerate([300, 77]):
         s = offsets[g]
         exp = _expected_rows(a[s : s + c], a_sf[s : s + c], b[g], b_sf[g], a_gran=64)
@@ -476,18 +462,7 @@ def test_every_bf16_tile_config(config):
     rng = np.random.default_rng()
     counts, n, k = [0, 1, 200, 129, 64, 600], 512, 768
     a, a_sf, b, b_sf, offsets, cnt = _contiguous_problem(rng, counts, n, k, a_gran=config.a_sf_gran)
-    out = cp.full((a.shape[0], n), BF16_NAN, dtype=cp.uint16)
-    grouped_gemm_fp8(
-        _dev(a),
-        _dev(a_sf),
-        _dev(b),
-        _dev(b_sf),
-        group_offsets=cp.asarray(offsets),
-        group_counts=cp.asarray(cnt),
-        out=out,
-        config=config,
-    )
-    got = cp.asnumpy(out)
+    got = _run_contiguous_bf16(a, a_sf, b, b_sf, offsets, cnt, n, config=config)
     for g, c in enumerate(counts):
         s = offsets[g]
         if c:

@@ -201,50 +201,89 @@ __device__ __forceinline__ const float (&pass_sums(const PromotedSums<Cfg>& out,
     return *reinterpret_cast<const float (*)[64]>(out + 64 * pass);
 }
 
-template <class Cfg>
+// Where a tile's mainloop leaves the math warpgroups free while its first wgmmas run: between
+// their issue and their wait. The grouped GEMM stores the previous tile's sums there (its
+// promoted sums are still in `out`, which is zeroed right after); the fused kernel does nothing.
+struct NothingAfterFirstIssue {
+    __device__ __forceinline__ void operator()() const {}
+};
+template <class F>
+inline constexpr bool kRunsAfterFirstIssue = true;
+template <>
+inline constexpr bool kRunsAfterFirstIssue<NothingAfterFirstIssue> = false;
+
+// One k-block of a tile: B scales, the loaded-stage wait, per promotion step its scales, wgmmas
+// and promotion, then the stage's release. kFirst: the tile's first k-block, which runs
+// `after_first_issue` and zeroes `out` once its first step's wgmmas are in flight (h and ps are
+// unrolled, so that point is fixed at compile time: no branch while a wgmma is in flight).
+template <class Cfg, bool kFirst, class AfterFirstIssue>
+__device__ __forceinline__ void consume_k_block(const float* sfb, u32 num_k_blocks, u32 kb, u32 a_offset, u32 b_offset,
+                                                const SharedStorage<Cfg>& sm, PipelineState<Cfg::kStages>& st,
+                                                const MathThread<Cfg>& mt, float (&acc)[64], PromotedSums<Cfg>& out,
+                                                u32 cta_rank, AfterFirstIssue& after_first_issue) {
+    constexpr u32 kPasses = Cfg::kNPasses;
+    // A pass's B scales start kWgTileN / kBSfN scale columns after the previous pass's.
+    constexpr u32 kSfbPassStride = Cfg::kWgTileN / Cfg::kBSfN;
+    constexpr u32 kSteps = Cfg::kSfaRowsPerStage;
+    // B scales come straight from global (L2-resident, a few words per k-block),
+    // issued before the wait so their latency hides behind it.
+    float sb_lo[kPasses], sb_hi[kPasses];
+#pragma unroll
+    for (u32 ps = 0; ps < kPasses; ++ps) {
+        const float* sfb_pass = sfb + ps * kSfbPassStride * num_k_blocks;
+        sb_lo[ps] = ptx::ld_global_nc_f32(sfb_pass + kb);
+        sb_hi[ps] = Cfg::kBSfN == 64 ? ptx::ld_global_nc_f32(sfb_pass + num_k_blocks + kb) : sb_lo[ps];
+    }
+    // No deadline here: the math warpgroups wait once per k-block, and a deadline check in
+    // this loop (never taken) made the plain GEMM 6-7% slower (bench/NOTES.md). The wait is
+    // bounded all the same: loads that never land leave their stage unreleased, so the
+    // producer's wait for it (or its drain_stages at the end) times out and traps.
+    ptx::mbarrier_wait_parity_shared_bounded_elsewhere(sm.full(st.stage), st.phase);
+#pragma unroll
+    for (u32 h = 0; h < kSteps; ++h) {
+#pragma unroll
+        for (u32 ps = 0; ps < kPasses; ++ps) {
+            const StepScales sc = step_scales<Cfg>(sm, st.stage, h, mt, sb_lo[ps], sb_hi[ps]);
+            issue_step<Cfg>(sm, st.stage, h, a_offset, b_offset + ps * Cfg::kWgTileN * Cfg::kBlockK, acc);
+            if constexpr (kFirst) {
+                if (h == 0 && ps == 0) {
+                    after_first_issue();
+#pragma unroll
+                    for (int i = 0; i < 64 * static_cast<int>(kPasses); ++i) out[i] = 0.0f;
+                }
+            }
+            ptx::wgmma_wait_group_sync_aligned<0>();
+            promote_step<Cfg>(sc, acc, *reinterpret_cast<float (*)[64]>(out + 64 * ps));
+        }
+    }
+    release_stage<Cfg>(sm, st.stage, mt, cta_rank);
+    st.advance();
+}
+
+template <class Cfg, class AfterFirstIssue = NothingAfterFirstIssue>
 __device__ __forceinline__ void consume_tile(const GemmParams& p, const Tile& tile, u32 num_k_blocks,
                                              const SharedStorage<Cfg>& sm, PipelineState<Cfg::kStages>& st,
                                              const MathThread<Cfg>& mt, float (&acc)[64], PromotedSums<Cfg>& out,
-                                             u32 cta_rank) {
-    constexpr u32 kPasses = Cfg::kNPasses;
-#pragma unroll
-    for (int i = 0; i < 64 * static_cast<int>(kPasses); ++i) out[i] = 0.0f;
+                                             u32 cta_rank, AfterFirstIssue after_first_issue = {}) {
     const u32 sfb_per_group = p.n / Cfg::kBSfN;
     const float* sfb =
         p.sfb + (static_cast<u64>(tile.group) * sfb_per_group + mt.col0(tile) / Cfg::kBSfN) * num_k_blocks;
-    // A pass's B scales start kWgTileN / kBSfN scale columns after the previous pass's.
-    constexpr u32 kSfbPassStride = Cfg::kWgTileN / Cfg::kBSfN;
     const u32 a_offset = mt.wg_m * Cfg::kWgTileM * Cfg::kBlockK;
     const u32 b_offset = mt.tile_col0() * Cfg::kBlockK;
-    constexpr u32 kSteps = Cfg::kSfaRowsPerStage;
-
-    for (u32 kb = 0; kb < num_k_blocks; ++kb) {
-        // B scales come straight from global (L2-resident, a few words per k-block),
-        // issued before the wait so their latency hides behind it.
-        float sb_lo[kPasses], sb_hi[kPasses];
+    if constexpr (kRunsAfterFirstIssue<AfterFirstIssue>) {
+        consume_k_block<Cfg, true>(sfb, num_k_blocks, 0, a_offset, b_offset, sm, st, mt, acc, out, cta_rank,
+                                   after_first_issue);
+        for (u32 kb = 1; kb < num_k_blocks; ++kb)
+            consume_k_block<Cfg, false>(sfb, num_k_blocks, kb, a_offset, b_offset, sm, st, mt, acc, out, cta_rank,
+                                        after_first_issue);
+    } else {
+        // Nothing to overlap: one loop over every k-block (peeling the first costs the fused
+        // kernel its uniform descriptors, tests/cpu/test_jit.py).
 #pragma unroll
-        for (u32 ps = 0; ps < kPasses; ++ps) {
-            const float* sfb_pass = sfb + ps * kSfbPassStride * num_k_blocks;
-            sb_lo[ps] = ptx::ld_global_nc_f32(sfb_pass + kb);
-            sb_hi[ps] = Cfg::kBSfN == 64 ? ptx::ld_global_nc_f32(sfb_pass + num_k_blocks + kb) : sb_lo[ps];
-        }
-        // No deadline here: the math warpgroups wait once per k-block, and a deadline check in
-        // this loop (never taken) made the plain GEMM 6-7% slower (bench/NOTES.md). The wait is
-        // bounded all the same: loads that never land leave their stage unreleased, so the
-        // producer's wait for it (or its drain_stages at the end) times out and traps.
-        ptx::mbarrier_wait_parity_shared_bounded_elsewhere(sm.full(st.stage), st.phase);
-#pragma unroll
-        for (u32 h = 0; h < kSteps; ++h) {
-#pragma unroll
-            for (u32 ps = 0; ps < kPasses; ++ps) {
-                const StepScales sc = step_scales<Cfg>(sm, st.stage, h, mt, sb_lo[ps], sb_hi[ps]);
-                issue_step<Cfg>(sm, st.stage, h, a_offset, b_offset + ps * Cfg::kWgTileN * Cfg::kBlockK, acc);
-                ptx::wgmma_wait_group_sync_aligned<0>();
-                promote_step<Cfg>(sc, acc, *reinterpret_cast<float (*)[64]>(out + 64 * ps));
-            }
-        }
-        release_stage<Cfg>(sm, st.stage, mt, cta_rank);
-        st.advance();
+        for (int i = 0; i < 64 * static_cast<int>(Cfg::kNPasses); ++i) out[i] = 0.0f;
+        for (u32 kb = 0; kb < num_k_blocks; ++kb)
+            consume_k_block<Cfg, false>(sfb, num_k_blocks, kb, a_offset, b_offset, sm, st, mt, acc, out, cta_rank,
+                                        after_first_issue);
     }
 }
 

@@ -11,17 +11,30 @@ namespace megamoe_rt::gemm {
 // lane q the pair at columns 2q, 2q + 1 of each group (v[k] for group g0 + k). Transposed,
 // lane q holds group g0 + q whole: 8 consecutive columns, one 16-byte store. Every lane of
 // the warp must call (the shuffles take the full mask).
+//
+// Two butterfly rounds, written with selects only: the word a lane sends and the slot it fills
+// depend on its lane bits, and an index that depends on the lane would compile to branches
+// (which, with wgmma in flight, is what ptxas must not be given). Round one (lanes q, q ^ 2)
+// swaps the off-diagonal 2 x 2 blocks of the quad's 4 x 4 matrix of words, round two (lanes
+// q, q ^ 1) the off-diagonal words of each block.
 __device__ __forceinline__ ptx::u32x4 quad_transpose_b32(const u32 (&v)[4], u32 q) {
-    auto pick = [&](u32 k) { return k == 0 ? v[0] : k == 1 ? v[1] : k == 2 ? v[2] : v[3]; };
-    // Lane q ^ r sends what lane q needs from it: its pair of group g0 + q.
-    const u32 from1 = __shfl_xor_sync(0xFFFFFFFFu, pick(q ^ 1), 1);
-    const u32 from2 = __shfl_xor_sync(0xFFFFFFFFu, pick(q ^ 2), 2);
-    const u32 from3 = __shfl_xor_sync(0xFFFFFFFFu, pick(q ^ 3), 3);
-    auto pair_of_lane = [&](u32 k) {
-        const u32 r = q ^ k;
-        return r == 0 ? pick(q) : r == 1 ? from1 : r == 2 ? from2 : from3;
-    };
-    return {pair_of_lane(0), pair_of_lane(1), pair_of_lane(2), pair_of_lane(3)};
+    u32 w0 = v[0], w1 = v[1], w2 = v[2], w3 = v[3];
+    const bool hi2 = (q & 2) != 0, hi1 = (q & 1) != 0;
+    // Round one: the lower half of the quad gives words 2, 3 and takes the upper half's 0, 1.
+    const u32 r0 = __shfl_xor_sync(0xFFFFFFFFu, hi2 ? w0 : w2, 2);
+    const u32 r1 = __shfl_xor_sync(0xFFFFFFFFu, hi2 ? w1 : w3, 2);
+    w0 = hi2 ? r0 : w0;
+    w2 = hi2 ? w2 : r0;
+    w1 = hi2 ? r1 : w1;
+    w3 = hi2 ? w3 : r1;
+    // Round two: even lanes give words 1, 3 and take the odd lanes' 0, 2.
+    const u32 s0 = __shfl_xor_sync(0xFFFFFFFFu, hi1 ? w0 : w1, 1);
+    const u32 s2 = __shfl_xor_sync(0xFFFFFFFFu, hi1 ? w2 : w3, 1);
+    w0 = hi1 ? s0 : w0;
+    w1 = hi1 ? w1 : s0;
+    w2 = hi1 ? s2 : w2;
+    w3 = hi1 ? w3 : s2;
+    return {w0, w1, w2, w3};  // lane k's word of group g0 + q, k = 0..3
 }
 
 // The 16 bytes lane q of a quad stores of one of its rows (`half`: row0 or row0 + 8): column

@@ -89,16 +89,26 @@ __global__ void __launch_bounds__(
         PipelineState<kStages> st;
         float acc[64];
         PromotedSums<Cfg> out;
+        // A tile's sums are stored while the next tile's first wgmmas run (consume_tile's
+        // after_first_issue), so the tensor pipe is not idle through the epilogue.
+        Tile previous{};
+        bool pending = false;
+        const auto store_pending = [&] {
+            if (!pending) return;
+#pragma unroll
+            for (u32 pass = 0; pass < Cfg::kNPasses; ++pass)
+                Epilogue::template store<Cfg>(p, previous, mt.on_pass(pass), sm, pass_sums<Cfg>(out, pass));
+        };
         for (;;) {
             const Tile tile = announced_tile<Cfg>(sm, st);
             if (!tile.valid) {
+                store_pending();
                 release_end<Cfg>(sm, st, mt, cta_rank);
                 break;
             }
-            consume_tile<Cfg>(p, tile, num_k_blocks, sm, st, mt, acc, out, cta_rank);
-#pragma unroll
-            for (u32 pass = 0; pass < Cfg::kNPasses; ++pass)
-                Epilogue::template store<Cfg>(p, tile, mt.on_pass(pass), sm, pass_sums<Cfg>(out, pass));
+            consume_tile<Cfg>(p, tile, num_k_blocks, sm, st, mt, acc, out, cta_rank, store_pending);
+            previous = tile;
+            pending = true;
         }
     }
     // A CTA must not exit while its peer may still multicast into it or arrive on its barriers.

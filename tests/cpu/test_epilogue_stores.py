@@ -9,16 +9,38 @@ import pytest
 
 
 def quad_transpose(v: np.ndarray) -> np.ndarray:
-    """``v[lane, k]``: lane's word for group k (4 lanes of a quad). Returns ``out[lane, j]``, the
-    words lane receives, as the device helper does: the three xor shuffles, then lane q's word of
-    group q itself or the word from lane q ^ r."""
-    out = np.zeros_like(v)
-    for q in range(4):
-        sent = {r: v[q ^ r, q] for r in (1, 2, 3)}  # lane q ^ r sends pick(q) to lane q
-        for k in range(4):
-            r = q ^ k
-            out[q, k] = v[q, q] if r == 0 else sent[r]
-    return out
+    """``v[lane, k]``: lane's word for group k (4 lanes of a quad). Returns ``w[lane, j]``, the
+    words each lane ends with, step by step as gemm/quad_transpose.cuh computes them: two
+    butterfly rounds of xor shuffles (lanes q ^ 2, then q ^ 1), each lane choosing by its lane
+    bits what it sends and which slot it fills."""
+    w = v.copy()
+    lanes = range(4)
+
+    def shfl_xor(sent: list[int], mask: int) -> list[int]:
+        return [sent[q ^ mask] for q in lanes]
+
+    hi2 = [(q & 2) != 0 for q in lanes]
+    r0 = shfl_xor([w[q, 0] if hi2[q] else w[q, 2] for q in lanes], 2)
+    r1 = shfl_xor([w[q, 1] if hi2[q] else w[q, 3] for q in lanes], 2)
+    for q in lanes:
+        if hi2[q]:
+            w[q, 0], w[q, 1] = r0[q], r1[q]
+        else:
+            w[q, 2], w[q, 3] = r0[q], r1[q]
+    hi1 = [(q & 1) != 0 for q in lanes]
+    s0 = shfl_xor([w[q, 0] if hi1[q] else w[q, 1] for q in lanes], 1)
+    s2 = shfl_xor([w[q, 2] if hi1[q] else w[q, 3] for q in lanes], 1)
+    for q in lanes:
+        if hi1[q]:
+            w[q, 0], w[q, 2] = s0[q], s2[q]
+        else:
+            w[q, 1], w[q, 3] = s0[q], s2[q]
+    return w
+
+
+def test_the_quad_transpose_is_a_transpose():
+    v = np.arange(16, dtype=np.uint32).reshape(4, 4)
+    np.testing.assert_array_equal(quad_transpose(v), v.T)
 
 
 def byte_perm(x: int, y: int, selector: int) -> int:
@@ -75,3 +97,11 @@ def test_the_model_follows_the_device_source():
     assert "packed[j] = two[0] | (two[1] << 16)" in swiglu and "dst + 16 * q" in swiglu
     bf16 = (cuda_src_dir() / "gemm" / "epilogue_bf16.cuh").read_text()
     assert "base + 2ull * (col0 + 8 * (g0 + q))" in bf16
+    transpose = (cuda_src_dir() / "gemm" / "quad_transpose.cuh").read_text()
+    for line in (
+        "__shfl_xor_sync(0xFFFFFFFFu, hi2 ? w0 : w2, 2)",
+        "__shfl_xor_sync(0xFFFFFFFFu, hi2 ? w1 : w3, 2)",
+        "__shfl_xor_sync(0xFFFFFFFFu, hi1 ? w0 : w1, 1)",
+        "__shfl_xor_sync(0xFFFFFFFFu, hi1 ? w2 : w3, 1)",
+    ):
+        assert line in transpose, line

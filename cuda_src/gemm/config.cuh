@@ -26,8 +26,8 @@ struct Config {
     static constexpr u32 kBSfN = kBSfN_;            // B scales per 64 or 128 output columns
     static constexpr u32 kOutSfGran = kOutSfGran_;  // SwiGLU epilogue: requant group along the output
     // CTAs per cluster along N: a pair computes neighbouring n-blocks of one m-block and
-    // each loads half of the shared A tile, multicast to both (half the A traffic). The
-    // host builds only kClusterN == 1 until the peer waits below carry a deadline.
+    // each loads half of the shared A tile, multicast to both (half the A traffic). Waits on
+    // the peer are bounded like every pipeline wait, by the producers' deadlines.
     static constexpr u32 kClusterN = kClusterN_;
     static constexpr GroupLayout kLayout = kLayout_;
     // What the math warpgroups do with a finished tile: a policy type with

@@ -30,10 +30,6 @@ struct SharedStorage {
     __device__ __forceinline__ u64* empty(u32 s) const {
         return reinterpret_cast<u64*>(base + Cfg::kOffBarriers) + Cfg::kStages + s;
     }
-    // Only the grouped GEMM kernel reserves these (gemm/tile_slots.cuh); the fused kernel does not.
-    __device__ __forceinline__ Tile* tile_slot(u32 s) const {
-        return reinterpret_cast<Tile*>(base + Cfg::kOffTileSlots + s * kTileSlotBytes);
-    }
 };
 
 template <u32 kStages>
@@ -215,7 +211,10 @@ inline constexpr bool kRunsAfterFirstIssue<NothingAfterFirstIssue> = false;
 // One k-block of a tile: B scales, the loaded-stage wait, per promotion step its scales, wgmmas
 // and promotion, then the stage's release. kFirst: the tile's first k-block, which runs
 // `after_first_issue` and zeroes `out` once its first step's wgmmas are in flight (h and ps are
-// unrolled, so that point is fixed at compile time: no branch while a wgmma is in flight).
+// unrolled, so that point is fixed at compile time and no branch of the loop's own decides
+// whether it runs). The hook itself may branch (the stores' row checks): ptxas keeps the wgmmas
+// in flight across it as long as it touches no accumulator register, which tests/cpu/test_jit.py
+// checks through ptxas's C7518 warning.
 template <class Cfg, bool kFirst, class AfterFirstIssue>
 __device__ __forceinline__ void consume_k_block(const float* sfb, u32 num_k_blocks, u32 kb, u32 a_offset, u32 b_offset,
                                                 const SharedStorage<Cfg>& sm, PipelineState<Cfg::kStages>& st,

@@ -1,8 +1,8 @@
 // Persistent tile scheduler over (group, m-block, n-block).
 //
-// Producer and consumers of a CTA walk the same tile sequence
-// (blockIdx.x, blockIdx.x + gridDim.x, ...) and skip the same empty tiles, so
-// their pipeline stages stay in lockstep without any extra signalling. Tiles
+// A CTA's producer walks the tile sequence (blockIdx.x, blockIdx.x + gridDim.x, ...),
+// skips the empty tiles and announces the others to its math warpgroups
+// (gemm/tile_slots.cuh), so only one thread pays for each lookup. Tiles
 // are numbered m-block-major: the n-blocks of one m-block run on neighbouring
 // CTAs at the same time, so an A block is read from HBM once and then served
 // from L2, and a wave covers a few m-blocks against the whole of one group's B.

@@ -23,6 +23,14 @@ namespace megamoe_rt::gemm {
 
 static_assert(sizeof(Tile) <= kTileSlotBytes, "a tile does not fit its slot");
 
+// The slot of stage s: after the pipeline's carve-up, where only the grouped GEMM kernel
+// reserves room (dynamic_smem_bytes; the fused kernel's routing tables start there instead,
+// which is why this lives here and not in SharedStorage).
+template <class Cfg>
+__device__ __forceinline__ Tile* tile_slot(const SharedStorage<Cfg>& sm, u32 s) {
+    return reinterpret_cast<Tile*>(sm.base + Cfg::kOffTileSlots + s * kTileSlotBytes);
+}
+
 // Producer thread: waits until the stage that will hold the tile's first k-block is free and
 // writes the tile into its slot. produce_tile then arms and fills the stage (its own wait on
 // the same phase returns at once).
@@ -31,7 +39,7 @@ __device__ __forceinline__ void announce_tile(const SharedStorage<Cfg>& sm, cons
                                               const Tile& tile, const sync::MbarrierDeadline& deadline) {
     sync::mbarrier_wait_parity_shared_or_trap<sync::WaitSite::kSmemStageFree>(sm.empty(st.stage), st.phase ^ 1,
                                                                               deadline, st.stage);
-    *sm.tile_slot(st.stage) = tile;
+    *tile_slot(sm, st.stage) = tile;
 }
 
 // Producer thread, after its last tile: the end marker takes one stage with no loads.
@@ -51,7 +59,7 @@ __device__ __forceinline__ void announce_end(const SharedStorage<Cfg>& sm, Pipel
 template <class Cfg>
 __device__ __forceinline__ Tile announced_tile(const SharedStorage<Cfg>& sm, const PipelineState<Cfg::kStages>& st) {
     ptx::mbarrier_wait_parity_shared_bounded_elsewhere(sm.full(st.stage), st.phase);
-    return *sm.tile_slot(st.stage);
+    return *tile_slot(sm, st.stage);
 }
 
 // Math warpgroups, on the end marker: hand its stage back so the producer's drain completes.

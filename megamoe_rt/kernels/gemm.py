@@ -60,13 +60,14 @@ class GemmConfig:
         problem = EPILOGUES[self.epilogue].problem(**dataclasses.asdict(self))
         if problem:
             raise ValueError(problem)
-        if self.cluster_n not in (1, 2) or (self.cluster_n == 2 and (self.block_m, self.block_n) != (128, 128)):
+        pair_ok = (self.block_m, self.block_n, self.epilogue) == (128, 128, "bf16")
+        if self.cluster_n not in (1, 2) or (self.cluster_n == 2 and not pair_ok):
             # CTA pairs load half of the shared A tile each and multicast it (bench/NOTES.md). Their
             # waits on the peer are bounded as every pipeline wait is: by the producers' free-stage
             # waits, which count both CTAs' math warps and carry the deadline.
             raise ValueError(
-                f"cluster_n={self.cluster_n} with tile {self.block_m}x{self.block_n}: CTA pairs are built "
-                "for the 128x128 tile only; use cluster_n=1 otherwise"
+                f"cluster_n={self.cluster_n} with tile {self.block_m}x{self.block_n} ({self.epilogue}): CTA "
+                "pairs are built for the 128x128 tile with the bf16 epilogue only; use cluster_n=1 otherwise"
             )
         if not 2 <= self.stages <= MAX_STAGES:
             raise ValueError(f"stages={self.stages}: expected 2..{MAX_STAGES}")

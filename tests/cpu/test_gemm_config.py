@@ -100,8 +100,12 @@ def test_cta_pairs_are_built_for_the_128x128_tile_only():
 
     paired = GemmConfig(128, 128, 6, cluster_n=2)
     assert paired.name == "fp8_gemm[contiguous,bf16,128x128,c2,s6,asf128,bsf128,osf128]"
-    for bad in (dict(block_m=64, block_n=128, cluster_n=2), dict(block_m=128, block_n=128, cluster_n=3)):
-        with pytest.raises(ValueError, match="CTA pairs are built for the 128x128 tile only"):
+    for bad in (
+        dict(block_m=64, block_n=128, cluster_n=2),
+        dict(block_m=128, block_n=128, cluster_n=3),
+        dict(block_m=128, block_n=128, cluster_n=2, epilogue="scatter_bf16"),
+    ):
+        with pytest.raises(ValueError, match="CTA pairs are built for the 128x128 tile with the bf16 epilogue only"):
             GemmConfig(stages=4, **bad)
     with pytest.raises(ValueError, match="128x128c2"):
         tile_config(128, 256, layout="contiguous", epilogue="bf16", cluster_n=2)

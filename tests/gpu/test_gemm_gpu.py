@@ -541,3 +541,114 @@ def test_a_plan_keeps_every_array_it_points_to_alive():
         exp = _expected_rows(a[s : s + c], a_sf[s : s + c], b[g], b_sf[g])
         assert ref.calc_diff(_bf16_bits_to_f32(got[s : s + c]), exp) < 1e-5
     del junk
+
+
+def _on_few_blocks(plan, blocks):
+    """Run a plan on ``blocks`` persistent CTAs (clusters) instead of one per SM, so each walks
+    many tiles: every tile but a block's last is then stored under the next tile's first wgmmas,
+    and the producer announces many tiles through the same slots."""
+    cluster = plan.gemm.cluster[0]
+    plan.gemm.grid = min(plan.gemm.grid, blocks * cluster)
+    out = plan.run()
+    plan.check(wait=True)
+    return out
+
+
+_ALL_TILE_CONFIGS = _HEURISTICS.candidate_configs() + _HEURISTICS.paired_tile_configs()
+
+
+@pytest.mark.parametrize("blocks", [1, 3])
+@pytest.mark.parametrize(
+    "config",
+    [c for c in _ALL_TILE_CONFIGS if c.epilogue in ("bf16", "scatter_bf16") and c.layout == "contiguous"],
+    ids=lambda c: c.name,
+)
+def test_blocks_walking_many_tiles_store_every_tile(config, blocks):
+    from megamoe_rt.kernels.grouped_gemm import plan_grouped_gemm_fp8
+
+    rng = np.random.default_rng()
+    counts, n, k = [0, 300, 1, 129, 640], 512, 384
+    a, a_sf, b, b_sf, offsets, cnt = _contiguous_problem(rng, counts, n, k, a_gran=config.a_sf_gran)
+    rows = a.shape[0]
+    dest = cp.full((rows, n), BF16_NAN, dtype=cp.uint16)
+    common = dict(group_offsets=cp.asarray(offsets), group_counts=cp.asarray(cnt), config=config)
+    if config.epilogue == "bf16":
+        plan = plan_grouped_gemm_fp8(_dev(a), _dev(a_sf), _dev(b), _dev(b_sf), out=dest, **common)
+        at = np.arange(rows)
+    else:
+        at = rng.permutation(rows)  # row r lands on row at[r] of dest
+        row_dst = (dest.data.ptr + at * n * 2).astype(np.uint64)
+        plan = plan_grouped_gemm_fp8(_dev(a), _dev(a_sf), _dev(b), _dev(b_sf), row_dst=cp.asarray(row_dst), **common)
+    _on_few_blocks(plan, blocks)
+    got = cp.asnumpy(dest)
+    written = np.zeros(rows, bool)
+    for g, c in enumerate(counts):
+        s = offsets[g]
+        if c:
+            exp = _expected_rows(a[s : s + c], a_sf[s : s + c], b[g], b_sf[g], a_gran=config.a_sf_gran)
+            assert ref.calc_diff(_bf16_bits_to_f32(got[at[s : s + c]]), exp) < 1e-5, f"group {g}"
+        written[at[s : s + c]] = True
+    assert (got[~written] == BF16_NAN).all(), "rows outside the groups' counts were written"
+
+
+@pytest.mark.parametrize("blocks", [1, 3])
+@pytest.mark.parametrize(
+    "config", [c for c in _ALL_TILE_CONFIGS if c.epilogue == "swiglu_fp8" or c.layout == "masked"], ids=lambda c: c.name
+)
+def test_blocks_walking_many_tiles_masked_and_swiglu(config, blocks):
+    """The same for the masked bf16 tiles and the SwiGLU epilogue (with 128-wide requant groups
+    its amax exchange between warpgroups runs inside the overlapped store)."""
+    from megamoe_rt.kernels.grouped_gemm import plan_grouped_gemm_fp8, plan_grouped_gemm_swiglu_fp8
+
+    rng = np.random.default_rng()
+    if config.layout == "masked":
+        groups, m_max, n, k = 5, 256, 512, 384
+        counts = [256, 0, 130, 1, 200]
+        a, a_sf = _quantized_rows(rng, groups * m_max, k)
+        b, b_sf = _weights(rng, groups, n, k)
+        out = cp.full((groups, m_max, n), BF16_NAN, dtype=cp.uint16)
+        plan = plan_grouped_gemm_fp8(
+            _dev(a).reshape(groups, m_max, k),
+            _dev(a_sf).reshape(groups, m_max, k // 128),
+            _dev(b),
+            _dev(b_sf),
+            masked_counts=cp.asarray(np.array(counts, np.int32)),
+            out=out,
+            config=config,
+        )
+        got = cp.asnumpy(_on_few_blocks(plan, blocks))
+        for g, c in enumerate(counts):
+            rows = slice(g * m_max, g * m_max + c)
+            if c:
+                exp = _expected_rows(a[rows], a_sf[rows], b[g], b_sf[g])
+                assert ref.calc_diff(_bf16_bits_to_f32(got[g, :c]), exp) < 1e-5, f"group {g}"
+            assert (got[g, c:] == BF16_NAN).all()
+        return
+    counts, inter, hidden = [300, 0, 129, 520], 512, 512
+    gran = config.out_sf_gran
+    a, a_sf, w1, w1_sf, offsets, cnt = _contiguous_problem(rng, counts, 2 * inter, hidden)
+    weight = rng.uniform(0.05, 1.0, size=a.shape[0]).astype(np.float32)
+    w1p, w1p_sf = prepare_swiglu_weights(w1.view(np.uint8), w1_sf)
+    q = cp.full((a.shape[0], inter), E4M3_NAN, dtype=cp.uint8)
+    plan = plan_grouped_gemm_swiglu_fp8(
+        _dev(a),
+        _dev(a_sf),
+        cp.asarray(w1p),
+        cp.asarray(w1p_sf),
+        cp.asarray(weight),
+        group_offsets=cp.asarray(offsets),
+        group_counts=cp.asarray(cnt),
+        act_sf_gran=gran,
+        out=q,
+        config=config,
+    )
+    _on_few_blocks(plan, blocks)
+    gq, gsf = cp.asnumpy(q), cp.asnumpy(plan.result[1])
+    for g, c in enumerate(counts):
+        s = offsets[g]
+        assert (gq[s + c : offsets[g + 1]] == E4M3_NAN).all(), f"group {g}: padding rows written"
+        if not c:
+            continue
+        act, _ = _swiglu_reference(a[s : s + c], a_sf[s : s + c], w1[g], w1_sf[g], weight[s : s + c], None, gran, False)
+        got = ref.dequantize_act(gq[s : s + c].view(ref.E4M3), gsf[:, s : s + c].T.copy(), gran=gran)
+        assert ref.calc_diff(got, act) < 1e-3

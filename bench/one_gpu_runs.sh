@@ -10,7 +10,8 @@
 #              deadlines, the driver and graphs
 #   verify-ep  the cross-rank tests (rings, token windows, the three modes, streaming) with
 #              both ranks on GPU 0 (correctness only)
-#   gemm       the GEMM tests (every tile, the 128x256 one included), the examples and the README
+#   gemm       the GEMM tests (every tile, 128x256 and the CTA pairs included, each also on few
+#              blocks so every block walks many tiles), the examples and the README
 #   tiles      bench gemm with the heuristic's tile, 128x128, 128x256 and 128x128 CTA pairs side by
 #              side (flash, pro, v3 x 2048/8192, with the torch peers), then Nsight Compute's
 #              tensor-pipe and shared-memory figures of flash L1 8192 on each where ncu reads counters

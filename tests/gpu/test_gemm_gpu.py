@@ -47,7 +47,7 @@ def _contiguous_problem(rng, counts, n, k, a_gran=128):
     return a, a_sf, b, b_sf, offsets, np.array(counts, np.int32)
 
 
-def _run_contiguous_bf16(a, a_sf, b, b_sf, offsets, counts, n, config=None):
+def _run_contiguous_bf16(a, a_sf, b, b_sf, offsets, counts, n):
     """The contiguous bf16 GEMM into a poisoned output; returns the output on the host."""
     out = cp.full((a.shape[0], n), BF16_NAN, dtype=cp.uint16)
     grouped_gemm_fp8(
@@ -58,7 +58,6 @@ def _run_contiguous_bf16(a, a_sf, b, b_sf, offsets, counts, n, config=None):
         group_offsets=cp.asarray(offsets),
         group_counts=cp.asarray(counts),
         out=out,
-        config=config,
     )
     return cp.asnumpy(out)
 
@@ -147,13 +146,15 @@ def test_a_call_with_no_rows_ends_and_writes_nothing(layout):
     assert (_run_contiguous_bf16(a, a_sf, b, b_sf, offsets, cnt, n) == BF16_NAN).all()
 
 
-def _check_masked_bf16(rng, groups, m_max, counts, n, k, config=None):
-    """A masked bf16 GEMM (``config``: a forced tile) against the reference; rows past a
-    group's count stay poisoned."""
+def _check_masked_bf16(rng, groups, m_max, counts, n, k, config=None, blocks=None):
+    """A masked bf16 GEMM (``config``: a forced tile; ``blocks``: on that many persistent
+    blocks, _on_few_blocks) against the reference; rows past a group's count stay poisoned."""
+    from megamoe_rt.kernels.grouped_gemm import plan_grouped_gemm_fp8
+
     a, a_sf = _quantized_rows(rng, groups * m_max, k)
     b, b_sf = _weights(rng, groups, n, k)
     out = cp.full((groups, m_max, n), BF16_NAN, dtype=cp.uint16)
-    grouped_gemm_fp8(
+    plan = plan_grouped_gemm_fp8(
         _dev(a).reshape(groups, m_max, k),
         _dev(a_sf).reshape(groups, m_max, k // 128),
         _dev(b),
@@ -162,6 +163,7 @@ def _check_masked_bf16(rng, groups, m_max, counts, n, k, config=None):
         out=out,
         config=config,
     )
+    _on_few_blocks(plan, blocks)
     got = cp.asnumpy(out)
     for g, c in enumerate(counts):
         rows = slice(g * m_max, g * m_max + c)
@@ -448,57 +450,48 @@ def test_l2_consumes_swiglu_output_in_place():
             assert ref.calc_diff(_bf16_bits_to_f32(gy[s : s + c]), exp) < 1e-5
 
 
+def _on_few_blocks(plan, blocks):
+    """Run a plan on ``blocks`` persistent CTAs (clusters) instead of one per SM (None: as
+    planned), so each walks many tiles: every tile but a block's last is then stored under the
+    next tile's first wgmmas, and the producer announces many tiles through the same slots."""
+    if blocks is not None:
+        plan.gemm.grid = min(plan.gemm.grid, blocks * plan.gemm.cluster[0])
+    out = plan.run()
+    plan.check(wait=True)
+    return out
+
+
 _HEURISTICS = __import__("megamoe_rt.kernels.gemm_heuristics", fromlist=["x"])
-_BF16_CONTIGUOUS = [
-    c
-    for c in _HEURISTICS.candidate_configs() + _HEURISTICS.paired_tile_configs()
-    if c.layout == "contiguous" and c.epilogue == "bf16"
-]
+_ALL_TILE_CONFIGS = _HEURISTICS.candidate_configs() + _HEURISTICS.paired_tile_configs()
+_BF16_MASKED = [c for c in _ALL_TILE_CONFIGS if c.layout == "masked" and c.epilogue == "bf16" and c.a_sf_gran == 128]
 
 
-@pytest.mark.parametrize("config", _BF16_CONTIGUOUS, ids=lambda c: c.name)
-def test_every_bf16_tile_config(config):
-    """Each compiled tile shape / cluster / scale granularity on ragged groups."""
-    rng = np.random.default_rng()
-    counts, n, k = [0, 1, 200, 129, 64, 600], 512, 768
-    a, a_sf, b, b_sf, offsets, cnt = _contiguous_problem(rng, counts, n, k, a_gran=config.a_sf_gran)
-    got = _run_contiguous_bf16(a, a_sf, b, b_sf, offsets, cnt, n, config=config)
-    for g, c in enumerate(counts):
-        s = offsets[g]
-        if c:
-            exp = _expected_rows(a[s : s + c], a_sf[s : s + c], b[g], b_sf[g], a_gran=config.a_sf_gran)
-            assert ref.calc_diff(_bf16_bits_to_f32(got[s : s + c]), exp) < 1e-5, f"group {g}"
-        assert (got[s + c : offsets[g + 1]] == BF16_NAN).all()
-
-
-_BF16_MASKED = [
-    c
-    for c in _HEURISTICS.candidate_configs() + _HEURISTICS.paired_tile_configs()
-    if c.layout == "masked" and c.epilogue == "bf16" and c.a_sf_gran == 128
-]
-
-
+@pytest.mark.parametrize("blocks", [None, 1, 3])
 @pytest.mark.parametrize("config", _BF16_MASKED, ids=lambda c: c.name)
-def test_every_masked_bf16_tile_config(config):
+def test_every_masked_bf16_tile_config(config, blocks):
     """Each compiled tile shape on partly filled masked groups (the tile's rows past a group's
-    count are never written)."""
-    _check_masked_bf16(np.random.default_rng(), 3, 192, [192, 65, 0], 512, 768, config=config)
+    count are never written), on one block per SM and on few blocks."""
+    _check_masked_bf16(np.random.default_rng(), 5, 256, [256, 0, 130, 1, 200], 512, 384, config=config, blocks=blocks)
 
 
-_SWIGLU_CONTIGUOUS = [
-    c for c in _HEURISTICS.candidate_configs() if c.layout == "contiguous" and c.epilogue == "swiglu_fp8"
-]
+_SWIGLU_CONTIGUOUS = [c for c in _ALL_TILE_CONFIGS if c.layout == "contiguous" and c.epilogue == "swiglu_fp8"]
 
 
+@pytest.mark.parametrize("blocks", [None, 1, 3])
 @pytest.mark.parametrize("config", _SWIGLU_CONTIGUOUS, ids=lambda c: c.name)
-def test_every_swiglu_tile_config(config):
+def test_every_swiglu_tile_config(config, blocks):
+    """Each SwiGLU tile, on one block per SM and on few blocks that each walk many tiles (with
+    128-wide requant groups the warpgroups' amax exchange then runs inside the deferred store)."""
+    from megamoe_rt.kernels.grouped_gemm import plan_grouped_gemm_swiglu_fp8
+
     rng = np.random.default_rng()
-    counts, inter, hidden = [130, 0, 300], 256, 512
+    counts, inter, hidden = [300, 0, 129, 520], 512, 512
     gran = config.out_sf_gran
     a, a_sf, w1, w1_sf, offsets, cnt = _contiguous_problem(rng, counts, 2 * inter, hidden)
     weight = rng.uniform(0.05, 1.0, size=a.shape[0]).astype(np.float32)
     w1p, w1p_sf = prepare_swiglu_weights(w1.view(np.uint8), w1_sf)
-    q, sf = grouped_gemm_swiglu_fp8(
+    q = cp.full((a.shape[0], inter), E4M3_NAN, dtype=cp.uint8)
+    plan = plan_grouped_gemm_swiglu_fp8(
         _dev(a),
         _dev(a_sf),
         cp.asarray(w1p),
@@ -507,13 +500,16 @@ def test_every_swiglu_tile_config(config):
         group_offsets=cp.asarray(offsets),
         group_counts=cp.asarray(cnt),
         act_sf_gran=gran,
+        out=q,
         config=config,
     )
-    gq, gsf = cp.asnumpy(q), cp.asnumpy(sf)
+    _on_few_blocks(plan, blocks)
+    gq, gsf = cp.asnumpy(q), cp.asnumpy(plan.result[1])
     for g, c in enumerate(counts):
+        s = offsets[g]
+        assert (gq[s + c : offsets[g + 1]] == E4M3_NAN).all(), f"group {g}: padding rows written"
         if not c:
             continue
-        s = offsets[g]
         act, _ = _swiglu_reference(a[s : s + c], a_sf[s : s + c], w1[g], w1_sf[g], weight[s : s + c], None, gran, False)
         got = ref.dequantize_act(gq[s : s + c].view(ref.E4M3), gsf[:, s : s + c].T.copy(), gran=gran)
         assert ref.calc_diff(got, act) < 1e-3
@@ -543,27 +539,15 @@ def test_a_plan_keeps_every_array_it_points_to_alive():
     del junk
 
 
-def _on_few_blocks(plan, blocks):
-    """Run a plan on ``blocks`` persistent CTAs (clusters) instead of one per SM, so each walks
-    many tiles: every tile but a block's last is then stored under the next tile's first wgmmas,
-    and the producer announces many tiles through the same slots."""
-    cluster = plan.gemm.cluster[0]
-    plan.gemm.grid = min(plan.gemm.grid, blocks * cluster)
-    out = plan.run()
-    plan.check(wait=True)
-    return out
-
-
-_ALL_TILE_CONFIGS = _HEURISTICS.candidate_configs() + _HEURISTICS.paired_tile_configs()
-
-
-@pytest.mark.parametrize("blocks", [1, 3])
+@pytest.mark.parametrize("blocks", [None, 1, 3])
 @pytest.mark.parametrize(
     "config",
     [c for c in _ALL_TILE_CONFIGS if c.epilogue in ("bf16", "scatter_bf16") and c.layout == "contiguous"],
     ids=lambda c: c.name,
 )
-def test_blocks_walking_many_tiles_store_every_tile(config, blocks):
+def test_every_contiguous_tile_config(config, blocks):
+    """Each compiled tile shape / cluster / scale granularity, plain and scattered, on ragged
+    groups: on one block per SM, and on few blocks that each walk many tiles."""
     from megamoe_rt.kernels.grouped_gemm import plan_grouped_gemm_fp8
 
     rng = np.random.default_rng()
@@ -589,66 +573,3 @@ def test_blocks_walking_many_tiles_store_every_tile(config, blocks):
             assert ref.calc_diff(_bf16_bits_to_f32(got[at[s : s + c]]), exp) < 1e-5, f"group {g}"
         written[at[s : s + c]] = True
     assert (got[~written] == BF16_NAN).all(), "rows outside the groups' counts were written"
-
-
-@pytest.mark.parametrize("blocks", [1, 3])
-@pytest.mark.parametrize(
-    "config", [c for c in _ALL_TILE_CONFIGS if c.epilogue == "swiglu_fp8" or c.layout == "masked"], ids=lambda c: c.name
-)
-def test_blocks_walking_many_tiles_masked_and_swiglu(config, blocks):
-    """The same for the masked bf16 tiles and the SwiGLU epilogue (with 128-wide requant groups
-    its amax exchange between warpgroups runs inside the overlapped store)."""
-    from megamoe_rt.kernels.grouped_gemm import plan_grouped_gemm_fp8, plan_grouped_gemm_swiglu_fp8
-
-    rng = np.random.default_rng()
-    if config.layout == "masked":
-        groups, m_max, n, k = 5, 256, 512, 384
-        counts = [256, 0, 130, 1, 200]
-        a, a_sf = _quantized_rows(rng, groups * m_max, k)
-        b, b_sf = _weights(rng, groups, n, k)
-        out = cp.full((groups, m_max, n), BF16_NAN, dtype=cp.uint16)
-        plan = plan_grouped_gemm_fp8(
-            _dev(a).reshape(groups, m_max, k),
-            _dev(a_sf).reshape(groups, m_max, k // 128),
-            _dev(b),
-            _dev(b_sf),
-            masked_counts=cp.asarray(np.array(counts, np.int32)),
-            out=out,
-            config=config,
-        )
-        got = cp.asnumpy(_on_few_blocks(plan, blocks))
-        for g, c in enumerate(counts):
-            rows = slice(g * m_max, g * m_max + c)
-            if c:
-                exp = _expected_rows(a[rows], a_sf[rows], b[g], b_sf[g])
-                assert ref.calc_diff(_bf16_bits_to_f32(got[g, :c]), exp) < 1e-5, f"group {g}"
-            assert (got[g, c:] == BF16_NAN).all()
-        return
-    counts, inter, hidden = [300, 0, 129, 520], 512, 512
-    gran = config.out_sf_gran
-    a, a_sf, w1, w1_sf, offsets, cnt = _contiguous_problem(rng, counts, 2 * inter, hidden)
-    weight = rng.uniform(0.05, 1.0, size=a.shape[0]).astype(np.float32)
-    w1p, w1p_sf = prepare_swiglu_weights(w1.view(np.uint8), w1_sf)
-    q = cp.full((a.shape[0], inter), E4M3_NAN, dtype=cp.uint8)
-    plan = plan_grouped_gemm_swiglu_fp8(
-        _dev(a),
-        _dev(a_sf),
-        cp.asarray(w1p),
-        cp.asarray(w1p_sf),
-        cp.asarray(weight),
-        group_offsets=cp.asarray(offsets),
-        group_counts=cp.asarray(cnt),
-        act_sf_gran=gran,
-        out=q,
-        config=config,
-    )
-    _on_few_blocks(plan, blocks)
-    gq, gsf = cp.asnumpy(q), cp.asnumpy(plan.result[1])
-    for g, c in enumerate(counts):
-        s = offsets[g]
-        assert (gq[s + c : offsets[g + 1]] == E4M3_NAN).all(), f"group {g}: padding rows written"
-        if not c:
-            continue
-        act, _ = _swiglu_reference(a[s : s + c], a_sf[s : s + c], w1[g], w1_sf[g], weight[s : s + c], None, gran, False)
-        got = ref.dequantize_act(gq[s : s + c].view(ref.E4M3), gsf[:, s : s + c].T.copy(), gran=gran)
-        assert ref.calc_diff(got, act) < 1e-3

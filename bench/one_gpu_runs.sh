@@ -19,6 +19,9 @@
 #              rounds (the 16K call is the window's own cost alone), then 131072 in one
 #   overhead   eager calls against graph replays, host us per eager call (every mode)
 #   faults     the fault suite on this tree (python -m megamoe_rt.cli.faults)
+#   gemm-first the most per minute after a mainloop change, in one 10-minute job: the GEMM tests,
+#              bench gemm at 8192 tokens base / tree / base (.base as for ab), then this tree's
+#              tiles side by side at 8192 tokens
 #   ab         bench gemm and bench moe (fused) in the baseline tree .base and in this one, base /
 #              tree / base (bench/ab_run.sh; export the baseline first and carry .base:
 #              mkdir .base && git archive <commit> | tar -x -C .base)
@@ -30,21 +33,21 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-STAGE=${1:?"usage: bench/one_gpu_runs.sh verify|verify-ep|gemm|tiles|prefill|overhead|faults|ab [OUT_DIR]"}
+STAGE=${1:?"usage: bench/one_gpu_runs.sh verify|verify-ep|gemm|gemm-first|tiles|prefill|overhead|faults|ab [OUT_DIR]"}
 OUT=${2:-bench/results}
 mkdir -p "$OUT"
 export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 log="$OUT/one_gpu_$STAGE.txt"
 
 case "$STAGE" in
-verify | verify-ep | gemm | tiles | prefill | overhead | faults | ab) ;;
+verify | verify-ep | gemm | gemm-first | tiles | prefill | overhead | faults | ab) ;;
 *)
-    echo "bench/one_gpu_runs.sh: unknown stage '$STAGE' (verify, verify-ep, gemm, tiles, prefill, overhead, faults, ab)" >&2
+    echo "bench/one_gpu_runs.sh: unknown stage '$STAGE' (verify, verify-ep, gemm, gemm-first, tiles, prefill, overhead, faults, ab)" >&2
     exit 2
     ;;
 esac
 python3 -m megamoe_rt compile --all >"$OUT/one_gpu_${STAGE}_compile.txt" 2>&1
-if [ "$STAGE" = ab ]; then
+if [ "$STAGE" = ab ] || [ "$STAGE" = gemm-first ]; then
     [ -d .base/megamoe_rt ] || { echo "bench/one_gpu_runs.sh ab: no baseline tree in .base" >&2; exit 2; }
     (cd .base && python3 -m megamoe_rt compile --all) >"$OUT/one_gpu_ab_base_compile.txt" 2>&1
 fi
@@ -63,6 +66,12 @@ verify-ep)
 gemm)
     python3 -m pytest -q -m gpu -rfE tests/gpu/test_gemm_gpu.py tests/gpu/test_examples_gpu.py \
         tests/gpu/test_readme_gpu.py 2>&1 | tee "$log"
+    ;;
+gemm-first)
+    python3 -m pytest -q -m gpu -rfE -x tests/gpu/test_gemm_gpu.py 2>&1 | tee "$log"
+    bench/ab_run.sh "$OUT/ab_gemm_8192" gemm --presets flash,pro,v3 --tokens 8192 2>&1 | tee -a "$log"
+    python3 -m megamoe_rt bench gemm --presets flash,v3 --tokens 8192 --tiles 128x128,128x256,128x128c2 --no-torch \
+        -o "$OUT/one_gpu_gemm_first_tiles.json" 2>&1 | tee -a "$log"
     ;;
 tiles)
     python3 -m megamoe_rt bench gemm --presets flash,pro,v3 --tokens 2048,8192 --tiles 128x128,128x256,128x128c2 \

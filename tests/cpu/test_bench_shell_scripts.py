@@ -58,7 +58,8 @@ def test_the_one_gpu_runs_refuse_an_unknown_stage_and_their_benchmarks_parse(tmp
     out = subprocess.run(["bash", str(script), "nope", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert (
         out.returncode == 2
-        and "unknown stage 'nope' (verify, verify-ep, gemm, gemm-first, tiles, prefill, overhead, faults, ab)" in out.stderr
+        and "unknown stage 'nope' (verify, verify-ep, gemm, gemm-first, tiles, prefill, overhead, faults, ab)"
+        in out.stderr
     )
     from megamoe_rt.cli.main import build_parser
 

@@ -17,23 +17,22 @@ namespace megamoe_rt::gemm {
 // (which, with wgmma in flight, is what ptxas must not be given). Round one (lanes q, q ^ 2)
 // swaps the off-diagonal 2 x 2 blocks of the quad's 4 x 4 matrix of words, round two (lanes
 // q, q ^ 1) the off-diagonal words of each block.
+//
+// One exchange of a round: the lanes paired by `mask` trade a word, the lower lane giving `b`
+// and taking the upper lane's `a` into it.
+__device__ __forceinline__ void exchange_across(u32& a, u32& b, bool upper, u32 mask) {
+    const u32 received = __shfl_xor_sync(0xFFFFFFFFu, upper ? a : b, mask);
+    a = upper ? received : a;
+    b = upper ? b : received;
+}
+
 __device__ __forceinline__ ptx::u32x4 quad_transpose_b32(const u32 (&v)[4], u32 q) {
     u32 w0 = v[0], w1 = v[1], w2 = v[2], w3 = v[3];
     const bool hi2 = (q & 2) != 0, hi1 = (q & 1) != 0;
-    // Round one: the lower half of the quad gives words 2, 3 and takes the upper half's 0, 1.
-    const u32 r0 = __shfl_xor_sync(0xFFFFFFFFu, hi2 ? w0 : w2, 2);
-    const u32 r1 = __shfl_xor_sync(0xFFFFFFFFu, hi2 ? w1 : w3, 2);
-    w0 = hi2 ? r0 : w0;
-    w2 = hi2 ? w2 : r0;
-    w1 = hi2 ? r1 : w1;
-    w3 = hi2 ? w3 : r1;
-    // Round two: even lanes give words 1, 3 and take the odd lanes' 0, 2.
-    const u32 s0 = __shfl_xor_sync(0xFFFFFFFFu, hi1 ? w0 : w1, 1);
-    const u32 s2 = __shfl_xor_sync(0xFFFFFFFFu, hi1 ? w2 : w3, 1);
-    w0 = hi1 ? s0 : w0;
-    w1 = hi1 ? w1 : s0;
-    w2 = hi1 ? s2 : w2;
-    w3 = hi1 ? w3 : s2;
+    exchange_across(w0, w2, hi2, 2);
+    exchange_across(w1, w3, hi2, 2);
+    exchange_across(w0, w1, hi1, 1);
+    exchange_across(w2, w3, hi1, 1);
     return {w0, w1, w2, w3};  // lane k's word of group g0 + q, k = 0..3
 }
 

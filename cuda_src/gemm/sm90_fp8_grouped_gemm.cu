@@ -91,10 +91,9 @@ __global__ void __launch_bounds__(
         PromotedSums<Cfg> out;
         // A tile's sums are stored while the next tile's first wgmmas run (consume_tile's
         // after_first_issue), so the tensor pipe is not idle through the epilogue.
-        Tile previous{};
-        bool pending = false;
+        Tile previous{};  // invalid until the first tile is done
         const auto store_pending = [&] {
-            if (!pending) return;
+            if (!previous.valid) return;
 #pragma unroll
             for (u32 pass = 0; pass < Cfg::kNPasses; ++pass)
                 Epilogue::template store<Cfg>(p, previous, mt.on_pass(pass), sm, pass_sums<Cfg>(out, pass));
@@ -108,7 +107,6 @@ __global__ void __launch_bounds__(
             }
             consume_tile<Cfg>(p, tile, num_k_blocks, sm, st, mt, acc, out, cta_rank, store_pending);
             previous = tile;
-            pending = true;
         }
     }
     // A CTA must not exit while its peer may still multicast into it or arrive on its barriers.

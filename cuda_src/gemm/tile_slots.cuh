@@ -46,9 +46,7 @@ __device__ __forceinline__ void announce_tile(const SharedStorage<Cfg>& sm, cons
 template <class Cfg>
 __device__ __forceinline__ void announce_end(const SharedStorage<Cfg>& sm, PipelineState<Cfg::kStages>& st,
                                              const sync::MbarrierDeadline& deadline) {
-    Tile end{};
-    end.valid = false;
-    announce_tile<Cfg>(sm, st, end, deadline);
+    announce_tile<Cfg>(sm, st, Tile{}, deadline);  // value-initialised: valid == false
     ptx::mbarrier_arrive_shared(sm.full(st.stage));
     st.advance();
 }

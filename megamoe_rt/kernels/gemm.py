@@ -139,7 +139,7 @@ class GemmConfig:
         )
 
 
-def max_stages(block_m: int, block_n: int, a_sf_gran: int) -> int:
+def max_stages(block_m: int, block_n: int) -> int:
     s = MAX_STAGES
     while s > 2 and int(decl.dynamic_smem_bytes(block_m, block_n, s)) > SMEM_LIMIT:
         s -= 1

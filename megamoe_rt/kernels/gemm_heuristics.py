@@ -31,7 +31,7 @@ def _config(
     return GemmConfig(
         bm,
         bn,
-        max_stages(bm, bn, a_sf_gran),
+        max_stages(bm, bn),
         a_sf_gran=a_sf_gran,
         b_sf_n=b_sf_n,
         out_sf_gran=out_sf_gran,

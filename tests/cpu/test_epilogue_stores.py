@@ -8,33 +8,23 @@ import numpy as np
 import pytest
 
 
+def exchange_across(w: np.ndarray, a: int, b: int, mask: int) -> None:
+    """One exchange of a butterfly round, for all four lanes at once (w[lane, slot]): lanes q and
+    q ^ mask trade a word, the lower lane giving slot b and taking the upper lane's slot a into it."""
+    upper = [(q & mask) != 0 for q in range(4)]
+    sent = [w[q, a] if upper[q] else w[q, b] for q in range(4)]
+    received = [sent[q ^ mask] for q in range(4)]
+    for q in range(4):
+        w[q, a if upper[q] else b] = received[q]
+
+
 def quad_transpose(v: np.ndarray) -> np.ndarray:
-    """``v[lane, k]``: lane's word for group k (4 lanes of a quad). Returns ``w[lane, j]``, the
-    words each lane ends with, step by step as gemm/quad_transpose.cuh computes them: two
-    butterfly rounds of xor shuffles (lanes q ^ 2, then q ^ 1), each lane choosing by its lane
-    bits what it sends and which slot it fills."""
+    """``v[lane, k]``: lane's word for group k (4 lanes of a quad). Returns the words each lane
+    ends with, step by step as gemm/quad_transpose.cuh computes them: two butterfly rounds of
+    xor shuffles (lanes q ^ 2, then q ^ 1)."""
     w = v.copy()
-    lanes = range(4)
-
-    def shfl_xor(sent: list[int], mask: int) -> list[int]:
-        return [sent[q ^ mask] for q in lanes]
-
-    hi2 = [(q & 2) != 0 for q in lanes]
-    r0 = shfl_xor([w[q, 0] if hi2[q] else w[q, 2] for q in lanes], 2)
-    r1 = shfl_xor([w[q, 1] if hi2[q] else w[q, 3] for q in lanes], 2)
-    for q in lanes:
-        if hi2[q]:
-            w[q, 0], w[q, 1] = r0[q], r1[q]
-        else:
-            w[q, 2], w[q, 3] = r0[q], r1[q]
-    hi1 = [(q & 1) != 0 for q in lanes]
-    s0 = shfl_xor([w[q, 0] if hi1[q] else w[q, 1] for q in lanes], 1)
-    s2 = shfl_xor([w[q, 2] if hi1[q] else w[q, 3] for q in lanes], 1)
-    for q in lanes:
-        if hi1[q]:
-            w[q, 0], w[q, 2] = s0[q], s2[q]
-        else:
-            w[q, 1], w[q, 3] = s0[q], s2[q]
+    for a, b, mask in ((0, 2, 2), (1, 3, 2), (0, 1, 1), (2, 3, 1)):
+        exchange_across(w, a, b, mask)
     return w
 
 
@@ -99,9 +89,10 @@ def test_the_model_follows_the_device_source():
     assert "base + 2ull * (col0 + 8 * (g0 + q))" in bf16
     transpose = (cuda_src_dir() / "gemm" / "quad_transpose.cuh").read_text()
     for line in (
-        "__shfl_xor_sync(0xFFFFFFFFu, hi2 ? w0 : w2, 2)",
-        "__shfl_xor_sync(0xFFFFFFFFu, hi2 ? w1 : w3, 2)",
-        "__shfl_xor_sync(0xFFFFFFFFu, hi1 ? w0 : w1, 1)",
-        "__shfl_xor_sync(0xFFFFFFFFu, hi1 ? w2 : w3, 1)",
+        "__shfl_xor_sync(0xFFFFFFFFu, upper ? a : b, mask)",
+        "exchange_across(w0, w2, hi2, 2);",
+        "exchange_across(w1, w3, hi2, 2);",
+        "exchange_across(w0, w1, hi1, 1);",
+        "exchange_across(w2, w3, hi1, 1);",
     ):
         assert line in transpose, line

@@ -100,11 +100,6 @@ class GemmConfig:
         """Bytes TMA delivers per stage (the full barrier's transaction count)."""
         return int(decl.stage_tx_bytes(block_m, block_n, a_sf_gran))
 
-    @staticmethod
-    def fixed_smem_bytes(stages: int) -> int:
-        """Amax exchange scratch, full/empty barriers, alignment slack for the 1024-byte base."""
-        return int(decl.fixed_smem_bytes(stages))
-
     @property
     def dynamic_smem_bytes(self) -> int:
         return int(decl.dynamic_smem_bytes(self.block_m, self.block_n, self.stages))

@@ -83,6 +83,33 @@ def lag_order(num_positions: int, lag: int) -> list[tuple[str, int]]:
     return tasks
 
 
+def ticket_task(
+    ticket: int, lag: int, l1_tiles: int, l2_tiles: int, positions: int | None = None
+) -> tuple[str, int, int] | None:
+    """Ticket -> (kind, position, tile) in closed form, as the device computes it
+    (cuda_src/fused/stream_order.cuh): the open-ended order while ``positions`` is None (before
+    the seal), the sealed order over ``positions`` positions otherwise (None past its end).
+    Both expand :func:`lag_order` / :func:`_open_order` tile by tile.
+
+    The order is a head of ``lag`` L1 tasks, then periods of L1(j) followed by L2(j - lag); the
+    sealed order stops after the period of its last position and closes with the L2 tasks of
+    the last ``min(lag, positions)`` positions."""
+    period = l1_tiles + l2_tiles
+    head_positions = lag if positions is None else min(lag, positions)
+    if ticket < head_positions * l1_tiles:
+        return "l1", ticket // l1_tiles, ticket % l1_tiles
+    if positions is not None and positions <= lag:  # no period: every L1, then every L2
+        i, tile = divmod(ticket - positions * l1_tiles, l2_tiles)
+        return ("l2", i, tile) if i < positions else None
+    u = ticket - lag * l1_tiles
+    j = lag + u // period
+    if positions is None or j < positions:
+        r = u % period
+        return ("l1", j, r) if r < l1_tiles else ("l2", j - lag, r - l1_tiles)
+    i, tile = divmod(u - (positions - lag) * period, l2_tiles)
+    return ("l2", positions - lag + i, tile) if i < lag else None
+
+
 @dataclass
 class FusedStreamModel:
     """``topk_idx[t][k]``: the call's routing (expert ids, -1 dropped) over ``num_experts``
@@ -134,14 +161,8 @@ class FusedStreamModel:
         order's later tickets (L2 of the last ``lag`` positions) move to the sealed order's tail,
         so a worker runs an L2 task of the open-ended order only once the L1 it follows is placed
         (:meth:`_final`)."""
-        positions = len(self.blocks) if self.sealed else ticket + 1  # enough to reach the ticket
-        t = ticket
-        for kind, j in lag_order(positions, self.lag) if self.sealed else _open_order(positions, self.lag):
-            tiles = self.l1_tiles if kind == "l1" else self.l2_tiles
-            if t < tiles:
-                return kind, j, t
-            t -= tiles
-        return None
+        positions = len(self.blocks) if self.sealed else None
+        return ticket_task(ticket, self.lag, self.l1_tiles, self.l2_tiles, positions)
 
     def _final(self, kind: str, j: int) -> bool:
         """Whether a task read off the open-ended order keeps its ticket in the sealed one: an L1

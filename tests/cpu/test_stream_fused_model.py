@@ -16,6 +16,7 @@ from megamoe_rt.schedule.stream_fused import (
     _open_order,
     batch_output_one_rank,
     lag_order,
+    ticket_task,
 )
 
 
@@ -101,3 +102,27 @@ def test_an_l2_ticket_waits_for_its_place_in_the_order_before_the_seal():
     for seed in range(20):
         model = FusedStreamModel(routing, chunk=4, slots=3, block_rows=4, grid=4, sms=5, lag=1)
         assert model.run(random.Random(seed), slow_producer=True) == batch_output_one_rank(routing)
+
+
+def _expanded(tasks: list[tuple[str, int]], l1_tiles: int, l2_tiles: int) -> list[tuple[str, int, int]]:
+    return [(kind, j, i) for kind, j in tasks for i in range(l1_tiles if kind == "l1" else l2_tiles)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    lag=st.integers(0, 6),
+    l1_tiles=st.integers(1, 5),
+    l2_tiles=st.integers(1, 5),
+    positions=st.integers(0, 20),
+)
+def test_the_closed_form_ticket_is_the_expanded_order(lag, l1_tiles, l2_tiles, positions):
+    """The device's O(1) ticket -> task (ticket_task, mirrored by cuda_src/fused/stream_order.cuh)
+    against the orders expanded task by task: the sealed one to its end and one past it, the open
+    one as far as ``positions`` positions reach."""
+    sealed = _expanded(lag_order(positions, lag), l1_tiles, l2_tiles)
+    for t, want in enumerate(sealed):
+        assert ticket_task(t, lag, l1_tiles, l2_tiles, positions) == want
+    assert ticket_task(len(sealed), lag, l1_tiles, l2_tiles, positions) is None
+    opened = _expanded(_open_order(positions, lag), l1_tiles, l2_tiles)
+    for t, want in enumerate(opened):
+        assert ticket_task(t, lag, l1_tiles, l2_tiles) == want

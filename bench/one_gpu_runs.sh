@@ -7,7 +7,7 @@
 #
 #   verify     the GPU tests of the layer (its facade and the runtime modules: every call path),
 #              token windows, the fused and split modes, prefill, streaming, device errors,
-#              deadlines, the driver and graphs
+#              deadlines, the driver and graphs, the streamed order's probe
 #   verify-ep  the cross-rank tests (rings, token windows, the three modes, streaming) with
 #              both ranks on GPU 0 (correctness only)
 #   gemm       the GEMM tests (every tile, 128x256 and the CTA pairs included, each also on few
@@ -57,7 +57,7 @@ verify)
     python3 -m pytest -q -m gpu -rfE tests/gpu/test_layer_gpu.py tests/gpu/test_token_window_gpu.py \
         tests/gpu/test_fused_gpu.py tests/gpu/test_split_gpu.py tests/gpu/test_prefill_gpu.py \
         tests/gpu/test_stream_gpu.py tests/gpu/test_device_errors_gpu.py tests/gpu/test_deadlines_gpu.py \
-        tests/gpu/test_driver_gpu.py tests/gpu/test_graph_gpu.py 2>&1 | tee "$log"
+        tests/gpu/test_driver_gpu.py tests/gpu/test_graph_gpu.py tests/gpu/test_stream_order_gpu.py 2>&1 | tee "$log"
     ;;
 verify-ep)
     MEGAMOE_RT_RANK_DEVICES=0 python3 -m pytest -q -m multigpu -rfE tests/multigpu/test_prefill_multigpu.py \

@@ -4,6 +4,8 @@
 #pragma once
 
 #include "common/types.cuh"
+#include "interface/stream.cuh"
+#include "interface/sync.cuh"
 #include "ptx/ld_st.cuh"
 
 namespace megamoe_rt::probe {
@@ -33,6 +35,60 @@ static_assert(alignof(StreamCopyParams) == 8, "StreamCopyParams: alignment diffe
 MEGAMOE_RT_ASSERT_OFFSET(StreamCopyParams, src, 0, "StreamCopyParams::src: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(StreamCopyParams, dst, 8, "StreamCopyParams::dst: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(StreamCopyParams, n16, 16, "StreamCopyParams::n16: offset differs from megamoe_rt/kernels/interface");
+
+// stream_order_walker: a streamed call's reservations, ready list and ticket order, without GEMMs.
+struct StreamOrderProbeParams {
+    const i32* expert_of_pair;  // [num_pairs] local expert of each pair, -1 = not here
+    const u64* publish_ns;      // [num_chunks] when chunk c counts as published, after launch
+    u32* expert_counts;         // [num_experts] rows reserved per expert (zeroed)
+    u32* blocks_claimed;        // pool blocks opened (zeroed)
+    u32* expert_blocks;         // [num_experts, blocks_per_expert] pool block + 1 of each (zeroed)
+    stream::ReadyBlocks ready;  // (zeroed)
+    u32* parts_reserved;        // dispatch warps through a chunk's reservations (zeroed)
+    u32* ticket;                // the launch-wide ticket counter (zeroed)
+    u32* l1_done;               // [max_blocks] L1 tiles done per position (zeroed)
+    i32* pool_pair;             // [max_blocks * block_rows] the pair in each pool row
+    u32* task_log;              // [capacity, 4] per ticket: l2, position, tile, block
+    u32* checks;                // [4] L1 before its block was complete, L2 before its L1, tickets past capacity
+    u64* times_ns;              // [2] earliest L1 task start (init ~0), latest chunk publication (init 0)
+    sync::WaitContext wait;
+    u32 num_pairs;
+    u32 pairs_per_chunk;
+    u32 num_chunks;
+    u32 num_experts;
+    u32 block_rows;             // rows of a pool block, at most 128
+    u32 blocks_per_expert;
+    u32 lag;
+    u32 l1_tiles;
+    u32 l2_tiles;
+    u32 capacity;               // task_log rows
+};
+static_assert(sizeof(StreamOrderProbeParams) == 192, "StreamOrderProbeParams: size differs from megamoe_rt/kernels/interface");
+static_assert(alignof(StreamOrderProbeParams) == 8, "StreamOrderProbeParams: alignment differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, expert_of_pair, 0, "StreamOrderProbeParams::expert_of_pair: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, publish_ns, 8, "StreamOrderProbeParams::publish_ns: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, expert_counts, 16, "StreamOrderProbeParams::expert_counts: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, blocks_claimed, 24, "StreamOrderProbeParams::blocks_claimed: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, expert_blocks, 32, "StreamOrderProbeParams::expert_blocks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, ready, 40, "StreamOrderProbeParams::ready: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, parts_reserved, 72, "StreamOrderProbeParams::parts_reserved: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, ticket, 80, "StreamOrderProbeParams::ticket: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, l1_done, 88, "StreamOrderProbeParams::l1_done: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, pool_pair, 96, "StreamOrderProbeParams::pool_pair: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, task_log, 104, "StreamOrderProbeParams::task_log: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, checks, 112, "StreamOrderProbeParams::checks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, times_ns, 120, "StreamOrderProbeParams::times_ns: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, wait, 128, "StreamOrderProbeParams::wait: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, num_pairs, 152, "StreamOrderProbeParams::num_pairs: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, pairs_per_chunk, 156, "StreamOrderProbeParams::pairs_per_chunk: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, num_chunks, 160, "StreamOrderProbeParams::num_chunks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, num_experts, 164, "StreamOrderProbeParams::num_experts: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, block_rows, 168, "StreamOrderProbeParams::block_rows: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, blocks_per_expert, 172, "StreamOrderProbeParams::blocks_per_expert: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, lag, 176, "StreamOrderProbeParams::lag: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, l1_tiles, 180, "StreamOrderProbeParams::l1_tiles: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, l2_tiles, 184, "StreamOrderProbeParams::l2_tiles: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, capacity, 188, "StreamOrderProbeParams::capacity: offset differs from megamoe_rt/kernels/interface");
 
 }  // namespace megamoe_rt::probe
 // clang-format on

@@ -71,5 +71,20 @@ MEGAMOE_RT_ASSERT_OFFSET(RingChunkParams, chunk, 144, "RingChunkParams::chunk: o
 MEGAMOE_RT_ASSERT_OFFSET(RingChunkParams, num_tokens, 148, "RingChunkParams::num_tokens: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(RingChunkParams, topk_idx_bytes, 152, "RingChunkParams::topk_idx_bytes: offset differs from megamoe_rt/kernels/interface");
 
+// A streamed call's pool blocks in the order they complete (stream/ready_blocks.cuh); every
+// word zero before the call.
+struct ReadyBlocks {
+    u32* state;        // [max_blocks] rows written (low 16 bits) + size << 16, 0 until the size is known
+    u32* ready;        // [max_blocks] the block + 1 at each ready-list position, 0 until appended
+    u32* ready_count;  // positions handed out
+    u32* sealed;       // 0 until the seal, then the call's positions (its blocks) + 1
+};
+static_assert(sizeof(ReadyBlocks) == 32, "ReadyBlocks: size differs from megamoe_rt/kernels/interface");
+static_assert(alignof(ReadyBlocks) == 8, "ReadyBlocks: alignment differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(ReadyBlocks, state, 0, "ReadyBlocks::state: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(ReadyBlocks, ready, 8, "ReadyBlocks::ready: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(ReadyBlocks, ready_count, 16, "ReadyBlocks::ready_count: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(ReadyBlocks, sealed, 24, "ReadyBlocks::sealed: offset differs from megamoe_rt/kernels/interface");
+
 }  // namespace megamoe_rt::stream
 // clang-format on

@@ -33,7 +33,9 @@ enum class WaitSite : u32 {
     kSmemStageFree = 16,           // gemm: the math warpgroups released a shared-memory stage (peer: the stage, expected: the parity)
     kTileTicket = 17,              // fused: the producer's next tile ticket, or a free ticket slot (peer: the queue slot)
     kRelayPost = 18,               // fused: a tile completion posted to the relay thread, or a free relay slot (peer: the slot)
-    kCount = 19,
+    kStreamBlockReady = 19,        // streaming: the pool block at a ready-list position is complete, or the seal says the call
+                                   // has no such position (peer: the position)
+    kCount = 20,
 };
 
 // The message of each WaitSite (the host reads the same texts).
@@ -58,6 +60,7 @@ __device__ __forceinline__ const char* wait_site_name(WaitSite value) {
         case WaitSite::kSmemStageFree: return "shared-memory stage released";
         case WaitSite::kTileTicket: return "tile ticket handed over";
         case WaitSite::kRelayPost: return "signal relay post";
+        case WaitSite::kStreamBlockReady: return "stream block ready";
         default: return "unknown wait";
     }
 }

@@ -7,6 +7,7 @@ import ctypes
 from megamoe_rt.jit import KernelSpec
 from megamoe_rt.kernels.interface.structs import SmProbeParams as SmProbeParams
 from megamoe_rt.kernels.interface.structs import StreamCopyParams as StreamCopyParams
+from megamoe_rt.kernels.interface.structs import StreamOrderProbeParams as StreamOrderProbeParams
 from megamoe_rt.kernels.interface.structs import WaitContext
 
 SPEC = KernelSpec(
@@ -67,6 +68,18 @@ TASK_ORDER_SPEC = KernelSpec(
 )
 
 
+# stream_order_walker(params): a streamed call's reservations, ready list and ticket order
+# without GEMMs (the header comment of probe/stream_order_walker.cu); warp 0 takes tickets,
+# warp 1 dispatches.
+STREAM_ORDER_SPEC = KernelSpec(
+    name="stream_order_walker",
+    source="probe/stream_order_walker.cu",
+    entry="megamoe_rt::probe::stream_order_walker",
+    block_threads=64,
+    params=(StreamOrderProbeParams,),
+)
+
+
 # NVSHMEM's device API linked in by nvJitLink (megamoe_rt/jit/link.py): dst, signal, out, peer.
 # Not among kernel_specs(): it needs NVSHMEM's device library and nvJitLink, which the
 # compile-only toolchains (the oldest NVRTC each CUDA extra allows) do not carry.
@@ -82,7 +95,7 @@ NVSHMEM_LINK_SPEC = KernelSpec(
 
 
 def kernel_specs() -> list[KernelSpec]:
-    return [SPEC, COPY_SPEC, WAIT_SPEC, MBARRIER_WAIT_SPEC, TASK_ORDER_SPEC]
+    return [SPEC, COPY_SPEC, WAIT_SPEC, MBARRIER_WAIT_SPEC, TASK_ORDER_SPEC, STREAM_ORDER_SPEC]
 
 
 def device_link_specs() -> list[KernelSpec]:

@@ -48,10 +48,22 @@ RING_CHUNK_PARAMS = Struct(
     "release its slot); the consumer's leave the input pointers null.",
 )
 
+READY_BLOCKS = Struct(
+    "ReadyBlocks",
+    [
+        Field("state", Ptr(U32), "[max_blocks] rows written (low 16 bits) + size << 16, 0 until the size is known"),
+        Field("ready", Ptr(U32), "[max_blocks] the block + 1 at each ready-list position, 0 until appended"),
+        Field("ready_count", Ptr(U32), "positions handed out"),
+        Field("sealed", Ptr(U32), "0 until the seal, then the call's positions (its blocks) + 1"),
+    ],
+    doc="A streamed call's pool blocks in the order they complete (stream/ready_blocks.cuh); every\n"
+    "word zero before the call.",
+)
+
 HEADER = Header(
     "stream",
     "megamoe_rt::stream",
-    [EPOCH_SHIFT, STREAM_RING, RING_CHUNK_PARAMS],
+    [EPOCH_SHIFT, STREAM_RING, RING_CHUNK_PARAMS, READY_BLOCKS],
     doc="The chunk-ready input ring's descriptor and its kernels' parameters.",
     module=__name__,
 )

@@ -15,10 +15,12 @@ __all__ = [
     "GridBarrierWords",
     "MoeParams",
     "QuantizeParams",
+    "ReadyBlocks",
     "RingChunkParams",
     "SmProbeParams",
     "StreamConsumeParams",
     "StreamCopyParams",
+    "StreamOrderProbeParams",
     "StreamPoolParams",
     "StreamRing",
     "TimeoutRecord",
@@ -173,6 +175,26 @@ class RingChunkParams(ctypes.Structure):
         ("chunk", ctypes.c_uint32),
         ("num_tokens", ctypes.c_uint32),
         ("topk_idx_bytes", ctypes.c_uint32),
+    ]
+
+
+class ReadyBlocks(ctypes.Structure):
+    """A streamed call's pool blocks in the order they complete (stream/ready_blocks.cuh); every
+    word zero before the call.
+
+    ``megamoe_rt::stream::ReadyBlocks``, declared in megamoe_rt/kernels/interface/stream.py.
+    """
+
+    state: int  # [max_blocks] rows written (low 16 bits) + size << 16, 0 until the size is known
+    ready: int  # [max_blocks] the block + 1 at each ready-list position, 0 until appended
+    ready_count: int  # positions handed out
+    sealed: int  # 0 until the seal, then the call's positions (its blocks) + 1
+
+    _fields_ = [
+        ("state", ctypes.c_uint64),
+        ("ready", ctypes.c_uint64),
+        ("ready_count", ctypes.c_uint64),
+        ("sealed", ctypes.c_uint64),
     ]
 
 
@@ -605,4 +627,63 @@ class StreamCopyParams(ctypes.Structure):
         ("src", ctypes.c_uint64),
         ("dst", ctypes.c_uint64),
         ("n16", ctypes.c_uint64),
+    ]
+
+
+class StreamOrderProbeParams(ctypes.Structure):
+    """stream_order_walker: a streamed call's reservations, ready list and ticket order, without GEMMs.
+
+    ``megamoe_rt::probe::StreamOrderProbeParams``, declared in megamoe_rt/kernels/interface/probe.py.
+    """
+
+    expert_of_pair: int  # [num_pairs] local expert of each pair, -1 = not here
+    publish_ns: int  # [num_chunks] when chunk c counts as published, after launch
+    expert_counts: int  # [num_experts] rows reserved per expert (zeroed)
+    blocks_claimed: int  # pool blocks opened (zeroed)
+    expert_blocks: int  # [num_experts, blocks_per_expert] pool block + 1 of each (zeroed)
+    ready: ReadyBlocks  # (zeroed)
+    parts_reserved: int  # dispatch warps through a chunk's reservations (zeroed)
+    ticket: int  # the launch-wide ticket counter (zeroed)
+    l1_done: int  # [max_blocks] L1 tiles done per position (zeroed)
+    pool_pair: int  # [max_blocks * block_rows] the pair in each pool row
+    task_log: int  # [capacity, 4] per ticket: l2, position, tile, block
+    checks: int  # [4] L1 before its block was complete, L2 before its L1, tickets past capacity
+    times_ns: int  # [2] earliest L1 task start (init ~0), latest chunk publication (init 0)
+    wait: WaitContext
+    num_pairs: int
+    pairs_per_chunk: int
+    num_chunks: int
+    num_experts: int
+    block_rows: int  # rows of a pool block, at most 128
+    blocks_per_expert: int
+    lag: int
+    l1_tiles: int
+    l2_tiles: int
+    capacity: int  # task_log rows
+
+    _fields_ = [
+        ("expert_of_pair", ctypes.c_uint64),
+        ("publish_ns", ctypes.c_uint64),
+        ("expert_counts", ctypes.c_uint64),
+        ("blocks_claimed", ctypes.c_uint64),
+        ("expert_blocks", ctypes.c_uint64),
+        ("ready", ReadyBlocks),
+        ("parts_reserved", ctypes.c_uint64),
+        ("ticket", ctypes.c_uint64),
+        ("l1_done", ctypes.c_uint64),
+        ("pool_pair", ctypes.c_uint64),
+        ("task_log", ctypes.c_uint64),
+        ("checks", ctypes.c_uint64),
+        ("times_ns", ctypes.c_uint64),
+        ("wait", WaitContext),
+        ("num_pairs", ctypes.c_uint32),
+        ("pairs_per_chunk", ctypes.c_uint32),
+        ("num_chunks", ctypes.c_uint32),
+        ("num_experts", ctypes.c_uint32),
+        ("block_rows", ctypes.c_uint32),
+        ("blocks_per_expert", ctypes.c_uint32),
+        ("lag", ctypes.c_uint32),
+        ("l1_tiles", ctypes.c_uint32),
+        ("l2_tiles", ctypes.c_uint32),
+        ("capacity", ctypes.c_uint32),
     ]

@@ -126,6 +126,13 @@ WAIT_SITE = Enum(
             "fused: a tile completion posted to the relay thread, or a free relay slot (peer: the slot)",
             "signal relay post",
         ),
+        EnumValue(
+            "kStreamBlockReady",
+            "stream_block_ready",
+            "streaming: the pool block at a ready-list position is complete, or the seal says the call\n"
+            "has no such position (peer: the position)",
+            "stream block ready",
+        ),
     ],
     doc="Where a wait happens. Its message names it in the device's report and in the host's\n"
     "exception (megamoe_rt.runtime.deadlines.WAIT_SITES).",

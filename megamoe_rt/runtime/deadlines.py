@@ -114,6 +114,7 @@ _RING_OVERFLOW = decl.WAIT_SITE["kRingOverflow"]
 # or queue slot, expected the phase parity.
 _MBARRIER_SITES = {decl.WAIT_SITE[n] for n in ("kSmemStageFull", "kSmemStageFree", "kTileTicket", "kRelayPost")}
 _GRID_BARRIER = decl.WAIT_SITE["kGridBarrier"]
+_STREAM_BLOCK_READY = decl.WAIT_SITE["kStreamBlockReady"]
 # What a timed-out ring wait never saw, by site: a producer may publish the two halves of a
 # chunk from different kernels, so the report says which half is missing.
 _STREAM_SITES = {
@@ -148,6 +149,12 @@ def describe(rec: _RecordFields) -> str:
             f"megamoe_rt: wait 'grid barrier' timed out after {rec.elapsed_ns * 1e-9:.2f} s on rank {rec.rank}: "
             f"block {rec.block} arrived as {rec.peer} of {rec.expected} blocks and the barrier never opened "
             f"(generation {rec.seen}): a block of this launch is stuck in an earlier wait or never ran"
+        )
+    if rec.site == _STREAM_BLOCK_READY:
+        return (
+            f"megamoe_rt: wait 'stream block ready' timed out after {rec.elapsed_ns * 1e-9:.2f} s on rank {rec.rank}: "
+            f"ready-list position {rec.peer} never filled ({rec.seen} blocks had completed) and the call was "
+            "not sealed: a chunk was never published, or rows reserved in a block were never written"
         )
     site = WAIT_SITES[rec.site] if rec.site < len(WAIT_SITES) else f"site {rec.site}"
     if rec.site in _MBARRIER_SITES:

@@ -11,11 +11,16 @@ must own exactly one row of a block of its expert, and no task may run early.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
 from megamoe_rt.schedule.arith import ceil_div
 from megamoe_rt.schedule.stream_fused import ticket_task
+from tests.helpers.traps import SYNC_AND_REPORT
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
@@ -36,7 +41,21 @@ def _pairs(rng: np.random.Generator, tokens: int, topk: int, experts: int, skew:
     return out.reshape(-1)
 
 
-def _walk(expert_of_pair, *, experts, topk, chunk, block_rows, grid, lag, l1_tiles, l2_tiles, publish_ns):
+def _walk(
+    expert_of_pair,
+    *,
+    experts,
+    topk,
+    chunk,
+    block_rows,
+    grid,
+    lag,
+    l1_tiles,
+    l2_tiles,
+    publish_ns,
+    timeout_s=20.0,
+    sync=True,
+):
     from megamoe_rt.kernels.interface.structs import ReadyBlocks
     from megamoe_rt.kernels.loader import get_kernel
     from megamoe_rt.kernels.probe import STREAM_ORDER_SPEC, StreamOrderProbeParams
@@ -86,7 +105,7 @@ def _walk(expert_of_pair, *, experts, topk, chunk, block_rows, grid, lag, l1_til
         task_log=ptr["task_log"],
         checks=ptr["checks"],
         times_ns=ptr["times_ns"],
-        wait=TimeoutRecord.get().context(timeout_s=20.0),
+        wait=TimeoutRecord.get().context(timeout_s=timeout_s),
         num_pairs=pairs,
         pairs_per_chunk=chunk * topk,
         num_chunks=num_chunks,
@@ -100,6 +119,8 @@ def _walk(expert_of_pair, *, experts, topk, chunk, block_rows, grid, lag, l1_til
     )
     kernel = get_kernel(STREAM_ORDER_SPEC, driver.current_device())
     kernel.launch((grid,), (64,), [params])
+    if not sync:  # a caller expecting a trap synchronises through the driver (tests/helpers/traps.py)
+        return d
     cp.cuda.Device().synchronize()
     return {k: cp.asnumpy(v) for k, v in d.items()}
 
@@ -173,3 +194,29 @@ def test_full_blocks_reach_l1_before_the_last_chunk_is_published():
     _check(out, pairs, **shape)
     first_l1, last_publish = (int(v) for v in out["times_ns"])
     assert first_l1 + 10_000_000 < last_publish, "no L1 task started before the last chunk was published"
+
+
+_NEVER_PUBLISHED = (
+    textwrap.dedent("""
+    import sys
+    import numpy as np
+    from megamoe_rt.runtime import driver
+    from cuda.bindings import driver as cu
+    from tests.gpu.test_stream_order_gpu import _walk
+    driver.ensure_context()
+    # Two chunks of 8 tokens, every pair on expert 0: chunk 0 fills block 0 (8 rows), chunk 1
+    # would fill block 1 but is published only after 60 s, past the 0.3 s deadline.
+    pairs = np.zeros(16, np.int32)
+    shape = dict(experts=1, topk=1, chunk=8, block_rows=8, grid=2, lag=1, l1_tiles=1, l2_tiles=1)
+    arrays = _walk(pairs, publish_ns=[0, 60_000_000_000], timeout_s=0.3, sync=False, **shape)
+""")
+    + SYNC_AND_REPORT
+)
+
+
+def test_a_chunk_never_published_traps_naming_the_ready_list_position():
+    out = subprocess.run([sys.executable, "-c", _NEVER_PUBLISHED], capture_output=True, text=True, timeout=120)
+    text = out.stdout + out.stderr
+    assert out.returncode == 3, text
+    assert "wait 'stream block ready' timed out" in text, text
+    assert "ready-list position 1 never filled (1 blocks had completed)" in text, text

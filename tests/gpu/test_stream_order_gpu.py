@@ -91,20 +91,10 @@ def _walk(
         "times_ns": cp.asarray(np.array([np.iinfo(np.uint64).max, 0], np.uint64)),
     }
     ptr = {k: int(v.data.ptr) for k, v in d.items()}
+    ready_words = ("state", "ready", "ready_count", "sealed")
     params = StreamOrderProbeParams(
-        expert_of_pair=ptr["expert_of_pair"],
-        publish_ns=ptr["publish_ns"],
-        expert_counts=ptr["expert_counts"],
-        blocks_claimed=ptr["blocks_claimed"],
-        expert_blocks=ptr["expert_blocks"],
-        ready=ReadyBlocks(state=ptr["state"], ready=ptr["ready"], ready_count=ptr["ready_count"], sealed=ptr["sealed"]),
-        parts_reserved=ptr["parts_reserved"],
-        ticket=ptr["ticket"],
-        l1_done=ptr["l1_done"],
-        pool_pair=ptr["pool_pair"],
-        task_log=ptr["task_log"],
-        checks=ptr["checks"],
-        times_ns=ptr["times_ns"],
+        **{k: ptr[k] for k in ptr if k not in ready_words},
+        ready=ReadyBlocks(**{k: ptr[k] for k in ready_words}),
         wait=TimeoutRecord.get().context(timeout_s=timeout_s),
         num_pairs=pairs,
         pairs_per_chunk=chunk * topk,

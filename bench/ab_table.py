@@ -46,9 +46,11 @@ def _peer_tflops(row: dict[str, Any]) -> float | None:
 def _load(path: Path) -> dict[tuple[Any, ...], dict[str, Any]]:
     rows = json.loads(path.read_text())
     key = _gemm_key if rows and "shape" in rows[0] else _moe_key
-    # A tile sweep names the config in the key; the base tree's heuristic may pick another
-    # config for the same shape, so the plain A/B matches cells by shape alone.
-    return {key(r)[:3]: r for r in rows}
+    # The base tree's heuristic may pick another config for the same shape, so cells match by
+    # shape alone, unless the run swept configs (--tiles: several rows per shape).
+    shapes = [key(r)[:3] for r in rows]
+    width = 4 if len(set(shapes)) < len(shapes) else 3
+    return {key(r)[:width]: r for r in rows}
 
 
 def _fmt(v: float | None, spec: str) -> str:

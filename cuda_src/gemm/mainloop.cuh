@@ -224,8 +224,10 @@ __device__ __forceinline__ void consume_k_block(const float* sfb, u32 num_k_bloc
     // A pass's B scales start kWgTileN / kBSfN scale columns after the previous pass's.
     constexpr u32 kSfbPassStride = Cfg::kWgTileN / Cfg::kBSfN;
     constexpr u32 kSteps = Cfg::kSfaRowsPerStage;
-    // B scales come straight from global (L2-resident, a few words per k-block),
-    // issued before the wait so their latency hides behind it.
+    // B scales come straight from global (L2-resident, a few words per k-block), written
+    // before the wait so their latency can hide behind it. ptxas schedules the LDG after the
+    // wait's TRYWAIT and the k-block's first QGMMA all the same (SASS of every variant), so
+    // the first promotion FMUL waits on it behind only this k-block's wgmmas (bench/NOTES.md).
     float sb_lo[kPasses], sb_hi[kPasses];
 #pragma unroll
     for (u32 ps = 0; ps < kPasses; ++ps) {

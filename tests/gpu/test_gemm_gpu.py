@@ -47,9 +47,8 @@ def _contiguous_problem(rng, counts, n, k, a_gran=128):
     return a, a_sf, b, b_sf, offsets, np.array(counts, np.int32)
 
 
-def _run_contiguous_bf16(a, a_sf, b, b_sf, offsets, counts, n):
-    """The contiguous bf16 GEMM into a poisoned output; returns the output on the host."""
-    out = cp.full((a.shape[0], n), BF16_NAN, dtype=cp.uint16)
+def _contiguous_bf16_call(a, a_sf, b, b_sf, offsets, counts, **destination):
+    """The contiguous bf16 GEMM on device copies of the operands, into ``out=`` or ``row_dst=``."""
     grouped_gemm_fp8(
         _dev(a),
         _dev(a_sf),
@@ -57,8 +56,14 @@ def _run_contiguous_bf16(a, a_sf, b, b_sf, offsets, counts, n):
         _dev(b_sf),
         group_offsets=cp.asarray(offsets),
         group_counts=cp.asarray(counts),
-        out=out,
+        **destination,
     )
+
+
+def _run_contiguous_bf16(a, a_sf, b, b_sf, offsets, counts, n):
+    """The contiguous bf16 GEMM into a poisoned output; returns the output on the host."""
+    out = cp.full((a.shape[0], n), BF16_NAN, dtype=cp.uint16)
+    _contiguous_bf16_call(a, a_sf, b, b_sf, offsets, counts, out=out)
     return cp.asnumpy(out)
 
 
@@ -193,15 +198,7 @@ def test_scatter_epilogue_writes_rows_to_their_addresses():
     perm = rng.permutation(rows)
     keep = rng.random(rows) < 0.8
     row_dst = np.where(keep, dest.data.ptr + perm * n * 2, 0).astype(np.uint64)
-    grouped_gemm_fp8(
-        _dev(a),
-        _dev(a_sf),
-        _dev(b),
-        _dev(b_sf),
-        group_offsets=cp.asarray(offsets),
-        group_counts=cp.asarray(cnt),
-        row_dst=cp.asarray(row_dst),
-    )
+    _contiguous_bf16_call(a, a_sf, b, b_sf, offsets, cnt, row_dst=cp.asarray(row_dst))
     got = cp.asnumpy(dest)
     written = np.zeros(rows, bool)
     for g, c in enumerate(counts):

@@ -84,3 +84,24 @@ def test_a_timed_out_mbarrier_wait_is_described_by_its_slot_and_phase():
     text = describe(rec)
     assert text.startswith("megamoe_rt: wait 'shared-memory stage released' timed out after 12.9 s"), text
     assert "block 7 thread 128, rank 1: phase 1 of slot 3 never completed" in text, text
+
+
+def test_a_streamed_ready_list_timeout_names_the_position_and_the_blocks_completed():
+    from megamoe_rt.kernels.interface import sync as decl
+    from megamoe_rt.kernels.interface.structs import TimeoutRecord as Fields
+    from megamoe_rt.runtime.deadlines import describe
+
+    rec = Fields(
+        state=decl.RECORD_COMPLETE.value,
+        site=decl.WAIT_SITE["kStreamBlockReady"],
+        block=2,
+        thread=0,
+        rank=0,
+        peer=5,
+        expected=6,
+        seen=4,
+        elapsed_ns=300_000_000,
+    )
+    text = describe(rec)
+    assert text.startswith("megamoe_rt: wait 'stream block ready' timed out after 0.30 s on rank 0"), text
+    assert "ready-list position 5 never filled (4 blocks had completed)" in text, text

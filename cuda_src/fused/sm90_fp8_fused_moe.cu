@@ -24,12 +24,16 @@
 // (kSplitL2) waits for K1's routing, builds the same tables and runs the L2 tiles, each
 // waiting on its block's published L1 output. Neither combines: K3 (split/split_reduce.cu)
 // does, after both. The graph's memset node zeroes the counter banks before every replay.
+//
+// A streamed call (kStreamed) has no routing phase: the dispatch warps consume the input ring
+// and the tiles follow pool blocks as they complete (fused/streamed_call.cuh).
 
 #include "common/types.cuh"
 #include "ep/pull_row.cuh"
 #include "fused/expert_parallel.cuh"
 #include "fused/params.cuh"
 #include "fused/signal_relay.cuh"
+#include "fused/streamed_call.cuh"
 #include "fused/task_order.cuh"
 #include "fused/tile_queue.cuh"
 #include "fused/unit_table.cuh"
@@ -53,6 +57,9 @@ namespace megamoe_rt::fused {
 
 // kBlockM, kBlockN and kNumThreads come from interface/fused.cuh (the host sizes by them too).
 constexpr u32 kNumDispatchWarps = 2;
+// Loads in flight per lane while a streamed call's dispatch copies a row: the dispatch warps
+// share the producer warpgroup's registers.
+constexpr u32 kStreamedCopyBatch = 2;
 constexpr u32 kRelayThread = 96;
 using sync::kPartialsBarrier;
 constexpr u32 kProducerRegs = 72;
@@ -356,6 +363,20 @@ __device__ __forceinline__ void route_and_claim_across_ranks(const FusedParams& 
     if (threadIdx.x == 0) trace(p, kTraceClaimed);
 }
 
+// A streamed call, every block: no routing phase, so the next launch's bank is zeroed here
+// (as the routing phase does) and nothing overflows (the pool is the worst case's).
+__device__ __forceinline__ void begin_streamed_call(const FusedParams& p, const RoutingTables& tab) {
+    u32* next_bank = p.banks[(tab.scalars[3] & 1) ^ 1];
+    for (u32 i = ptx::ctaid_x() * kNumThreads + threadIdx.x; i < p.bank.words; i += ptx::nctaid_x() * kNumThreads)
+        next_bank[i] = 0;
+    if (threadIdx.x == 0) {
+        tab.scalars[2] = 0;
+        trace(p, kTraceCounted);
+        trace(p, kTraceClaimed);
+    }
+    __syncthreads();
+}
+
 // Split K2, every block: once K1 has published the routing, the same tables from the same
 // counts (its own, or every source's in this rank's EP bank across ranks).
 template <bool kEp>
@@ -424,10 +445,15 @@ __device__ __forceinline__ gemm::Tile ring_tile(const FusedParams& p, const Rout
 }
 
 // The tiles a launch of role kRole walks: both layers in the lag task order, or one.
+// A streamed call has none: its producer hands over resolved tiles.
+struct NoTaskOrder {};
+
 template <Role kRole>
 __device__ __forceinline__ auto role_task_order(const FusedParams& p, const RoutingTables& tab) {
     const u32 n1 = p.l1.n / kBlockN, n2 = p.l2.n / kBlockN;
-    if constexpr (kRole == Role::kFused) {
+    if constexpr (kRole == Role::kStreamed) {
+        return NoTaskOrder{};
+    } else if constexpr (kRole == Role::kFused) {
         return LagTaskOrder(tab.units(p.moe.num_local_experts), p.lag_units, p.group_units, n1, n2);
     } else {
         return LayerTaskOrder(tab.units(p.moe.num_local_experts), kRole == Role::kSplitL2 ? n2 : n1,
@@ -486,6 +512,52 @@ __device__ __forceinline__ void produce_tiles(const FusedParams& p, const Routin
     gemm::drain_stages<L1>(sm1, st, deadline);
 }
 
+// A streamed call's producer: tickets in the lag order over ready-list positions, each resolved
+// to its block before the math warpgroups get it (fused/streamed_call.cuh).
+template <u32 kStages, u32 kActSfGran>
+__device__ __forceinline__ void produce_streamed_tiles(
+    const FusedParams& p, const RoutingTables& tab, u8* smem, const ptx::TmaDescriptor* tma_l1_a,
+    const ptx::TmaDescriptor* tma_l1_b, const ptx::TmaDescriptor* tma_l1_sfa, const ptx::TmaDescriptor* tma_l2_a,
+    const ptx::TmaDescriptor* tma_l2_b, const ptx::TmaDescriptor* tma_l2_sfa) {
+    using L1 = L1Config<kStages, kActSfGran>;
+    using L2 = L2Config<kStages, kActSfGran>;
+    const gemm::SharedStorage<L1> sm1{smem};
+    const gemm::SharedStorage<L2> sm2{smem};
+    u32* bank = tab.bank(p);
+    const u32 n1 = p.l1.n / kBlockN;
+    const StreamOrder order{p.streamed.lag, n1, p.l2.n / kBlockN};
+    gemm::PipelineState<kStages> st;
+    TileQueueCursor queue;
+    const sync::MbarrierDeadline deadline{p.wait, sync::kIntraBlockWaitShift};
+    // As in produce_tiles, the next ticket is taken while this tile's loads are issued.
+    u32 next = atomicAdd(bank + p.bank.ticket, 1u);
+    for (;;) {
+        StreamTask task;
+        if (!fixed_stream_task(p.streamed.ready, order, next, p.wait, sync::kDerivedWaitShift, task)) {
+            push_ticket(tab.tiles, queue, StreamTileWord::kEnd, deadline);  // tells the math warpgroups to stop
+            break;
+        }
+        next = atomicAdd(bank + p.bank.ticket, 1u);
+        // Complete (an L1 task's position is fixed only once its block is on the list; an L2
+        // task's comes lag positions before the one that fixed it), or soon after the seal.
+        const u32 block = stream::wait_ready_position(p.streamed.ready, task.position, p.wait, sync::kDerivedWaitShift);
+        push_ticket(tab.tiles, queue, StreamTileWord::encode(task.l2, block, task.tile), deadline);
+        gemm::Tile tile = streamed_tile(p, block, task.tile);
+        if (!task.l2) {
+            ptx::fence_proxy_async_global();
+            tile.b_row0 = tile.group * p.l1.n + tile.n0;
+            gemm::produce_tile<L1>(tile, p.l1.k / L1::kBlockK, sm1, st, tma_l1_a, tma_l1_b, tma_l1_sfa, 0, deadline);
+        } else {
+            sync::wait_ge_acquire_gpu_u32(bank + p.bank.l1_done + block, n1, sync::WaitSite::kL1OutputPublished, p.wait,
+                                          block, sync::kDerivedWaitShift);
+            ptx::fence_proxy_async_global();
+            tile.b_row0 = tile.group * p.l2.n + tile.n0;
+            gemm::produce_tile<L2>(tile, p.l2.k / L2::kBlockK, sm2, st, tma_l2_a, tma_l2_b, tma_l2_sfa, 0, deadline);
+        }
+    }
+    gemm::drain_stages<L1>(sm1, st, deadline);
+}
+
 template <u32 kStages, u32 kActSfGran, Role kRole>
 __device__ __forceinline__ void compute_tiles(const FusedParams& p, const RoutingTables& tab, u8* smem) {
     using L1 = L1Config<kStages, kActSfGran>;
@@ -508,8 +580,16 @@ __device__ __forceinline__ void compute_tiles(const FusedParams& p, const Routin
     OrderedTile s;
     for (;;) {
         const u32 t = ptx::warp_uniform(pop_ticket(tab.tiles, queue, threadIdx.x % 32));
-        if (!ptx::warp_uniform(order.tile(t, s))) break;
-        const gemm::Tile tile = ring_tile(p, tab, s);
+        gemm::Tile tile;
+        if constexpr (kRole == Role::kStreamed) {
+            if (t & StreamTileWord::kEnd) break;
+            s.l2 = (t & StreamTileWord::kL2) != 0;
+            s.block = StreamTileWord::block(t);
+            tile = streamed_tile(p, s.block, StreamTileWord::n_block(t));
+        } else {
+            if (!ptx::warp_uniform(order.tile(t, s))) break;
+            tile = ring_tile(p, tab, s);
+        }
         if (!ptx::warp_uniform(s.l2)) {
             gemm::consume_tile<L1>(p.l1, tile, p.l1.k / L1::kBlockK, sm1, st, mt1, acc, out, 0);
             L1::Epilogue::template store<L1>(p.l1, tile, mt1, sm1, out);
@@ -581,7 +661,10 @@ __global__ void __launch_bounds__(kNumThreads, 1)
     }
     for (u32 e = threadIdx.x; e < m.num_local_experts; e += kNumThreads) tab.row_end[e] = 0;  // count scratch
     __syncthreads();
-    if constexpr (kRole == Role::kSplitL2) {
+    if constexpr (kRole == Role::kStreamed) {
+        static_assert(!kEp && sizeof(IdxT) == 4, "a streamed call runs on one rank; the ring holds i32 ids");
+        begin_streamed_call(p, tab);
+    } else if constexpr (kRole == Role::kSplitL2) {
         wait_routing_and_build_tables<kEp>(p, tab);
     } else if constexpr (kEp) {
         route_and_claim_across_ranks<IdxT, kRole>(p, tab);
@@ -611,11 +694,21 @@ __global__ void __launch_bounds__(kNumThreads, 1)
         }
         if (tab.overflow()) return;
         if (threadIdx.x == 0) {
-            produce_tiles<kStages, kActSfGran, kRole>(p, tab, smem, &tma_l1_a, &tma_l1_b, &tma_l1_sfa, &tma_l2_a,
-                                                      &tma_l2_b, &tma_l2_sfa);
+            if constexpr (kRole == Role::kStreamed) {
+                produce_streamed_tiles<kStages, kActSfGran>(p, tab, smem, &tma_l1_a, &tma_l1_b, &tma_l1_sfa, &tma_l2_a,
+                                                            &tma_l2_b, &tma_l2_sfa);
+            } else {
+                produce_tiles<kStages, kActSfGran, kRole>(p, tab, smem, &tma_l1_a, &tma_l1_b, &tma_l1_sfa, &tma_l2_a,
+                                                          &tma_l2_b, &tma_l2_sfa);
+            }
             trace(p, kTraceProducerDone);
         } else if (kRole != Role::kSplitL2 && threadIdx.x >= 32 && threadIdx.x < 32 * (1 + kNumDispatchWarps)) {
-            dispatch_rows<kEp, kRole>(p, tab);
+            if constexpr (kRole == Role::kStreamed) {
+                dispatch_streamed_chunks<kStreamedCopyBatch>(
+                    p, ptx::ctaid_x() * kNumDispatchWarps + threadIdx.x / 32 - 1, ptx::nctaid_x() * kNumDispatchWarps);
+            } else {
+                dispatch_rows<kEp, kRole>(p, tab);
+            }
             if (threadIdx.x == 32) trace(p, kTraceDispatchDone);
         }
         return;

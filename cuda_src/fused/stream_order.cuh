@@ -12,6 +12,9 @@
 #pragma once
 
 #include "common/types.cuh"
+#include "interface/stream.cuh"
+#include "interface/sync.cuh"
+#include "stream/ready_blocks.cuh"
 
 namespace megamoe_rt::fused {
 
@@ -67,5 +70,22 @@ struct StreamOrder {
         return StreamTask{true, j - lag, r - l1_tiles};
     }
 };
+
+// The task of `ticket` once it is fixed; false past the sealed order's end. Before the seal a
+// ticket's task is fixed once the position it hangs on exists; if the seal says that position
+// never will, the ticket belongs to the sealed order's tail (or lies past its end): it is read
+// again there. `deadline_shift`: the ready list waits on the consumer's dispatch, whose own
+// waits on the producer should report first.
+__device__ __forceinline__ bool fixed_stream_task(const stream::ReadyBlocks& rb, const StreamOrder& order, u32 ticket,
+                                                  const sync::WaitContext& wait, u32 deadline_shift, StreamTask& task) {
+    for (;;) {
+        const u32 sealed = stream::sealed_word(rb);
+        if (sealed != 0) return order.sealed_task(ticket, sealed - 1, task);
+        task = order.open_task(ticket);
+        if (stream::wait_ready_position(rb, order.position_that_fixes(task), wait, deadline_shift) !=
+            stream::kNoPosition)
+            return true;
+    }
+}
 
 }  // namespace megamoe_rt::fused

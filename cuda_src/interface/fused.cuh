@@ -7,6 +7,7 @@
 #include "interface/ep.cuh"
 #include "interface/gemm.cuh"
 #include "interface/moe.cuh"
+#include "interface/stream.cuh"
 #include "interface/sync.cuh"
 
 namespace megamoe_rt::fused {
@@ -20,12 +21,14 @@ constexpr u32 kTileQueueBytes = 80;     // TileQueue (fused/tile_queue.cuh) asse
 constexpr u32 kRelayBytes = 320;        // SignalRelay (fused/signal_relay.cuh) asserts it is this size
 constexpr u32 kReduceThreads = 256;     // split K3 (split/split_reduce.cu): two tokens at a time
 
-// What one launch of the fused kernel runs: the whole layer, or one side of the split
-// pipeline (K1 and K2 run concurrently in disjoint SM partitions; K3 is split/split_reduce.cu).
+// What one launch of the fused kernel runs: the whole layer, one side of the split pipeline
+// (K1 and K2 run concurrently in disjoint SM partitions; K3 is split/split_reduce.cu), or the
+// whole layer consuming the input ring chunk by chunk (fused/streamed_call.cuh).
 enum class Role : u32 {
-    kFused = 0,    // the whole layer in one launch
-    kSplitL1 = 1,  // split K1: routing, dispatch, L1 + SwiGLU + requant
-    kSplitL2 = 2,  // split K2: L2 + scatter of the partials
+    kFused = 0,     // the whole layer in one launch
+    kSplitL1 = 1,   // split K1: routing, dispatch, L1 + SwiGLU + requant
+    kSplitL2 = 2,   // split K2: L2 + scatter of the partials
+    kStreamed = 3,  // the whole layer on a streamed call's input ring (one rank)
 };
 
 // Events of the optional per-block trace: FusedParams::trace holds kTraceEvents
@@ -105,21 +108,22 @@ __host__ __device__ constexpr u32 ep_scratch_bytes(u32 num_experts, u32 num_loca
 // Parameters of the fused MoE kernel; every pointer, stride and size is resolved on the host
 // from the buffer layout.
 struct FusedParams {
-    moe::MoeParams moe;     // inputs, pools (pool_rows = ring rows), per-row metadata (full size), combine, y
-    gemm::GemmParams l1;    // n = 2I, k = H; d/d_sf: the activation ring; row_weight: full-size metadata
-    gemm::GemmParams l2;    // n = H, k = I; row_dst: full-size metadata
+    moe::MoeParams moe;             // inputs, pools (pool_rows = ring rows), per-row metadata (full size), combine, y
+    gemm::GemmParams l1;            // n = 2I, k = H; d/d_sf: the activation ring; row_weight: full-size metadata
+    gemm::GemmParams l2;            // n = H, k = I; row_dst: full-size metadata
     sync::WaitContext wait;
     u32* banks[2];
     BankLayout bank;
-    u32* launch_epoch;      // parity of this word picks the bank; bumped at the end of a launch
+    u32* launch_epoch;              // parity of this word picks the bank; bumped at the end of a launch
     sync::GridBarrierWords* grid_barrier;
-    u32 ring_blocks;        // pool / activation slots of BLOCK_M rows
-    u32 max_blocks;         // worst-case pool blocks of a call (counters and tables are sized for it)
-    u32 lag_units;          // >= max_blocks: single-wave order; split: 0 (each kernel walks one layer)
+    u32 ring_blocks;                // pool / activation slots of BLOCK_M rows
+    u32 max_blocks;                 // worst-case pool blocks of a call (counters and tables are sized for it)
+    u32 lag_units;                  // >= max_blocks: single-wave order; split: 0 (each kernel walks one layer)
     u32 group_units;
-    u32 table_smem_offset;  // bytes from the aligned shared-memory base to the routing tables
-    u32 withhold_block;     // tests only: this block's rows (fused) or L1 output (split K1) go unpublished (kNoBlock: off)
-    u64* trace;             // profiling only: kTraceEvents %globaltimer stamps per block (null: off)
+    u32 table_smem_offset;          // bytes from the aligned shared-memory base to the routing tables
+    u32 withhold_block;             // tests only: this block's rows (fused) or L1 output (split K1) go unpublished (kNoBlock: off)
+    u64* trace;                     // profiling only: kTraceEvents %globaltimer stamps per block (null: off)
+    stream::StreamedPool streamed;  // Role::kStreamed only: the ring and the pool's claim state
     // Across ranks (the expert-parallel instantiation only). Regions of the symmetric buffer
     // sit at the same offsets on every rank: a peer's is peer_bases[peer] + offset. The bank's
     // counts and cursors then count per global expert, this rank's pairs into its send list.
@@ -135,7 +139,7 @@ struct FusedParams {
     u32 rank;
     u32 num_ranks;
 };
-static_assert(sizeof(FusedParams) == 712, "FusedParams: size differs from megamoe_rt/kernels/interface");
+static_assert(sizeof(FusedParams) == 904, "FusedParams: size differs from megamoe_rt/kernels/interface");
 static_assert(alignof(FusedParams) == 8, "FusedParams: alignment differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(FusedParams, moe, 0, "FusedParams::moe: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(FusedParams, l1, 184, "FusedParams::l1: offset differs from megamoe_rt/kernels/interface");
@@ -152,17 +156,18 @@ MEGAMOE_RT_ASSERT_OFFSET(FusedParams, group_units, 596, "FusedParams::group_unit
 MEGAMOE_RT_ASSERT_OFFSET(FusedParams, table_smem_offset, 600, "FusedParams::table_smem_offset: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(FusedParams, withhold_block, 604, "FusedParams::withhold_block: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(FusedParams, trace, 608, "FusedParams::trace: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, peer_bases, 616, "FusedParams::peer_bases: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_x, 624, "FusedParams::off_x: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_x_sf, 632, "FusedParams::off_x_sf: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_send_list, 640, "FusedParams::off_send_list: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_combine, 648, "FusedParams::off_combine: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_ep_banks, 656, "FusedParams::off_ep_banks: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, send_list, 664, "FusedParams::send_list: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, ep_banks, 672, "FusedParams::ep_banks: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, ep_bank, 680, "FusedParams::ep_bank: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, rank, 704, "FusedParams::rank: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, num_ranks, 708, "FusedParams::num_ranks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, streamed, 616, "FusedParams::streamed: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, peer_bases, 808, "FusedParams::peer_bases: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_x, 816, "FusedParams::off_x: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_x_sf, 824, "FusedParams::off_x_sf: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_send_list, 832, "FusedParams::off_send_list: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_combine, 840, "FusedParams::off_combine: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_ep_banks, 848, "FusedParams::off_ep_banks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, send_list, 856, "FusedParams::send_list: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, ep_banks, 864, "FusedParams::ep_banks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, ep_bank, 872, "FusedParams::ep_bank: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, rank, 896, "FusedParams::rank: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, num_ranks, 900, "FusedParams::num_ranks: offset differs from megamoe_rt/kernels/interface");
 
 }  // namespace megamoe_rt::fused
 // clang-format on

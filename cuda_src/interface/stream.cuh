@@ -86,5 +86,37 @@ MEGAMOE_RT_ASSERT_OFFSET(ReadyBlocks, ready, 8, "ReadyBlocks::ready: offset diff
 MEGAMOE_RT_ASSERT_OFFSET(ReadyBlocks, ready_count, 16, "ReadyBlocks::ready_count: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(ReadyBlocks, sealed, 24, "ReadyBlocks::sealed: offset differs from megamoe_rt/kernels/interface");
 
+// A streamed call consumed by the fused kernel (Role::kStreamed): its input ring, the pool
+// blocks it opens as chunks arrive, handed to the GEMMs as they complete; every word zero
+// before the call but the ring's.
+struct StreamedPool {
+    StreamRing ring;
+    ReadyBlocks ready;
+    u32* expert_counts;   // [num_local_experts] rows reserved so far
+    u32* expert_blocks;   // [num_local_experts, blocks_per_expert] pool block + 1, 0 until opened
+    u32* blocks_claimed;  // pool blocks opened so far
+    u32* block_expert;    // [max_blocks] the local expert of each opened block
+    u32* slot_done;       // [num_slots] dispatch warps through each slot so far
+    u32* parts_done;      // (chunk, dispatch warp) parts reserved so far; the last one seals
+    i32* call_topk_idx;   // [T, K] the call's expert ids, kept for the combine
+    u32 blocks_per_expert;
+    u32 num_chunks;       // chunks of the call
+    u32 lag;              // the task order's lag in ready-list positions (fused/stream_order.cuh)
+};
+static_assert(sizeof(StreamedPool) == 192, "StreamedPool: size differs from megamoe_rt/kernels/interface");
+static_assert(alignof(StreamedPool) == 8, "StreamedPool: alignment differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamedPool, ring, 0, "StreamedPool::ring: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamedPool, ready, 88, "StreamedPool::ready: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamedPool, expert_counts, 120, "StreamedPool::expert_counts: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamedPool, expert_blocks, 128, "StreamedPool::expert_blocks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamedPool, blocks_claimed, 136, "StreamedPool::blocks_claimed: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamedPool, block_expert, 144, "StreamedPool::block_expert: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamedPool, slot_done, 152, "StreamedPool::slot_done: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamedPool, parts_done, 160, "StreamedPool::parts_done: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamedPool, call_topk_idx, 168, "StreamedPool::call_topk_idx: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamedPool, blocks_per_expert, 176, "StreamedPool::blocks_per_expert: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamedPool, num_chunks, 180, "StreamedPool::num_chunks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamedPool, lag, 184, "StreamedPool::lag: offset differs from megamoe_rt/kernels/interface");
+
 }  // namespace megamoe_rt::stream
 // clang-format on

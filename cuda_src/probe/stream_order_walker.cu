@@ -28,8 +28,8 @@
 namespace megamoe_rt::probe {
 
 __device__ __forceinline__ stream::ExpertRowTables row_tables(const StreamOrderProbeParams& p) {
-    return stream::ExpertRowTables{p.expert_counts, p.expert_blocks, p.blocks_claimed, p.blocks_per_expert,
-                                   p.block_rows};
+    return stream::ExpertRowTables{p.expert_counts, p.expert_blocks,     p.blocks_claimed,
+                                   nullptr,         p.blocks_per_expert, p.block_rows};
 }
 
 // Lane 0 of the dispatch warp that completes a call's reservations.
@@ -64,26 +64,12 @@ __device__ __forceinline__ void dispatch_chunks(const StreamOrderProbeParams& p,
     }
 }
 
-// The task of `ticket` once it is fixed; false past the sealed order's end.
-__device__ __forceinline__ bool fixed_task(const StreamOrderProbeParams& p, const fused::StreamOrder& order, u32 ticket,
-                                           fused::StreamTask& task) {
-    for (;;) {
-        const u32 sealed = stream::sealed_word(p.ready);
-        if (sealed != 0) return order.sealed_task(ticket, sealed - 1, task);
-        task = order.open_task(ticket);
-        // Fixed once the position it hangs on exists; if the seal says it never will, the
-        // ticket belongs to the sealed order's tail (or past its end): read it again.
-        if (stream::wait_ready_position(p.ready, order.position_that_fixes(task), p.wait) != stream::kNoPosition)
-            return true;
-    }
-}
-
 __device__ __forceinline__ void take_tickets(const StreamOrderProbeParams& p) {
     const fused::StreamOrder order{p.lag, p.l1_tiles, p.l2_tiles};
     for (;;) {
         const u32 ticket = atomicAdd(p.ticket, 1u);
         fused::StreamTask task;
-        if (!fixed_task(p, order, ticket, task)) return;
+        if (!fused::fixed_stream_task(p.ready, order, ticket, p.wait, 0, task)) return;
         const u32 block = stream::wait_ready_position(p.ready, task.position, p.wait);
         if (!task.l2) {
             atomicMin(reinterpret_cast<unsigned long long*>(p.times_ns), ptx::globaltimer_ns());

@@ -21,6 +21,7 @@ struct ExpertRowTables {
     u32* expert_counts;  // [num_experts] rows reserved so far
     u32* expert_blocks;  // [num_experts, blocks_per_expert] pool block + 1, 0 until opened
     u32* blocks_claimed;
+    u32* block_expert;  // [max_blocks] the expert of each opened block (null: not kept)
     u32 blocks_per_expert;
     u32 block_rows;  // at most 128 (the block word's row count)
 };
@@ -40,6 +41,9 @@ __device__ __forceinline__ ReservedRow reserve_expert_row(const ExpertRowTables&
     u32 block;
     if (row == 0) {
         block = atomicAdd(t.blocks_claimed, 1u);
+        // Released with the entry, and again by every addition to the block's word: whoever
+        // acquires the block off the ready list reads its expert.
+        if (t.block_expert != nullptr) t.block_expert[block] = expert;
         ptx::st_release_gpu_u32(entry, block + 1);
     } else {
         block = sync::wait_ge_acquire_gpu_u32(entry, 1u, sync::WaitSite::kStreamPoolBlockClaimed, wait, expert) - 1;

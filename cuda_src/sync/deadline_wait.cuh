@@ -108,12 +108,14 @@ __device__ __forceinline__ u32 wait_ge_acquire_gpu_u32(const u32* word, u32 expe
         word, [expected](u32 v) { return v >= expected; }, expected, site, ctx, peer, deadline_shift);
 }
 
-// Waits until *word >= expected (acquire, system scope: a peer rank's store) in a kernel that
-// cannot printf (wgmma): on timeout it records and traps, like wait_acquire_gpu_u32.
-__device__ __forceinline__ u32 wait_ge_acquire_sys_u32_quiet(const u32* word, u32 expected, WaitSite site,
-                                                             const WaitContext& ctx, u32 peer, u32 deadline_shift = 0) {
+// Waits until *word >= expected (acquire, system scope: a peer rank's store, or a producer
+// kernel's on this GPU) in a kernel that cannot printf (wgmma): on timeout it records and
+// traps, like wait_acquire_gpu_u32.
+template <typename Word>
+__device__ __forceinline__ Word wait_ge_acquire_sys_quiet(const Word* word, Word expected, WaitSite site,
+                                                          const WaitContext& ctx, u32 peer, u32 deadline_shift) {
     const u64 timeout_ns = ctx.timeout_ns << deadline_shift;
-    u32 seen = ptx::ld_acquire_sys_u32(word);
+    Word seen = ld_acquire_sys(word);
     if (seen >= expected) return seen;
     const u64 start = ptx::globaltimer_ns();
     u64 elapsed = 0;
@@ -124,11 +126,21 @@ __device__ __forceinline__ u32 wait_ge_acquire_sys_u32_quiet(const u32* word, u3
             if (elapsed > timeout_ns) break;
         }
         if (spins > 8) __nanosleep(64);
-        seen = ptx::ld_acquire_sys_u32(word);
+        seen = ld_acquire_sys(word);
     }
     // The trap stays out of the loop (see the header comment).
     if (seen < expected) fail_wait(site, ctx, peer, expected, seen, elapsed);
     return seen;
+}
+
+__device__ __forceinline__ u32 wait_ge_acquire_sys_u32_quiet(const u32* word, u32 expected, WaitSite site,
+                                                             const WaitContext& ctx, u32 peer, u32 deadline_shift = 0) {
+    return wait_ge_acquire_sys_quiet(word, expected, site, ctx, peer, deadline_shift);
+}
+
+__device__ __forceinline__ u64 wait_ge_acquire_sys_u64_quiet(const u64* word, u64 expected, WaitSite site,
+                                                             const WaitContext& ctx, u32 peer, u32 deadline_shift = 0) {
+    return wait_ge_acquire_sys_quiet(word, expected, site, ctx, peer, deadline_shift);
 }
 
 // Deadline shifts of derived waits (see wait_acquire_gpu_u32).

@@ -40,6 +40,9 @@ TRACE_TIMES = TRACE_EVENTS[: TRACE_EVENTS.index("sm")]
 
 RELAY_BYTES = decl.RELAY_BYTES.value  # SignalRelay::kBytes (asserted there)
 TILE_QUEUE_BYTES = decl.TILE_QUEUE_BYTES.value  # TileQueue::kBytes (asserted there)
+# A streamed call hands tiles over as one word with a 6-bit n-block (StreamTileWord in
+# fused/streamed_call.cuh): both layers' N at most this many tiles.
+STREAMED_MAX_N_BLOCKS = 64
 
 
 def bank_layout(num_experts: int, max_blocks: int) -> BankLayout:
@@ -133,12 +136,18 @@ def reduce_spec(idx: str, expert_parallel: bool) -> KernelSpec:
 
 def kernel_specs() -> list[KernelSpec]:
     """The variants buffers of the shipped presets pick (deeper pipelines for smaller tables),
-    in every role, and the split pipeline's reduce."""
-    return [
-        FusedConfig(s, g, idx, ep, role=role).spec()
-        for role in ROLES
-        for s in (4, 5)
-        for g in (64, 128)
-        for idx in ("int32", "int64")
-        for ep in (False, True)
-    ] + [reduce_spec(idx, ep) for idx in ("int32", "int64") for ep in (False, True)]
+    in every role (a streamed call: one rank, the ring's int32 ids), and the split pipeline's
+    reduce."""
+    batch = [role for role in ROLES if role != "streamed"]
+    return (
+        [
+            FusedConfig(s, g, idx, ep, role=role).spec()
+            for role in batch
+            for s in (4, 5)
+            for g in (64, 128)
+            for idx in ("int32", "int64")
+            for ep in (False, True)
+        ]
+        + [FusedConfig(s, g, "int32", False, role="streamed").spec() for s in (4, 5) for g in (64, 128)]
+        + [reduce_spec(idx, ep) for idx in ("int32", "int64") for ep in (False, True)]
+    )

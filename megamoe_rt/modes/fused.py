@@ -22,6 +22,7 @@ from megamoe_rt.kernels.loader import get_kernel
 from megamoe_rt.kernels.moe import MoeParams
 from megamoe_rt.kernels.operands import Fp8Operand, ScaleFactors
 from megamoe_rt.modes.base import Call, LayerSpec, LayoutNeeds, Mode, Weights, pool_memory_line
+from megamoe_rt.modes.fused_stream import StreamedFusedCall
 from megamoe_rt.modes.peers import stage_inputs
 from megamoe_rt.runtime import driver
 from megamoe_rt.runtime.buffer import LayerBuffer, SymmetricLayerBuffer
@@ -277,10 +278,20 @@ class FusedPlan:
             **self._fixed,
         )
 
-    def launch(self, idx: str, params: fk.FusedParams, stream: int, *, programmatic: bool = False) -> None:
+    def launch(
+        self,
+        idx: str,
+        params: fk.FusedParams,
+        stream: int,
+        *,
+        programmatic: bool = False,
+        role: str = "fused",
+        grid: int | None = None,
+    ) -> None:
+        """Enqueue one launch of ``role`` on ``grid`` blocks (default: one an SM)."""
         args = [params, *self._maps_raw]
-        self.kernel(idx).launch(
-            (self.sm_count,),
+        self.kernel(idx, role).launch(
+            (self.sm_count if grid is None else grid,),
             (fk.NUM_THREADS,),
             args,
             stream=stream,
@@ -303,9 +314,9 @@ class FusedMode(Mode):
 
     @classmethod
     def refusal(cls, spec: LayerSpec) -> str | None:
-        if spec.streaming is not None:
-            # The input ring is consumed chunk by chunk by the unfused kernels (docs/STREAMING.md).
-            return "streaming: runs in mode='unfused' (a chunk per call of its kernels), not mode='fused'"
+        if spec.streaming is not None and spec.expert_parallel:
+            # Across ranks the unfused kernels run a chunk per call (docs/STREAMING.md).
+            return "streaming across ranks: runs in mode='unfused' (a chunk per call of its kernels), not mode='fused'"
         if spec.num_ranks > cls.MAX_RANKS:
             return f"group: {spec.num_ranks} ranks; mode='fused' runs on at most {cls.MAX_RANKS}"
         if spec.expert_parallel and spec.transport != "nvlink":
@@ -319,6 +330,13 @@ class FusedMode(Mode):
 
     @classmethod
     def layout_needs(cls, spec: LayerSpec, ring_blocks: int | None = None) -> LayoutNeeds:
+        if spec.streaming is not None:
+            # A streamed call holds every block it opens until the call ends.
+            if ring_blocks is not None:
+                raise ValueError(
+                    f"ring_blocks={ring_blocks}: a streamed layer (streaming=) holds the full pool in mode='fused'"
+                )
+            return LayoutNeeds(pool="full", block_m=BLOCK_M)
         return LayoutNeeds(pool="ring", block_m=BLOCK_M, ring_blocks=ring_blocks)
 
     @classmethod
@@ -333,6 +351,7 @@ class FusedMode(Mode):
         super().__init__(spec, layout)
         self.schedules = FusedSchedules(layout)
         self.plan: FusedPlan | None = None
+        self.streamed: StreamedFusedCall | None = None  # streaming=: built at load
         # Applied in order to every launch's parameter struct before it is enqueued. Empty in
         # production; megamoe_rt.testing sets it (withheld blocks, traces, forced orders).
         self.params_transforms: tuple[ParamsTransform, ...] = ()
@@ -356,6 +375,9 @@ class FusedMode(Mode):
         self.plan = self._make_plan(self.schedules.buffer, weights)
         if s.expert_parallel:
             self.plan.kernel("int32")  # int64 ids: load_for_ids at their first call
+        if s.streaming is not None:
+            self.streamed = StreamedFusedCall(s, self.layout, self.bound_buffer())
+            self.plan.kernel("int32", "streamed")
 
     def load_for_ids(self, idx: str) -> None:
         if self.plan is not None:
@@ -380,6 +402,27 @@ class FusedMode(Mode):
             stage_inputs(self.bound_buffer(), call.x, call.x_sf, call.num_tokens, stream)
         assert self.plan is not None, "run before load"
         self.plan.launch(call.idx, self.launch_params(call), stream, programmatic=call.bound <= PDL_MAX_TOKENS)
+
+    def run_streamed(self, call: Call, stream: int) -> None:
+        """A call whose inputs come from the input ring: one launch of the ``streamed`` role
+        (megamoe_rt/modes/fused_stream.py) after its claim state is zeroed."""
+        assert self.plan is not None and self.streamed is not None, "run before load"
+        ring = self.input_ring
+        assert ring is not None, "a streamed call needs the input ring"
+        ring.load_kernels()
+        self.streamed.reset(stream)
+        ring.begin_consume(stream)
+        if call.num_tokens:
+            params = self.plan.params(
+                self.moe_params(self.streamed.moe_call(call)),
+                CallSchedule(False, 0, GROUP_UNITS),  # the streamed order's lag is in params.streamed
+                timeout_s=self.spec.timeout_s,
+            )
+            params.streamed = self.streamed.pool(ring, call.num_tokens)
+            for transform in self.params_transforms:
+                transform(params)
+            self.plan.launch("int32", params, stream, role="streamed", grid=self.streamed.grid)
+        ring.note_consumer(stream)
 
     def memory_notes(self) -> str:
         s = self.schedules.buffer

@@ -84,6 +84,8 @@ class SplitMode(FusedMode):
 
     @classmethod
     def refusal(cls, spec: LayerSpec) -> str | None:
+        if spec.streaming is not None:
+            return "streaming: runs in mode='fused' (one rank) or mode='unfused', not mode='split'"
         reason = super().refusal(spec)
         return reason.replace("mode='fused'", "mode='split'") if reason else None
 

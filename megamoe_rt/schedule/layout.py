@@ -212,6 +212,37 @@ def stream_blocks_per_expert(num_max_tokens_per_rank: int, num_ranks: int, block
     return ceil_div(num_max_tokens_per_rank * num_ranks, block_m)
 
 
+def streamed_claim_words(
+    num_local_experts: int, blocks_per_expert: int, num_slots: int, pool_blocks: int
+) -> dict[str, int]:
+    """u32 words of each part of a fused streamed call's claim state (``stream_claim_words``,
+    zeroed before every call), in the region's order: rows reserved per expert, each expert's
+    blocks, blocks opened, dispatch warps through each slot, chunk parts reserved, then the
+    ready list's block words, positions, count and seal (kernels' ``StreamedPool``)."""
+    return {
+        "expert_counts": num_local_experts,
+        "expert_blocks": num_local_experts * blocks_per_expert,
+        "blocks_claimed": 1,
+        "slot_done": num_slots,
+        "parts_done": 1,
+        "state": pool_blocks,
+        "ready": pool_blocks,
+        "ready_count": 1,
+        "sealed": 1,
+    }
+
+
+def streamed_claim_offsets(
+    num_local_experts: int, blocks_per_expert: int, num_slots: int, pool_blocks: int
+) -> dict[str, int]:
+    """The first word of each part of :func:`streamed_claim_words`."""
+    out, at = {}, 0
+    for name, words in streamed_claim_words(num_local_experts, blocks_per_expert, num_slots, pool_blocks).items():
+        out[name] = at
+        at += words
+    return out
+
+
 def symm_buffer_layout(
     hidden: int,
     intermediate: int,
@@ -322,6 +353,16 @@ def symm_buffer_layout(
             "streamed call: 1 + the pool block of each local expert's j-th block, 0 until claimed",
         )
         ws.add("stream_block_map", "int32", (full_blocks,), "streamed call: the pool block of each laid-out block")
+        # The fused mode's streamed call: its claim state in one region (one memset a call), and
+        # the expert of each block it opens.
+        bpe = stream_blocks_per_expert(t, r, block_m)
+        ws.add(
+            "stream_claim_words",
+            "uint32",
+            (sum(streamed_claim_words(el, bpe, sl, full_blocks).values()),),
+            "fused streamed call: rows and blocks claimed, slots and chunks done, block words, ready list",
+        )
+        ws.add("stream_block_expert", "uint32", (full_blocks,), "fused streamed call: the expert of each block")
     if r > 1:
         ws.add("ep_send_counts", "int32", (e,), "this rank's pairs per global expert")
         ws.add("ep_send_offsets", "int32", (e + 1,), "send list layout: exclusive scan of ep_send_counts")

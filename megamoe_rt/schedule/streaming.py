@@ -39,11 +39,28 @@ class StreamConfig:
 
     num_slots: int
     tokens_per_slot: int
+    # SMs the fused mode's consumer leaves to the producer's kernels (None: an eighth of the GPU's):
+    # its blocks hold their SMs for the whole call, so the producer runs on these alone.
+    producer_sms: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_slots", "tokens_per_slot"):
             v = args.integer(f"StreamConfig.{name}", getattr(self, name), minimum=1)  # NumPy integers too
             object.__setattr__(self, name, v)  # a plain int in the frozen config
+        if self.producer_sms is not None:
+            v = args.integer("StreamConfig.producer_sms", self.producer_sms, minimum=1)
+            object.__setattr__(self, "producer_sms", v)
+
+    def consumer_sms(self, sm_count: int) -> int:
+        """Blocks of the fused mode's streamed launch on a GPU of ``sm_count`` SMs: one an SM,
+        leaving ``producer_sms`` (at least one) to the producer. ValueError when none is left."""
+        producer = self.producer_sms if self.producer_sms is not None else max(1, sm_count // 8)
+        if producer >= sm_count:
+            raise ValueError(
+                f"StreamConfig.producer_sms={producer}: expected fewer than the GPU's {sm_count} SMs "
+                "(the layer's consumer needs at least one)"
+            )
+        return sm_count - producer
 
     def num_chunks(self, num_tokens: int) -> int:
         return -(-num_tokens // self.tokens_per_slot)

@@ -102,28 +102,45 @@ def test_plan_is_what_the_layer_allocates(capsys, allocation, mode, preset, toke
 def test_a_streamed_layer_is_planned_with_its_input_ring(capsys, allocation):
     layout = allocation("flash", 4096, streaming=StreamConfig(4, 512))
     out = _plan(capsys, "--preset", "flash", "--tokens", "4096", "--ranks", "1", "--experts", "32", "--stream", "4x512")
-    assert out["mode"] == "unfused"  # the mode a streamed layer picks
+    assert out["mode"] == "fused"  # the default mode streams on one rank
     assert out["total_bytes"] == layout.total_bytes
     names = {r["name"] for r in out["regions"] if r["bytes"]}
     without = _plan(
-        capsys, "--preset", "flash", "--tokens", "4096", "--ranks", "1", "--experts", "32", "--mode", "unfused"
+        capsys, "--preset", "flash", "--tokens", "4096", "--ranks", "1", "--experts", "32", "--mode", "fused"
     )
     assert out["total_bytes"] > without["total_bytes"]
     assert names - {r["name"] for r in without["regions"] if r["bytes"]}, "the ring's regions are in the report"
 
 
 def test_a_mode_that_does_not_stream_is_refused_in_the_options_typed(capsys):
-    assert main(["plan", "--stream", "4x512", "--mode", "fused", "--tokens", "4096"]) == 2
+    assert main(["plan", "--stream", "4x512", "--mode", "split", "--tokens", "4096"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("megamoe-rt plan: --stream: runs in --mode 'unfused'"), err
+    assert err.startswith("megamoe-rt plan: --stream: runs in --mode 'fused'"), err
 
 
 def test_the_layer_refuses_streaming_in_a_mode_that_does_not_take_it_before_looking_for_a_gpu():
     from megamoe_rt.layer import MegaMoE
 
-    for mode in ("fused", "split"):
-        with pytest.raises(ValueError, match=f"streaming: runs in mode='unfused'.*not mode='{mode}'"):
-            MegaMoE(512, 256, 16, 6, 1024, mode=mode, streaming=StreamConfig(2, 256))
+    with pytest.raises(ValueError, match="streaming: runs in mode='fused' .*not mode='split'"):
+        MegaMoE(512, 256, 16, 6, 1024, mode="split", streaming=StreamConfig(2, 256))
+
+
+def test_a_streamed_layer_across_ranks_falls_back_to_the_unfused_mode(capsys):
+    out = _plan(capsys, "--preset", "flash", "--tokens", "4096", "--ranks", "2", "--experts", "64", "--stream", "4x512")
+    assert out["mode"] == "unfused"
+    assert main(["plan", "--stream", "4x512", "--mode", "fused", "--ranks", "2", "--tokens", "4096"]) == 2
+    assert "streaming across ranks: runs in --mode 'unfused'" in capsys.readouterr().err
+
+
+def test_the_fused_mode_streams_on_one_rank_over_the_full_pool(capsys):
+    one = ("--preset", "flash", "--tokens", "4096", "--ranks", "1", "--experts", "32", "--mode", "fused")
+    out = _plan(capsys, *one, "--stream", "4x512")
+    names = {r["name"] for r in out["regions"] if r["bytes"]}
+    assert {"stream_call_topk_idx", "stream_x"} <= names
+    full = _plan(capsys, *one)
+    # The batch layer's pool is a ring around its schedule; the streamed one holds every block.
+    assert (out["pool"], full["pool"]) == ("full", "ring")
+    assert out["pool_blocks"] >= full["pool_blocks"]
 
 
 def test_the_nvshmem_transport_adds_its_staging_regions(capsys):

@@ -21,13 +21,16 @@ pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
 
 H, I, E, K, CAP = 512, 256, 16, 4, 2048
+# The modes that consume the ring on one rank: the fused kernel's streamed role (the default)
+# and the unfused call-wide pool.
+MODES = ["fused", "unfused"]
 
 
-def _layers(w, slots, tokens_per_slot, **kw):
+def _layers(w, slots, tokens_per_slot, mode=None, **kw):
     from megamoe_rt import MegaMoE
     from megamoe_rt.streaming import StreamConfig
 
-    streamed = MegaMoE(H, I, E, K, CAP, streaming=StreamConfig(slots, tokens_per_slot), **kw)
+    streamed = MegaMoE(H, I, E, K, CAP, streaming=StreamConfig(slots, tokens_per_slot), mode=mode, **kw)
     batch = MegaMoE(H, I, E, K, CAP, mode="unfused")
     for layer in (streamed, batch):
         layer.load_weights(w["w1"], w["w1_sf"], w["w2"], w["w2_sf"])
@@ -53,24 +56,26 @@ def _streamed(layer, args, *, producer_delay_s=0.0):
     return cp.asnumpy(out)
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("slots,tokens_per_slot,t", [(2, 128, 1000), (4, 256, 256), (3, 100, 250), (1, 512, 2048)])
-def test_streamed_equals_batch_bitwise(slots, tokens_per_slot, t):
+def test_streamed_equals_batch_bitwise(slots, tokens_per_slot, t, mode):
     rng = np.random.default_rng()
     w = ref.random_moe_inputs(rng, 1, H, I, E, K)
-    streamed, batch = _layers(w, slots, tokens_per_slot)
+    streamed, batch = _layers(w, slots, tokens_per_slot, mode)
     for _ in range(2):  # a second call: new epoch over the same ring
         args = device_args(ref.random_moe_inputs(rng, t, H, I, E, K, empty_slot_prob=0.05))
         np.testing.assert_array_equal(_streamed(streamed, args), run_poisoned(batch, args))
 
 
-@pytest.mark.parametrize("ring_blocks", [None, 4])
-def test_skewed_routing_streamed_equals_batch_bitwise(ring_blocks):
+@pytest.mark.parametrize("mode,ring_blocks", [("fused", None), ("unfused", None), ("unfused", 4)])
+def test_skewed_routing_streamed_equals_batch_bitwise(mode, ring_blocks):
     """Most tokens route to the same few experts, so one expert's rows fill many pool blocks,
-    claimed chunk after chunk between other experts' blocks (the call-wide pool); with a ring
-    pool (``ring_blocks``) every chunk runs as a call of its own."""
+    claimed chunk after chunk between other experts' blocks (the call-wide pool; in the fused
+    kernel the hot experts' full blocks reach L1 while later chunks arrive); with a ring pool
+    (``ring_blocks``) every chunk runs as a call of its own."""
     rng = np.random.default_rng()
     w = ref.random_moe_inputs(rng, 1, H, I, E, K)
-    streamed, batch = _layers(w, 2, 200, ring_blocks=ring_blocks)
+    streamed, batch = _layers(w, 2, 200, mode, ring_blocks=ring_blocks)
     t = 1500
     inputs = ref.random_moe_inputs(rng, t, H, I, E, K)
     idx = inputs["topk_idx"]
@@ -80,10 +85,11 @@ def test_skewed_routing_streamed_equals_batch_bitwise(ring_blocks):
     np.testing.assert_array_equal(_streamed(streamed, args), run_poisoned(batch, args))
 
 
-def test_a_late_producer_and_an_empty_call_stay_correct():
+@pytest.mark.parametrize("mode", MODES)
+def test_a_late_producer_and_an_empty_call_stay_correct(mode):
     rng = np.random.default_rng()
     w = ref.random_moe_inputs(rng, 1, H, I, E, K)
-    streamed, batch = _layers(w, 2, 128)
+    streamed, batch = _layers(w, 2, 128, mode)
     args = device_args(ref.random_moe_inputs(rng, 700, H, I, E, K))
     np.testing.assert_array_equal(_streamed(streamed, args, producer_delay_s=0.2), run_poisoned(batch, args))
     empty = [a[:0] for a in args]
@@ -92,12 +98,13 @@ def test_a_late_producer_and_an_empty_call_stay_correct():
     np.testing.assert_array_equal(_streamed(streamed, args), run_poisoned(batch, args))
 
 
-def test_twenty_graph_replays_of_producer_and_consumer():
+@pytest.mark.parametrize("mode", MODES)
+def test_twenty_graph_replays_of_producer_and_consumer(mode):
     from megamoe_rt.streaming import ChunkWriter
 
     rng = np.random.default_rng()
     w = ref.random_moe_inputs(rng, 1, H, I, E, K)
-    streamed, batch = _layers(w, 3, 128)
+    streamed, batch = _layers(w, 3, 128, mode)
     t = 900
     args = device_args(ref.random_moe_inputs(rng, t, H, I, E, K))
     writer = ChunkWriter(streamed)
@@ -126,7 +133,8 @@ def test_twenty_graph_replays_of_producer_and_consumer():
         np.testing.assert_array_equal(cp.asnumpy(out), run_poisoned(batch, args))
 
 
-def test_a_chunk_never_published_traps_naming_the_slot_and_generation():
+@pytest.mark.parametrize("mode", MODES)
+def test_a_chunk_never_published_traps_naming_the_slot_and_generation(mode):
     script = (
         textwrap.dedent(f"""
         import sys
@@ -137,7 +145,7 @@ def test_a_chunk_never_published_traps_naming_the_slot_and_generation():
         from megamoe_rt.streaming import StreamConfig
         from cuda.bindings import driver as cu
         w = ref.random_moe_inputs(0, 1, {H}, {I}, {E}, {K})
-        layer = MegaMoE({H}, {I}, {E}, {K}, 256, streaming=StreamConfig(2, 128), timeout_s=1.0)
+        layer = MegaMoE({H}, {I}, {E}, {K}, 256, streaming=StreamConfig(2, 128), mode={mode!r}, timeout_s=1.0)
         layer.load_weights(w["w1"], w["w1_sf"], w["w2"], w["w2_sf"])
         layer.consume(200)  # nobody produces
     """)
@@ -167,7 +175,8 @@ extern "C" __global__ void route_half_only(const stream::StreamRing* ring_ptr) {
 """
 
 
-def test_a_chunk_with_only_its_routing_half_published_traps_naming_the_missing_half():
+@pytest.mark.parametrize("mode", MODES)
+def test_a_chunk_with_only_its_routing_half_published_traps_naming_the_missing_half(mode):
     """A producer of one's own publishes each chunk's routing half and never its activations:
     the layer's report must say which half of which chunk never came."""
     script = (
@@ -182,7 +191,7 @@ def test_a_chunk_with_only_its_routing_half_published_traps_naming_the_missing_h
         from megamoe_rt.streaming import ChunkWriter, StreamConfig
         from cuda.bindings import driver as cu
         w = ref.random_moe_inputs(0, 1, {H}, {I}, {E}, {K})
-        layer = MegaMoE({H}, {I}, {E}, {K}, 256, streaming=StreamConfig(2, 128), timeout_s=1.0)
+        layer = MegaMoE({H}, {I}, {E}, {K}, 256, streaming=StreamConfig(2, 128), mode={mode!r}, timeout_s=1.0)
         layer.load_weights(w["w1"], w["w1_sf"], w["w2"], w["w2_sf"])
         source = {ROUTE_HALF_ONLY!r}
         kernel = cp.RawModule(code=source, options=tuple(producer_options())).get_function("route_half_only")
@@ -229,14 +238,15 @@ def test_a_writer_behind_the_call_it_feeds_is_refused_and_the_call_still_complet
     np.testing.assert_array_equal(cp.asnumpy(out), run_poisoned(batch, args))
 
 
-def test_int64_ids_stream_like_the_batch_call():
+@pytest.mark.parametrize("mode", MODES)
+def test_int64_ids_stream_like_the_batch_call(mode):
     """A framework's top-k gives int64 ids: the writer narrows them into the slot's int32, and
     an id out of range is refused and reported as the batch call refuses it."""
     from megamoe_rt.runtime.error_report import DeviceInputError
 
     rng = np.random.default_rng()
     w = ref.random_moe_inputs(rng, 1, H, I, E, K)
-    streamed, batch = _layers(w, 2, 96)
+    streamed, batch = _layers(w, 2, 96, mode)
     inputs = ref.random_moe_inputs(rng, 300, H, I, E, K, empty_slot_prob=0.1)
     inputs["topk_idx"] = inputs["topk_idx"].astype(np.int64)
     args = device_args(inputs)

@@ -20,6 +20,7 @@ from megamoe_rt.kernels.interface.decl import (
 )
 from megamoe_rt.kernels.interface.ep import EP_BANK_LAYOUT
 from megamoe_rt.kernels.interface.moe import MOE_PARAMS
+from megamoe_rt.kernels.interface.stream import STREAMED_POOL
 from megamoe_rt.kernels.interface.sync import GRID_BARRIER_WORDS, WAIT_CONTEXT
 
 BLOCK_M = Constant("kBlockM", 64, doc="rows of a tile and of a pool block")
@@ -37,9 +38,11 @@ ROLE = Enum(
         EnumValue("kFused", "fused", "the whole layer in one launch"),
         EnumValue("kSplitL1", "split_l1", "split K1: routing, dispatch, L1 + SwiGLU + requant"),
         EnumValue("kSplitL2", "split_l2", "split K2: L2 + scatter of the partials"),
+        EnumValue("kStreamed", "streamed", "the whole layer on a streamed call's input ring (one rank)"),
     ],
-    doc="What one launch of the fused kernel runs: the whole layer, or one side of the split\n"
-    "pipeline (K1 and K2 run concurrently in disjoint SM partitions; K3 is split/split_reduce.cu).",
+    doc="What one launch of the fused kernel runs: the whole layer, one side of the split pipeline\n"
+    "(K1 and K2 run concurrently in disjoint SM partitions; K3 is split/split_reduce.cu), or the\n"
+    "whole layer consuming the input ring chunk by chunk (fused/streamed_call.cuh).",
 )
 
 TRACE_EVENT = Enum(
@@ -169,6 +172,7 @@ FUSED_PARAMS = Struct(
             "tests only: this block's rows (fused) or L1 output (split K1) go unpublished (kNoBlock: off)",
         ),
         Field("trace", Ptr(U64), "profiling only: kTraceEvents %globaltimer stamps per block (null: off)"),
+        Field("streamed", STREAMED_POOL, "Role::kStreamed only: the ring and the pool's claim state"),
         Comment(
             "Across ranks (the expert-parallel instantiation only). Regions of the symmetric buffer\n"
             "sit at the same offsets on every rank: a peer's is peer_bases[peer] + offset. The bank's\n"

@@ -60,10 +60,31 @@ READY_BLOCKS = Struct(
     "word zero before the call.",
 )
 
+STREAMED_POOL = Struct(
+    "StreamedPool",
+    [
+        Field("ring", STREAM_RING),
+        Field("ready", READY_BLOCKS),
+        Field("expert_counts", Ptr(U32), "[num_local_experts] rows reserved so far"),
+        Field("expert_blocks", Ptr(U32), "[num_local_experts, blocks_per_expert] pool block + 1, 0 until opened"),
+        Field("blocks_claimed", Ptr(U32), "pool blocks opened so far"),
+        Field("block_expert", Ptr(U32), "[max_blocks] the local expert of each opened block"),
+        Field("slot_done", Ptr(U32), "[num_slots] dispatch warps through each slot so far"),
+        Field("parts_done", Ptr(U32), "(chunk, dispatch warp) parts reserved so far; the last one seals"),
+        Field("call_topk_idx", Ptr(I32), "[T, K] the call's expert ids, kept for the combine"),
+        Field("blocks_per_expert", U32),
+        Field("num_chunks", U32, "chunks of the call"),
+        Field("lag", U32, "the task order's lag in ready-list positions (fused/stream_order.cuh)"),
+    ],
+    doc="A streamed call consumed by the fused kernel (Role::kStreamed): its input ring, the pool\n"
+    "blocks it opens as chunks arrive, handed to the GEMMs as they complete; every word zero\n"
+    "before the call but the ring's.",
+)
+
 HEADER = Header(
     "stream",
     "megamoe_rt::stream",
-    [EPOCH_SHIFT, STREAM_RING, RING_CHUNK_PARAMS, READY_BLOCKS],
+    [EPOCH_SHIFT, STREAM_RING, RING_CHUNK_PARAMS, READY_BLOCKS, STREAMED_POOL],
     doc="The chunk-ready input ring's descriptor and its kernels' parameters.",
     module=__name__,
 )

@@ -23,6 +23,7 @@ __all__ = [
     "StreamOrderProbeParams",
     "StreamPoolParams",
     "StreamRing",
+    "StreamedPool",
     "TimeoutRecord",
     "WaitContext",
     "WeightQuantizeParams",
@@ -195,6 +196,43 @@ class ReadyBlocks(ctypes.Structure):
         ("ready", ctypes.c_uint64),
         ("ready_count", ctypes.c_uint64),
         ("sealed", ctypes.c_uint64),
+    ]
+
+
+class StreamedPool(ctypes.Structure):
+    """A streamed call consumed by the fused kernel (Role::kStreamed): its input ring, the pool
+    blocks it opens as chunks arrive, handed to the GEMMs as they complete; every word zero
+    before the call but the ring's.
+
+    ``megamoe_rt::stream::StreamedPool``, declared in megamoe_rt/kernels/interface/stream.py.
+    """
+
+    ring: StreamRing
+    ready: ReadyBlocks
+    expert_counts: int  # [num_local_experts] rows reserved so far
+    expert_blocks: int  # [num_local_experts, blocks_per_expert] pool block + 1, 0 until opened
+    blocks_claimed: int  # pool blocks opened so far
+    block_expert: int  # [max_blocks] the local expert of each opened block
+    slot_done: int  # [num_slots] dispatch warps through each slot so far
+    parts_done: int  # (chunk, dispatch warp) parts reserved so far; the last one seals
+    call_topk_idx: int  # [T, K] the call's expert ids, kept for the combine
+    blocks_per_expert: int
+    num_chunks: int  # chunks of the call
+    lag: int  # the task order's lag in ready-list positions (fused/stream_order.cuh)
+
+    _fields_ = [
+        ("ring", StreamRing),
+        ("ready", ReadyBlocks),
+        ("expert_counts", ctypes.c_uint64),
+        ("expert_blocks", ctypes.c_uint64),
+        ("blocks_claimed", ctypes.c_uint64),
+        ("block_expert", ctypes.c_uint64),
+        ("slot_done", ctypes.c_uint64),
+        ("parts_done", ctypes.c_uint64),
+        ("call_topk_idx", ctypes.c_uint64),
+        ("blocks_per_expert", ctypes.c_uint32),
+        ("num_chunks", ctypes.c_uint32),
+        ("lag", ctypes.c_uint32),
     ]
 
 
@@ -504,6 +542,7 @@ class FusedParams(ctypes.Structure):
     table_smem_offset: int  # bytes from the aligned shared-memory base to the routing tables
     withhold_block: int  # tests only: this block's rows (fused) or L1 output (split K1) go unpublished (kNoBlock: off)
     trace: int  # profiling only: kTraceEvents %globaltimer stamps per block (null: off)
+    streamed: StreamedPool  # Role::kStreamed only: the ring and the pool's claim state
     peer_bases: int  # [num_ranks]
     off_x: int  # [T, H] e4m3 inputs, staged by the host
     off_x_sf: int  # [T, H / 128] their scales
@@ -532,6 +571,7 @@ class FusedParams(ctypes.Structure):
         ("table_smem_offset", ctypes.c_uint32),
         ("withhold_block", ctypes.c_uint32),
         ("trace", ctypes.c_uint64),
+        ("streamed", StreamedPool),
         ("peer_bases", ctypes.c_uint64),
         ("off_x", ctypes.c_uint64),
         ("off_x_sf", ctypes.c_uint64),

@@ -15,7 +15,10 @@ from megamoe_rt.schedule.streaming import StreamConfig
 from tests.cpu.test_modes import _call, _mode, _spec
 
 
-def _streamed(cfg=StreamConfig(3, 100), **kw):
+RING = StreamConfig(3, 100)
+
+
+def _streamed(cfg=RING, **kw):
     spec = _spec(cap=1000, streaming=cfg, sm_count=132, **kw)
     mode = _mode(FusedMode, spec)
     return mode, StreamedFusedCall(spec, mode.layout, mode.buffer)

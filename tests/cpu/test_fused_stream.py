@@ -14,7 +14,6 @@ from megamoe_rt.schedule.layout import stream_blocks_per_expert, streamed_claim_
 from megamoe_rt.schedule.streaming import StreamConfig
 from tests.cpu.test_modes import _call, _mode, _spec
 
-
 RING = StreamConfig(3, 100)
 
 

@@ -36,6 +36,7 @@
 #include "fused/streamed_call.cuh"
 #include "fused/task_order.cuh"
 #include "fused/tile_queue.cuh"
+#include "fused/trace.cuh"
 #include "fused/unit_table.cuh"
 #include "gemm/config.cuh"
 #include "gemm/epilogue_scatter_bf16.cuh"
@@ -115,10 +116,6 @@ struct RoutingTables {
         return static_cast<u32>(min(static_cast<i32>(kBlockM), row_end[expert] - static_cast<i32>(block * kBlockM)));
     }
 };
-
-__device__ __forceinline__ void trace(const FusedParams& p, TraceEvent event) {
-    if (p.trace != nullptr) p.trace[ptx::ctaid_x() * kTraceEvents + event] = ptx::globaltimer_ns();
-}
 
 // Warp 0: the pool layout and unit table (fused/unit_table.cuh) into this block's tables.
 // Pool rows are i32 there: the host keeps the worst-case block count within kMaxBlocks.
@@ -483,6 +480,7 @@ __device__ __forceinline__ void produce_tiles(const FusedParams& p, const Routin
     // started right after the current one, which depends on earlier positions only).
     u32 next = atomicAdd(ticket, 1u);
     const sync::MbarrierDeadline deadline{p.wait, sync::kIntraBlockWaitShift};
+    bool traced_l1 = false;
     for (;;) {
         const u32 t = next;
         push_ticket(tab.tiles, queue, t, deadline);  // past the end too: it tells the math warpgroups to stop
@@ -490,6 +488,7 @@ __device__ __forceinline__ void produce_tiles(const FusedParams& p, const Routin
         next = atomicAdd(ticket, 1u);
         gemm::Tile tile = ring_tile(p, tab, s);
         if (!s.l2) {
+            trace_first_l1(p, traced_l1);
             // Past the first ring pass the rows themselves wait on a freed slot: a derived wait.
             sync::wait_ge_acquire_gpu_u32(bank + p.bank.arrivals + s.block, tile.rows, sync::WaitSite::kL1RowsArrived,
                                           p.wait, s.block, s.block >= p.ring_blocks ? sync::kDerivedWaitShift : 0u);
@@ -531,6 +530,7 @@ __device__ __forceinline__ void produce_streamed_tiles(
     const sync::MbarrierDeadline deadline{p.wait, sync::kIntraBlockWaitShift};
     // As in produce_tiles, the next ticket is taken while this tile's loads are issued.
     u32 next = atomicAdd(bank + p.bank.ticket, 1u);
+    bool traced_l1 = false;
     for (;;) {
         StreamTask task;
         if (!fixed_stream_task(p.streamed.ready, order, next, p.wait, sync::kDerivedWaitShift, task)) {
@@ -544,6 +544,7 @@ __device__ __forceinline__ void produce_streamed_tiles(
         push_ticket(tab.tiles, queue, StreamTileWord::encode(task.l2, block, task.tile), deadline);
         gemm::Tile tile = streamed_tile(p, block, task.tile);
         if (!task.l2) {
+            trace_first_l1(p, traced_l1);
             ptx::fence_proxy_async_global();
             tile.b_row0 = tile.group * p.l1.n + tile.n0;
             gemm::produce_tile<L1>(tile, p.l1.k / L1::kBlockK, sm1, st, tma_l1_a, tma_l1_b, tma_l1_sfa, 0, deadline);

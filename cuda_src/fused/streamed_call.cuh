@@ -27,6 +27,7 @@
 #include "common/types.cuh"
 #include "fused/params.cuh"
 #include "fused/stream_order.cuh"
+#include "fused/trace.cuh"
 #include "gemm/tile_scheduler.cuh"
 #include "interface/stream.cuh"
 #include "moe/params.cuh"
@@ -110,6 +111,7 @@ __device__ __forceinline__ void dispatch_streamed_chunks(const FusedParams& p, u
                                                 p.wait, slot);
             sync::wait_ge_acquire_sys_u64_quiet(ring.layout_ready_gen + slot, gen, sync::WaitSite::kStreamLayoutReady,
                                                 p.wait, slot);
+            if (warp % 2 == 0 && c + 1 == s.num_chunks) trace(p, kTraceLastChunk);  // the block's first warp
         }
         __syncwarp();
         moe::MoeParams m = p.moe;  // the chunk as a call of its own, its inputs in the slot

@@ -43,8 +43,10 @@ enum TraceEvent : u32 {
     kTraceMathDone = 5,
     kTraceAllTilesDone = 6,
     kTraceCombineDone = 7,
-    kTraceSm = 8,  // not a time: the SM the block ran on (%smid)
-    kTraceEvents = 9,
+    kTraceFirstL1 = 8,    // the producer starts loading its first L1 tile
+    kTraceLastChunk = 9,  // streamed: the first dispatch warp sees the last chunk
+    kTraceSm = 10,        // not a time: the SM the block ran on (%smid)
+    kTraceEvents = 11,
 };
 
 // Per-launch counters, in one of two banks picked by the launch parity: a fused launch

@@ -9,6 +9,9 @@ https://ui.perfetto.dev or chrome://tracing.
 
 One GPU: ``megamoe-rt trace --preset flash --tokens 2048 [--mode split] [-o trace.json | --json]``
 (the trace file, trace.json by default; ``--json`` prints the trace on stdout instead).
+``--stream SLOTSxTOKENS`` traces a streamed call instead (the fused mode, a ChunkWriter producing
+on another stream): its dispatch warps stamp when they see the last chunk, and the file's
+``otherData`` says how long before that the first L1 tile started.
 Across ranks: ``megamoe-rt launch -n 2 -m megamoe_rt.cli.trace --preset flash --tokens 2048``:
 every rank traces its own call and rank 0 writes one file with a process per rank. Times are
 microseconds from the earliest stamp of any rank; ``%globaltimer`` is the GPU's global
@@ -18,13 +21,14 @@ nanosecond timer, so ranks on one node line up to within the timers' agreement.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from megamoe_rt.cli.output import add_output_options, check_output, emit, progress_to_stderr
-from megamoe_rt.cli.usage import Parser, exit_status, positive_int
+from megamoe_rt.cli.usage import Parser, exit_status, positive_int, stream_config
 from megamoe_rt.modes.registry import FUSED_KERNEL, SM_PARTITIONED, default_mode
 
 DEFAULT_OUTPUT = "trace.json"  # the file written when neither -o nor --json is given
@@ -34,7 +38,9 @@ SPANS: tuple[tuple[str, str, str, str], ...] = (
     ("count routes", "routing", "start", "counted"),
     ("lay out and claim rows", "routing", "counted", "claimed"),
     ("dispatch rows", "dispatch warps", "claimed", "dispatch_done"),
+    ("chunks arrive, to the last", "dispatch warps", "claimed", "last_chunk"),
     ("load tiles (TMA)", "producer", "claimed", "producer_done"),
+    ("to the first L1 tile", "producer", "claimed", "first_l1"),
     ("GEMM tiles", "math", "claimed", "math_done"),
     ("wait for every block's tiles", "math", "math_done", "all_tiles_done"),
     ("combine", "math", "all_tiles_done", "combine_done"),
@@ -136,12 +142,27 @@ def chrome_trace(ranks: Sequence[tuple[int, Any, Sequence[TracedKernel]]], event
     return {"traceEvents": out, "displayTimeUnit": "ns", "otherData": meta}
 
 
-def traced_call(preset: str, tokens: int, mode: str, *, group: Any = None) -> tuple[Any, list[TracedKernel], dict]:
+def l1_before_last_chunk_us(stamps: Any, events: Sequence[str]) -> float | None:
+    """How long before any block saw a streamed call's last chunk published the first L1 tile
+    started (negative: after), in microseconds; None without both stamps."""
+    col = {e: j for j, e in enumerate(events)}
+    first = [int(r[col["first_l1"]]) for r in stamps if int(r[col["first_l1"]])]
+    last = [int(r[col["last_chunk"]]) for r in stamps if int(r[col["last_chunk"]])]
+    if not first or not last:
+        return None
+    return (max(last) - min(first)) / 1e3
+
+
+def traced_call(
+    preset: str, tokens: int, mode: str, *, group: Any = None, streaming: Any = None
+) -> tuple[Any, list[TracedKernel], dict]:
     """Build the preset's EP8 per-rank slice (``group``: across its ranks), make one warm call,
-    then one traced call; its stamps (host NumPy), kernels and a description."""
+    then one traced call; its stamps (host NumPy), kernels and a description. ``streaming``: a
+    StreamConfig: the calls are streamed, a ChunkWriter producing on another stream."""
     import cupy as cp
 
     from megamoe_rt.cli.layer_inputs import rank_inputs
+    from megamoe_rt.kernels.fused import TRACE_EVENTS
     from megamoe_rt.layer import MegaMoE
     from megamoe_rt.presets import DEFAULT_EP_RANKS, get_preset
     from megamoe_rt.testing import trace_buffer
@@ -153,24 +174,47 @@ def traced_call(preset: str, tokens: int, mode: str, *, group: Any = None) -> tu
     args, weights = rank_inputs(cp, rank, tokens, p.hidden, p.intermediate, local * world, local, p.num_topk, tokens)
     stream = cp.cuda.Stream(non_blocking=True)
     cp.cuda.get_current_stream().synchronize()  # the inputs, made on CuPy's stream
-    layer = MegaMoE(p.hidden, p.intermediate, local * world, p.num_topk, tokens, mode=mode, group=group)
+    layer = MegaMoE(
+        p.hidden, p.intermediate, local * world, p.num_topk, tokens, mode=mode, group=group, streaming=streaming
+    )
     try:
         layer.load_weights(*weights, stream=stream)
         y = cp.empty((tokens, p.hidden), dtype=cp.uint16)
+        call = _streamed_call(layer, args, y, stream) if streaming is not None else None
         with stream:
-            layer(*args, out=y, stream=stream)  # warm: kernels loaded, graphs built
+            (call or functools.partial(layer, *args, out=y, stream=stream))()  # warm: kernels loaded, graphs built
             stream.synchronize()
         with trace_buffer(layer) as stamps, stream:
-            layer(*args, out=y, stream=stream)
+            (call or functools.partial(layer, *args, out=y, stream=stream))()
             stream.synchronize()
             host = cp.asnumpy(stamps)
         split = getattr(layer.runner, "sms", None)  # SplitMode: the SM counts of K1, K2, K3
         sms = split.as_tuple() if mode in SM_PARTITIONED and split is not None else None
         kernels = kernels_of(mode, host.shape[0], sms)
         meta = {"preset": preset, "tokens_per_rank": tokens, "mode": mode, "ranks": world, "split_sms": sms}
+        if streaming is not None:
+            meta["streaming"] = f"{streaming.num_slots}x{streaming.tokens_per_slot}"
+            meta["l1_before_last_chunk_us"] = l1_before_last_chunk_us(host, TRACE_EVENTS)
     finally:
         layer.close()
     return host, kernels, meta
+
+
+def _streamed_call(layer: Any, args: Sequence[Any], y: Any, stream: Any) -> Any:
+    """One streamed call: the layer consumes on ``stream`` while a ChunkWriter produces on
+    another stream that ``stream`` then waits for."""
+    import cupy as cp
+
+    from megamoe_rt.streaming import ChunkWriter
+
+    writer, producer = ChunkWriter(layer), cp.cuda.Stream(non_blocking=True)
+
+    def call() -> None:
+        layer.consume(y.shape[0], out=y, stream=stream)  # enqueued first: waits for its chunks
+        writer.write_all(*args, stream=producer)
+        stream.wait_event(producer.record())
+
+    return call
 
 
 def check_arguments(a: argparse.Namespace) -> None:
@@ -194,6 +238,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         "--tokens", type=positive_int, default=2048, help="tokens per rank (the preset's EP8 per-rank slice)"
     )
     ap.add_argument("--mode", default=default_mode(FUSED_KERNEL), choices=FUSED_KERNEL)
+    ap.add_argument(
+        "--stream",
+        type=stream_config,
+        metavar="SLOTSxTOKENS",
+        help="trace a streamed call on an input ring of SLOTS slots of TOKENS tokens (one GPU, the fused mode)",
+    )
     add_output_options(ap, f"the Chrome trace (default: to {DEFAULT_OUTPUT})")
 
 
@@ -226,7 +276,7 @@ def _main(a: argparse.Namespace) -> int:
 
     cp.cuda.Device(ctx.device).use()
     with progress_to_stderr(a):
-        stamps, kernels, meta = traced_call(a.preset, a.tokens, a.mode, group=ctx)
+        stamps, kernels, meta = traced_call(a.preset, a.tokens, a.mode, group=ctx, streaming=a.stream)
     mine = json.dumps({"stamps": stamps.tolist(), "kernels": [asdict(k) for k in kernels]}).encode()
     everyone = [
         json.loads(ctx.broadcast(mine if ctx.rank == r else None, key="trace", root=r)) for r in range(ctx.world_size)
@@ -247,13 +297,17 @@ def run(a: argparse.Namespace) -> int:
 
     check_arguments(a)
     with progress_to_stderr(a):
-        stamps, kernels, meta = traced_call(a.preset, a.tokens, a.mode)
+        stamps, kernels, meta = traced_call(a.preset, a.tokens, a.mode, streaming=a.stream)
     trace = chrome_trace([(0, stamps, kernels)], TRACE_EVENTS, meta)
     write_trace(a, trace)
     spans = sum(1 for e in trace["traceEvents"] if e["ph"] == "X")
     if a.output:
         with progress_to_stderr(a):
             print(f"wrote {a.output}: {a.mode}, {a.preset}, {a.tokens} tokens, {spans} spans (open in ui.perfetto.dev)")
+    ahead = meta.get("l1_before_last_chunk_us")
+    if ahead is not None:
+        with progress_to_stderr(a):
+            print(f"streamed: the first L1 tile started {ahead:.1f} us before the last chunk was seen published")
     return 0
 
 

@@ -7,7 +7,15 @@ import json
 import numpy as np
 import pytest
 
-from megamoe_rt.cli.trace import ROLES, SPANS, TracedKernel, chrome_trace, kernels_of, trace_events
+from megamoe_rt.cli.trace import (
+    ROLES,
+    SPANS,
+    TracedKernel,
+    chrome_trace,
+    kernels_of,
+    l1_before_last_chunk_us,
+    trace_events,
+)
 from megamoe_rt.kernels.fused import TRACE_EVENTS
 
 COL = {e: j for j, e in enumerate(TRACE_EVENTS)}
@@ -23,7 +31,16 @@ def _block(start_ns, sm, **offsets_us):
     return row
 
 
-FULL = dict(counted=2, claimed=5, dispatch_done=40, producer_done=90, math_done=95, all_tiles_done=97, combine_done=110)
+FULL = dict(
+    counted=2,
+    claimed=5,
+    dispatch_done=40,
+    first_l1=12,
+    producer_done=90,
+    math_done=95,
+    all_tiles_done=97,
+    combine_done=110,
+)
 
 
 def _spans(events):
@@ -34,7 +51,8 @@ def test_a_fused_block_gives_one_span_per_stage_on_its_sms_role_tracks():
     stamps = np.stack([_block(10_000, 5, **FULL), _block(10_500, 9, **FULL), np.zeros(len(TRACE_EVENTS), np.uint64)])
     events = trace_events(stamps, TRACE_EVENTS, kernels_of("fused", 3), rank=0, origin_ns=10_000)
     spans = _spans(events)
-    assert len(spans) == 2 * len(SPANS)  # the third block never ran: nothing of it
+    # The third block never ran: nothing of it; a batch call has no last chunk.
+    assert len(spans) == 2 * (len(SPANS) - 1)
     by_name = {(s["args"]["sm"], s["name"]): s for s in spans}
     gemm = by_name[(9, "GEMM tiles")]
     assert gemm["ts"] == pytest.approx(0.5 + 5) and gemm["dur"] == pytest.approx(90)
@@ -100,3 +118,15 @@ def test_only_the_traced_modes_and_a_split_with_its_sms_are_accepted():
         kernels_of("split", 10)
     with pytest.raises(ValueError, match="mode='unfused': a trace is recorded by mode 'fused' or 'split'"):
         kernels_of("unfused", 10)
+
+
+def test_a_streamed_call_says_how_far_ahead_of_the_last_chunk_l1_started():
+    # Block 0 starts L1 12 us in; block 1 sees the last chunk at 60 us, block 0 at 58 us.
+    streamed = dict(FULL, last_chunk=58)
+    stamps = np.stack([_block(10_000, 5, **streamed), _block(10_000, 9, **dict(streamed, first_l1=20, last_chunk=60))])
+    assert l1_before_last_chunk_us(stamps, TRACE_EVENTS) == pytest.approx(60 - 12)
+    spans = _spans(trace_events(stamps, TRACE_EVENTS, kernels_of("fused", 2), rank=0, origin_ns=10_000))
+    arrive = [s for s in spans if s["name"] == "chunks arrive, to the last"]
+    assert sorted(s["dur"] for s in arrive) == pytest.approx([58 - 5, 60 - 5])
+    batch = np.stack([_block(10_000, 5, **FULL)])
+    assert l1_before_last_chunk_us(batch, TRACE_EVENTS) is None

@@ -56,6 +56,8 @@ TRACE_EVENT = Enum(
         EnumValue("kTraceMathDone", "math_done"),
         EnumValue("kTraceAllTilesDone", "all_tiles_done"),
         EnumValue("kTraceCombineDone", "combine_done"),
+        EnumValue("kTraceFirstL1", "first_l1", "the producer starts loading its first L1 tile"),
+        EnumValue("kTraceLastChunk", "last_chunk", "streamed: the first dispatch warp sees the last chunk"),
         EnumValue("kTraceSm", "sm", "not a time: the SM the block ran on (%smid)"),
     ],
     doc="Events of the optional per-block trace: FusedParams::trace holds kTraceEvents\n"

@@ -46,6 +46,7 @@ def bench_stream(
     *,
     slots: int = 4,
     chunk: int = 512,
+    producer_sms: int | None = None,
     rounds: int = 3,
     group: RankGroup | None = None,
     json_path: str | None = None,
@@ -59,7 +60,7 @@ def bench_stream(
     rows: list[dict] = []
     for name, p, local, experts, t in preset_slices(presets, tokens, world):
         # A chunk runs as a call of at most the layer's capacity (t).
-        cfg = StreamConfig(num_slots=slots, tokens_per_slot=min(chunk, t))
+        cfg = StreamConfig(num_slots=slots, tokens_per_slot=min(chunk, t), producer_sms=producer_sms)
         everyone = _bench_cell(p, local, experts, t, cfg, rounds=rounds, group=group)
         cell = stream_rows(name, t, cfg, everyone)
         rows.extend(cell)
@@ -94,6 +95,7 @@ def stream_rows(preset: str, tokens: int, cfg: StreamConfig, everyone: list[dict
                 "slots": cfg.num_slots,
                 "tokens_per_slot": cfg.tokens_per_slot,
                 "chunks": cfg.num_chunks(tokens),
+                "producer_sms": cfg.producer_sms,
                 "median_us": res["median_us"],
                 "median_us_per_rank": [e["arms"][arm]["median_us"] for e in everyone],
                 "band_us": res["band_us"],

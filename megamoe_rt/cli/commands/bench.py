@@ -73,6 +73,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     s.add_argument("--slots", type=positive_int, default=4, help="stream: input ring slots")
     s.add_argument("--chunk", type=positive_int, default=512, help="stream: tokens per slot (chunk)")
     s.add_argument(
+        "--producer-sms",
+        type=positive_int,
+        default=None,
+        help="stream: SMs the fused mode's streamed call leaves to the router (default: an eighth of the GPU's)",
+    )
+    s.add_argument(
         "--tokens",
         type=csv(int),
         default=None,
@@ -155,6 +161,7 @@ def _run_bench(args: argparse.Namespace, info: Any) -> list[dict]:
             args.tokens or STREAM_TOKENS,
             slots=args.slots,
             chunk=args.chunk,
+            producer_sms=args.producer_sms,
             rounds=args.rounds,
             json_path=args.output,
         )

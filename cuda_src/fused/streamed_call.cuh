@@ -102,6 +102,10 @@ __device__ __forceinline__ void dispatch_streamed_chunks(const FusedParams& p, u
     const u32 lane = threadIdx.x % 32;
     const u32 k = p.moe.num_topk;
     const u32 epoch = ptx::ld_acquire_gpu_u32(ring.consumer_epoch);  // counted by stream_begin_consume
+    if (s.num_chunks == 0) {  // a call of no tokens (the host launches none) is sealed at the start
+        if (warp == 0) seal_streamed_call(p, lane);
+        return;
+    }
     for (u32 c = 0; c < s.num_chunks; ++c) {
         const u32 first = c * ring.tokens_per_slot;
         const u32 slot = stream::slot_of(ring, c);

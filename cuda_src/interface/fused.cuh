@@ -141,7 +141,7 @@ struct FusedParams {
     u32 rank;
     u32 num_ranks;
 };
-static_assert(sizeof(FusedParams) == 904, "FusedParams: size differs from megamoe_rt/kernels/interface");
+static_assert(sizeof(FusedParams) == 912, "FusedParams: size differs from megamoe_rt/kernels/interface");
 static_assert(alignof(FusedParams) == 8, "FusedParams: alignment differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(FusedParams, moe, 0, "FusedParams::moe: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(FusedParams, l1, 184, "FusedParams::l1: offset differs from megamoe_rt/kernels/interface");
@@ -159,17 +159,17 @@ MEGAMOE_RT_ASSERT_OFFSET(FusedParams, table_smem_offset, 600, "FusedParams::tabl
 MEGAMOE_RT_ASSERT_OFFSET(FusedParams, withhold_block, 604, "FusedParams::withhold_block: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(FusedParams, trace, 608, "FusedParams::trace: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(FusedParams, streamed, 616, "FusedParams::streamed: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, peer_bases, 808, "FusedParams::peer_bases: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_x, 816, "FusedParams::off_x: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_x_sf, 824, "FusedParams::off_x_sf: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_send_list, 832, "FusedParams::off_send_list: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_combine, 840, "FusedParams::off_combine: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_ep_banks, 848, "FusedParams::off_ep_banks: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, send_list, 856, "FusedParams::send_list: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, ep_banks, 864, "FusedParams::ep_banks: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, ep_bank, 872, "FusedParams::ep_bank: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, rank, 896, "FusedParams::rank: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, num_ranks, 900, "FusedParams::num_ranks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, peer_bases, 816, "FusedParams::peer_bases: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_x, 824, "FusedParams::off_x: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_x_sf, 832, "FusedParams::off_x_sf: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_send_list, 840, "FusedParams::off_send_list: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_combine, 848, "FusedParams::off_combine: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_ep_banks, 856, "FusedParams::off_ep_banks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, send_list, 864, "FusedParams::send_list: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, ep_banks, 872, "FusedParams::ep_banks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, ep_bank, 880, "FusedParams::ep_bank: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, rank, 904, "FusedParams::rank: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, num_ranks, 908, "FusedParams::num_ranks: offset differs from megamoe_rt/kernels/interface");
 
 }  // namespace megamoe_rt::fused
 // clang-format on

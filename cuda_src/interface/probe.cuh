@@ -63,7 +63,7 @@ struct StreamOrderProbeParams {
     u32 l2_tiles;
     u32 capacity;               // task_log rows
 };
-static_assert(sizeof(StreamOrderProbeParams) == 192, "StreamOrderProbeParams: size differs from megamoe_rt/kernels/interface");
+static_assert(sizeof(StreamOrderProbeParams) == 200, "StreamOrderProbeParams: size differs from megamoe_rt/kernels/interface");
 static_assert(alignof(StreamOrderProbeParams) == 8, "StreamOrderProbeParams: alignment differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, expert_of_pair, 0, "StreamOrderProbeParams::expert_of_pair: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, publish_ns, 8, "StreamOrderProbeParams::publish_ns: offset differs from megamoe_rt/kernels/interface");
@@ -71,24 +71,24 @@ MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, expert_counts, 16, "StreamOrder
 MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, blocks_claimed, 24, "StreamOrderProbeParams::blocks_claimed: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, expert_blocks, 32, "StreamOrderProbeParams::expert_blocks: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, ready, 40, "StreamOrderProbeParams::ready: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, parts_reserved, 72, "StreamOrderProbeParams::parts_reserved: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, ticket, 80, "StreamOrderProbeParams::ticket: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, l1_done, 88, "StreamOrderProbeParams::l1_done: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, pool_pair, 96, "StreamOrderProbeParams::pool_pair: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, task_log, 104, "StreamOrderProbeParams::task_log: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, checks, 112, "StreamOrderProbeParams::checks: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, times_ns, 120, "StreamOrderProbeParams::times_ns: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, wait, 128, "StreamOrderProbeParams::wait: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, num_pairs, 152, "StreamOrderProbeParams::num_pairs: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, pairs_per_chunk, 156, "StreamOrderProbeParams::pairs_per_chunk: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, num_chunks, 160, "StreamOrderProbeParams::num_chunks: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, num_experts, 164, "StreamOrderProbeParams::num_experts: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, block_rows, 168, "StreamOrderProbeParams::block_rows: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, blocks_per_expert, 172, "StreamOrderProbeParams::blocks_per_expert: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, lag, 176, "StreamOrderProbeParams::lag: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, l1_tiles, 180, "StreamOrderProbeParams::l1_tiles: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, l2_tiles, 184, "StreamOrderProbeParams::l2_tiles: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, capacity, 188, "StreamOrderProbeParams::capacity: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, parts_reserved, 80, "StreamOrderProbeParams::parts_reserved: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, ticket, 88, "StreamOrderProbeParams::ticket: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, l1_done, 96, "StreamOrderProbeParams::l1_done: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, pool_pair, 104, "StreamOrderProbeParams::pool_pair: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, task_log, 112, "StreamOrderProbeParams::task_log: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, checks, 120, "StreamOrderProbeParams::checks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, times_ns, 128, "StreamOrderProbeParams::times_ns: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, wait, 136, "StreamOrderProbeParams::wait: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, num_pairs, 160, "StreamOrderProbeParams::num_pairs: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, pairs_per_chunk, 164, "StreamOrderProbeParams::pairs_per_chunk: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, num_chunks, 168, "StreamOrderProbeParams::num_chunks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, num_experts, 172, "StreamOrderProbeParams::num_experts: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, block_rows, 176, "StreamOrderProbeParams::block_rows: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, blocks_per_expert, 180, "StreamOrderProbeParams::blocks_per_expert: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, lag, 184, "StreamOrderProbeParams::lag: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, l1_tiles, 188, "StreamOrderProbeParams::l1_tiles: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, l2_tiles, 192, "StreamOrderProbeParams::l2_tiles: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamOrderProbeParams, capacity, 196, "StreamOrderProbeParams::capacity: offset differs from megamoe_rt/kernels/interface");
 
 }  // namespace megamoe_rt::probe
 // clang-format on

@@ -78,13 +78,15 @@ struct ReadyBlocks {
     u32* ready;        // [max_blocks] the block + 1 at each ready-list position, 0 until appended
     u32* ready_count;  // positions handed out
     u32* sealed;       // 0 until the seal, then the call's positions (its blocks) + 1
+    u32 capacity;      // positions the list holds (max_blocks): a position past them never exists
 };
-static_assert(sizeof(ReadyBlocks) == 32, "ReadyBlocks: size differs from megamoe_rt/kernels/interface");
+static_assert(sizeof(ReadyBlocks) == 40, "ReadyBlocks: size differs from megamoe_rt/kernels/interface");
 static_assert(alignof(ReadyBlocks) == 8, "ReadyBlocks: alignment differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(ReadyBlocks, state, 0, "ReadyBlocks::state: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(ReadyBlocks, ready, 8, "ReadyBlocks::ready: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(ReadyBlocks, ready_count, 16, "ReadyBlocks::ready_count: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(ReadyBlocks, sealed, 24, "ReadyBlocks::sealed: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(ReadyBlocks, capacity, 32, "ReadyBlocks::capacity: offset differs from megamoe_rt/kernels/interface");
 
 // A streamed call consumed by the fused kernel (Role::kStreamed): its input ring, the pool
 // blocks it opens as chunks arrive, handed to the GEMMs as they complete; every word zero
@@ -103,20 +105,20 @@ struct StreamedPool {
     u32 num_chunks;       // chunks of the call
     u32 lag;              // the task order's lag in ready-list positions (fused/stream_order.cuh)
 };
-static_assert(sizeof(StreamedPool) == 192, "StreamedPool: size differs from megamoe_rt/kernels/interface");
+static_assert(sizeof(StreamedPool) == 200, "StreamedPool: size differs from megamoe_rt/kernels/interface");
 static_assert(alignof(StreamedPool) == 8, "StreamedPool: alignment differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(StreamedPool, ring, 0, "StreamedPool::ring: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(StreamedPool, ready, 88, "StreamedPool::ready: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(StreamedPool, expert_counts, 120, "StreamedPool::expert_counts: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(StreamedPool, expert_blocks, 128, "StreamedPool::expert_blocks: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(StreamedPool, blocks_claimed, 136, "StreamedPool::blocks_claimed: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(StreamedPool, block_expert, 144, "StreamedPool::block_expert: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(StreamedPool, slot_done, 152, "StreamedPool::slot_done: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(StreamedPool, parts_done, 160, "StreamedPool::parts_done: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(StreamedPool, call_topk_idx, 168, "StreamedPool::call_topk_idx: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(StreamedPool, blocks_per_expert, 176, "StreamedPool::blocks_per_expert: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(StreamedPool, num_chunks, 180, "StreamedPool::num_chunks: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(StreamedPool, lag, 184, "StreamedPool::lag: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamedPool, expert_counts, 128, "StreamedPool::expert_counts: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamedPool, expert_blocks, 136, "StreamedPool::expert_blocks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamedPool, blocks_claimed, 144, "StreamedPool::blocks_claimed: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamedPool, block_expert, 152, "StreamedPool::block_expert: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamedPool, slot_done, 160, "StreamedPool::slot_done: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamedPool, parts_done, 168, "StreamedPool::parts_done: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamedPool, call_topk_idx, 176, "StreamedPool::call_topk_idx: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamedPool, blocks_per_expert, 184, "StreamedPool::blocks_per_expert: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamedPool, num_chunks, 188, "StreamedPool::num_chunks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StreamedPool, lag, 192, "StreamedPool::lag: offset differs from megamoe_rt/kernels/interface");
 
 }  // namespace megamoe_rt::stream
 // clang-format on

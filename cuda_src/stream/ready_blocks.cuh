@@ -63,21 +63,35 @@ __device__ __forceinline__ void seal_ready_list(const ReadyBlocks& rb, u32 posit
 __device__ __forceinline__ u32 sealed_word(const ReadyBlocks& rb) { return ptx::ld_acquire_gpu_u32(rb.sealed); }
 
 // The block at `position` once it is complete, or kNoPosition once the seal says the call has
-// no such position. On timeout records and traps naming the position, without printf (usable
-// in wgmma kernels).
+// no such position. A position past the list's capacity never exists (the open task order runs
+// past it before the seal): only the seal is waited for, the list is not read there. The
+// deadline restarts whenever another block completes, so a long call that keeps completing
+// blocks does not trap; on timeout it records and traps naming the position, without printf
+// (usable in wgmma kernels).
 __device__ __forceinline__ u32 wait_ready_position(const ReadyBlocks& rb, u32 position, const sync::WaitContext& ctx,
                                                    u32 deadline_shift = 0) {
     const u64 timeout_ns = ctx.timeout_ns << deadline_shift;
+    const bool listed = position < rb.capacity;
     u64 start = 0, elapsed = 0;
+    u32 completed = 0;
     for (u32 spins = 0;; ++spins) {
-        const u32 entry = ptx::ld_acquire_gpu_u32(rb.ready + position);
-        if (entry != 0) return entry - 1;
+        if (listed) {
+            const u32 entry = ptx::ld_acquire_gpu_u32(rb.ready + position);
+            if (entry != 0) return entry - 1;
+        }
         const u32 sealed = ptx::ld_acquire_gpu_u32(rb.sealed);
         if (sealed != 0 && position >= sealed - 1) return kNoPosition;
         if (spins == 0) {
             start = ptx::globaltimer_ns();
+            completed = ptx::ld_relaxed_gpu_u32(rb.ready_count);
         } else if ((spins & 255u) == 0) {
-            elapsed = ptx::globaltimer_ns() - start;
+            const u64 now = ptx::globaltimer_ns();
+            const u32 seen = ptx::ld_relaxed_gpu_u32(rb.ready_count);
+            if (seen != completed) {  // progress: the wait starts over
+                completed = seen;
+                start = now;
+            }
+            elapsed = now - start;
             if (elapsed > timeout_ns) break;
         }
         if (spins > 8) __nanosleep(64);

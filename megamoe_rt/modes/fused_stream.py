@@ -66,7 +66,7 @@ class StreamedFusedCall:
             lag=self.lag,
         )
         self._ready = ReadyBlocks(
-            state=at["state"], ready=at["ready"], ready_count=at["ready_count"], sealed=at["sealed"]
+            state=at["state"], ready=at["ready"], ready_count=at["ready_count"], sealed=at["sealed"], capacity=blocks
         )
         self.call_topk_idx = self._fixed["call_topk_idx"]
 

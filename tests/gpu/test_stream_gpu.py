@@ -67,6 +67,26 @@ def test_streamed_equals_batch_bitwise(slots, tokens_per_slot, t, mode):
         np.testing.assert_array_equal(_streamed(streamed, args), run_poisoned(batch, args))
 
 
+def test_a_small_layer_whose_streamed_order_runs_past_its_pool_equals_batch():
+    """Few blocks and a lag of many positions: before the seal the fused kernel's open order
+    points at ready-list positions past the whole pool, which must read as "not yet" (then "never"
+    at the seal), not as whatever words follow the list."""
+    from megamoe_rt import MegaMoE
+    from megamoe_rt.streaming import StreamConfig
+
+    rng = np.random.default_rng()
+    e, k, cap = 8, 2, 128
+    w = ref.random_moe_inputs(rng, 1, H, I, e, k)
+    streamed = MegaMoE(H, I, e, k, cap, streaming=StreamConfig(2, 32), mode="fused")
+    batch = MegaMoE(H, I, e, k, cap, mode="unfused")
+    for layer in (streamed, batch):
+        layer.load_weights(w["w1"], w["w1_sf"], w["w2"], w["w2_sf"])
+    assert streamed.runner.streamed.lag > streamed.layout.full_pool_blocks
+    for t in (cap, 77, 1):
+        args = device_args(ref.random_moe_inputs(rng, t, H, I, e, k, empty_slot_prob=0.05))
+        np.testing.assert_array_equal(_streamed(streamed, args), run_poisoned(batch, args))
+
+
 @pytest.mark.parametrize("mode,ring_blocks", [("fused", None), ("unfused", None), ("unfused", 4)])
 def test_skewed_routing_streamed_equals_batch_bitwise(mode, ring_blocks):
     """Most tokens route to the same few experts, so one expert's rows fill many pool blocks,

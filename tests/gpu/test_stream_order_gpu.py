@@ -94,7 +94,7 @@ def _walk(
     ready_words = ("state", "ready", "ready_count", "sealed")
     params = StreamOrderProbeParams(
         **{k: ptr[k] for k in ptr if k not in ready_words},
-        ready=ReadyBlocks(**{k: ptr[k] for k in ready_words}),
+        ready=ReadyBlocks(**{k: ptr[k] for k in ready_words}, capacity=max_blocks),
         wait=TimeoutRecord.get().context(timeout_s=timeout_s),
         num_pairs=pairs,
         pairs_per_chunk=chunk * topk,

@@ -55,6 +55,7 @@ READY_BLOCKS = Struct(
         Field("ready", Ptr(U32), "[max_blocks] the block + 1 at each ready-list position, 0 until appended"),
         Field("ready_count", Ptr(U32), "positions handed out"),
         Field("sealed", Ptr(U32), "0 until the seal, then the call's positions (its blocks) + 1"),
+        Field("capacity", U32, "positions the list holds (max_blocks): a position past them never exists"),
     ],
     doc="A streamed call's pool blocks in the order they complete (stream/ready_blocks.cuh); every\n"
     "word zero before the call.",

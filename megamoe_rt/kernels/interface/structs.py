@@ -190,12 +190,14 @@ class ReadyBlocks(ctypes.Structure):
     ready: int  # [max_blocks] the block + 1 at each ready-list position, 0 until appended
     ready_count: int  # positions handed out
     sealed: int  # 0 until the seal, then the call's positions (its blocks) + 1
+    capacity: int  # positions the list holds (max_blocks): a position past them never exists
 
     _fields_ = [
         ("state", ctypes.c_uint64),
         ("ready", ctypes.c_uint64),
         ("ready_count", ctypes.c_uint64),
         ("sealed", ctypes.c_uint64),
+        ("capacity", ctypes.c_uint32),
     ]
 
 

@@ -287,6 +287,7 @@ class FusedPlan:
         programmatic: bool = False,
         role: str = "fused",
         grid: int | None = None,
+        cooperative: bool = True,
     ) -> None:
         """Enqueue one launch of ``role`` on ``grid`` blocks (default: one an SM)."""
         args = [params, *self._maps_raw]
@@ -296,7 +297,7 @@ class FusedPlan:
             args,
             stream=stream,
             smem_bytes=self.smem_bytes,
-            cooperative=True,
+            cooperative=cooperative,
             programmatic=programmatic,
         )
         # The arguments are copied at launch (and into a graph node when captured).
@@ -421,7 +422,11 @@ class FusedMode(Mode):
             params.streamed = self.streamed.pool(ring, call.num_tokens)
             for transform in self.params_transforms:
                 transform(params)
-            self.plan.launch("int32", params, stream, role="streamed", grid=self.streamed.grid)
+            # Not a cooperative launch: while one runs, the GPU started no producer kernel beside
+            # it (the call waited for chunks that never came). Its blocks are still all resident
+            # together: one an SM (shared memory), on fewer blocks than SMs, the producer's
+            # kernels finish, and nothing else waits on this launch to start.
+            self.plan.launch("int32", params, stream, role="streamed", grid=self.streamed.grid, cooperative=False)
         ring.note_consumer(stream)
 
     def memory_notes(self) -> str:

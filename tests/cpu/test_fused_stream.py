@@ -92,8 +92,8 @@ class _Plan:
     def params(self, moe, schedule, *, timeout_s=None):
         return fk.FusedParams(moe=moe, lag_units=schedule.lag_units, withhold_block=fk.NO_BLOCK)
 
-    def launch(self, idx, params, stream, *, programmatic=False, role="fused", grid=None):
-        self.log.append(("launch", (idx, role, grid, params), stream))
+    def launch(self, idx, params, stream, *, programmatic=False, role="fused", grid=None, cooperative=True):
+        self.log.append(("launch", (idx, role, grid, params, cooperative), stream))
 
 
 def _recording(monkeypatch, **kw):
@@ -124,8 +124,9 @@ def test_a_streamed_call_is_one_memset_and_one_launch(monkeypatch):
     assert all(e[2] == 7 for e in log)
     region = mode.layout.workspace_region("stream_claim_words")
     assert log[0][1] == (b.ptr("stream_claim_words"), 0, region.nbytes // 4)
-    idx, role, grid, params = log[2][1]
-    assert (idx, role, grid) == ("int32", "streamed", 132 - 16)
+    idx, role, grid, params, cooperative = log[2][1]
+    # One block an SM on fewer blocks than SMs; not cooperative, so the producer's kernels run beside it.
+    assert (idx, role, grid, cooperative) == ("int32", "streamed", 132 - 16, False)
     m = params.moe
     # The kernel's MoE view: no inputs of its own, the ids the dispatch keeps, the caller's y.
     assert (m.num_tokens, m.x, m.x_sf, m.topk_idx, m.y) == (250, 0, 0, b.ptr("stream_call_topk_idx"), 0x5000)

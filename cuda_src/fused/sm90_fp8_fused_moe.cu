@@ -59,7 +59,8 @@ namespace megamoe_rt::fused {
 // kBlockM, kBlockN and kNumThreads come from interface/fused.cuh (the host sizes by them too).
 constexpr u32 kNumDispatchWarps = 2;
 // Loads in flight per lane while a streamed call's dispatch copies a row: the dispatch warps
-// share the producer warpgroup's 72 registers (ptxas spilled at four, with NVRTC 13.0).
+// share the producer warpgroup's 80 registers (kSplitProducerRegs; ptxas spilled at four with
+// NVRTC 13.0).
 constexpr u32 kStreamedCopyBatch = 3;
 constexpr u32 kRelayThread = 96;
 using sync::kPartialsBarrier;

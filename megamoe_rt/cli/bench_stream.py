@@ -3,9 +3,9 @@
 Sequential is what a pipeline does without the input ring: the same router over every token at
 once (its gating product, routing and quantized activations in one launch,
 ``Router.route_batch``), then the layer's call, in the default mode (``sequential fused``: the
-arm a streamed call must beat) and in the baseline mode. Streamed: the layer's call (the
-default mode's streamed path: on one rank the fused kernel's streamed role, across ranks the
-unfused mode's chunk calls) is enqueued first on its stream and consumes chunks while the
+arm a streamed call must beat) and in the baseline mode. Streamed: the layer's call (on one
+GPU the fused kernel's streamed role, ``mode="fused"``; across ranks the unfused mode's chunk
+calls) is enqueued first on its stream and consumes chunks while the
 router (megamoe_rt/routers.py) produces them on another stream, a round of the ring per launch,
 each chunk published as soon as it is done. Every arm is timed between CUDA events on the
 timer's stream (the producer stream forks from it and joins it), so each covers router and
@@ -133,7 +133,9 @@ def _bench_cell(
     # Each rank's own tokens; one gate matrix over every rank's experts, the same on every rank.
     hidden = cp.random.RandomState(t * 1000 + rank).standard_normal((t, p.hidden), dtype=cp.float32)
     gate = cp.random.RandomState(t).standard_normal((p.hidden, experts), dtype=cp.float32) / 64
-    streamed = MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, t, streaming=cfg, group=group)
+    # One GPU: the fused kernel's streamed role; across ranks the default (unfused chunk calls).
+    streamed_mode = default_mode() if group is None else None
+    streamed = MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, t, streaming=cfg, group=group, mode=streamed_mode)
     layers = {m: MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, t, mode=m, group=group) for m in SEQUENTIAL}
     for layer in (streamed, *layers.values()):
         layer.load_weights(*weights)

@@ -189,6 +189,10 @@ class Mode(ABC):
     """One execution mode of the layer (see the module docstring for its life cycle)."""
 
     name: ClassVar[str]
+    # Whether the default picks this mode for a streamed layer (``streaming=``) it runs, and
+    # whether it streams over a ring pool (``ring_blocks`` / ``chunk_ratio``).
+    streams_by_default: ClassVar[bool] = True
+    streams_over_ring: ClassVar[bool] = True
 
     @classmethod
     def refusal(cls, spec: LayerSpec) -> str | None:

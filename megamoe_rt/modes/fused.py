@@ -22,7 +22,7 @@ from megamoe_rt.kernels.loader import get_kernel
 from megamoe_rt.kernels.moe import MoeParams
 from megamoe_rt.kernels.operands import Fp8Operand, ScaleFactors
 from megamoe_rt.modes.base import Call, LayerSpec, LayoutNeeds, Mode, Weights, pool_memory_line
-from megamoe_rt.modes.fused_stream import StreamedFusedCall
+from megamoe_rt.modes.fused_stream import StreamedFusedCall, streamed_width_refusal
 from megamoe_rt.modes.peers import stage_inputs
 from megamoe_rt.runtime import driver
 from megamoe_rt.runtime.buffer import LayerBuffer, SymmetricLayerBuffer
@@ -312,12 +312,21 @@ class FusedMode(Mode):
 
     name = "fused"
     MAX_RANKS = 32  # the signal relay waits on peers with one lane of a warp per rank
+    # The streamed role runs when asked for by name (mode="fused", one rank) until it has passed
+    # its GPU tests (bench/results/stream_fused_first_runs_2026-12-05.md); the default streams
+    # in the unfused mode. It streams over the full pool only.
+    streams_by_default = False
+    streams_over_ring = False
 
     @classmethod
     def refusal(cls, spec: LayerSpec) -> str | None:
         if spec.streaming is not None and spec.expert_parallel:
             # Across ranks the unfused kernels run a chunk per call (docs/STREAMING.md).
             return "streaming across ranks: runs in mode='unfused' (a chunk per call of its kernels), not mode='fused'"
+        if spec.streaming is not None:
+            wide = streamed_width_refusal(spec.hidden, spec.intermediate)
+            if wide is not None:
+                return wide
         if spec.num_ranks > cls.MAX_RANKS:
             return f"group: {spec.num_ranks} ranks; mode='fused' runs on at most {cls.MAX_RANKS}"
         if spec.expert_parallel and spec.transport != "nvlink":
@@ -332,11 +341,9 @@ class FusedMode(Mode):
     @classmethod
     def layout_needs(cls, spec: LayerSpec, ring_blocks: int | None = None) -> LayoutNeeds:
         if spec.streaming is not None:
-            # A streamed call holds every block it opens until the call ends.
-            if ring_blocks is not None:
-                raise ValueError(
-                    f"ring_blocks={ring_blocks}: a streamed layer (streaming=) holds the full pool in mode='fused'"
-                )
+            # A streamed call holds every block it opens until the call ends (select_mode refuses
+            # a ring for it, naming the option given).
+            assert ring_blocks is None, "a streamed layer in mode='fused' holds the full pool"
             return LayoutNeeds(pool="full", block_m=BLOCK_M)
         return LayoutNeeds(pool="ring", block_m=BLOCK_M, ring_blocks=ring_blocks)
 
@@ -350,6 +357,8 @@ class FusedMode(Mode):
 
     def __init__(self, spec: LayerSpec, layout: BufferLayout):
         super().__init__(spec, layout)
+        if spec.streaming is not None and spec.sm_count:  # 0: no GPU known yet (megamoe-rt plan)
+            spec.streaming.consumer_sms(spec.sm_count)  # producer_sms leaves the launch an SM (ValueError)
         self.schedules = FusedSchedules(layout)
         self.plan: FusedPlan | None = None
         self.streamed: StreamedFusedCall | None = None  # streaming=: built at load

@@ -3,8 +3,8 @@ input ring chunk by chunk and starts L1 on a pool block once the block is comple
 (cuda_src/fused/streamed_call.cuh; docs/STREAMING.md, "Streaming into the fused kernel").
 
 Per call: one memset zeroes the call's claim state (``stream_claim_words``); the ring's consumer
-side begins the call; one cooperative launch on ``consumer_sms`` SMs does the rest, the combine
-included. The launch's blocks hold their SMs for the whole call, so the producer's kernels run on
+side begins the call; one launch (an ordinary one, not cooperative) on ``consumer_sms`` SMs does
+the rest, the combine included. The launch's blocks hold their SMs for the whole call, so the producer's kernels run on
 the SMs it leaves (``StreamConfig.producer_sms``). The pool is the full worst-case pool.
 """
 
@@ -26,6 +26,18 @@ from megamoe_rt.schedule.layout import (
 )
 
 
+def streamed_width_refusal(hidden: int, intermediate: int) -> str | None:
+    """Why the streamed role cannot run a layer this wide (its tile word holds an n-block in 6
+    bits: both layers at most STREAMED_MAX_N_BLOCKS tiles wide), or None."""
+    n1, n2 = 2 * intermediate // fk.BLOCK_N, hidden // fk.BLOCK_N
+    if max(n1, n2) <= fk.STREAMED_MAX_N_BLOCKS:
+        return None
+    return (
+        f"streaming: hidden={hidden}, intermediate={intermediate} give {n2} / {n1} tiles of {fk.BLOCK_N} "
+        f"columns; mode='fused' streams layers of at most {fk.STREAMED_MAX_N_BLOCKS} (mode='unfused' streams any)"
+    )
+
+
 def streamed_lag(grid: int, l1_tiles: int, l2_tiles: int) -> int:
     """The task order's lag in ready-list positions: L2 of position ``j - lag`` follows L1 of
     ``j``. About a grid's worth of tiles lies between an L1 task and the L2 that reads it, so
@@ -41,12 +53,10 @@ class StreamedFusedCall:
         assert cfg is not None and not spec.expert_parallel, "one rank with an input ring"
         assert layout.pool_blocks == layout.full_pool_blocks, "a streamed call holds the full pool"
         self.spec, self.layout = spec, layout
+        wide = streamed_width_refusal(spec.hidden, spec.intermediate)
+        if wide is not None:
+            raise ValueError(wide)
         n1, n2 = 2 * spec.intermediate // fk.BLOCK_N, spec.hidden // fk.BLOCK_N
-        if max(n1, n2) > fk.STREAMED_MAX_N_BLOCKS:
-            raise ValueError(
-                f"streaming: hidden={spec.hidden}, intermediate={spec.intermediate} give {n2} / {n1} tiles of "
-                f"{fk.BLOCK_N} columns; mode='fused' streams layers of at most {fk.STREAMED_MAX_N_BLOCKS}"
-            )
         self.grid = cfg.consumer_sms(spec.sm_count)
         self.lag = streamed_lag(self.grid, n1, n2)
         el, blocks = spec.num_local_experts, layout.full_pool_blocks

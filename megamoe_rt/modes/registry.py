@@ -98,7 +98,14 @@ def select_mode(
     """The mode class a layer of ``spec`` runs, checking the mode arguments the way the layer's
     constructor reports them (ValueError)."""
     if mode is None:
-        runnable = [MODES[name] for name in DEFAULT_ORDER if MODES[name].refusal(spec) is None]
+        streamed = spec.streaming is not None
+        runnable = [
+            MODES[name]
+            for name in DEFAULT_ORDER
+            if MODES[name].refusal(spec) is None
+            and (not streamed or MODES[name].streams_by_default)
+            and (not streamed or MODES[name].streams_over_ring or (ring_blocks is None and chunk_ratio is None))
+        ]
         if not runnable:
             reasons = "; ".join(str(MODES[name].refusal(spec)) for name in DEFAULT_ORDER)
             raise ValueError(f"no mode runs this layer: {reasons}")
@@ -111,6 +118,13 @@ def select_mode(
         reason = cls.refusal(spec)
         if reason is not None:
             raise ValueError(reason)
+    if spec.streaming is not None and not cls.streams_over_ring:
+        for option, value in (("ring_blocks", ring_blocks), ("chunk_ratio", chunk_ratio)):
+            if value is not None:
+                raise ValueError(
+                    f"{option}={value!r}: a streamed layer in mode={cls.name!r} holds the full pool; "
+                    "mode='unfused' streams over a ring"
+                )
     if split_sms is not None and cls.name not in SM_PARTITIONED:
         takes = " or ".join(f"mode={name!r}" for name in SM_PARTITIONED)
         raise ValueError(f"split_sms={split_sms!r}: only {takes} takes SM counts")

@@ -35,7 +35,9 @@ SEQ_MASK = (1 << EPOCH_SHIFT) - 1
 class StreamConfig:
     """A layer's input ring: ``num_slots`` slots of ``tokens_per_slot`` tokens per rank. A call
     of T tokens is ``ceil(T / tokens_per_slot)`` chunks; chunk c holds tokens
-    ``[c * tokens_per_slot, (c + 1) * tokens_per_slot)`` and lives in slot ``c % num_slots``."""
+    ``[c * tokens_per_slot, (c + 1) * tokens_per_slot)`` and lives in slot ``c % num_slots``.
+    ``producer_sms``: in ``mode="fused"``, the SMs its streamed launch leaves to the producer's
+    kernels (default: an eighth of the GPU's); the unfused mode's consumer shares every SM."""
 
     num_slots: int
     tokens_per_slot: int

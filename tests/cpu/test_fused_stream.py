@@ -10,6 +10,7 @@ import pytest
 from megamoe_rt.kernels import fused as fk
 from megamoe_rt.modes.fused import FusedMode
 from megamoe_rt.modes.fused_stream import StreamedFusedCall, streamed_lag
+from megamoe_rt.modes.registry import select_mode
 from megamoe_rt.schedule.layout import stream_blocks_per_expert, streamed_claim_words
 from megamoe_rt.schedule.streaming import StreamConfig
 from tests.cpu.test_modes import _call, _mode, _spec
@@ -26,8 +27,18 @@ def _streamed(cfg=RING, **kw):
 def test_a_streamed_layer_holds_the_full_pool():
     mode, _ = _streamed()
     assert mode.layout.pool == "full" and mode.layout.pool_blocks == mode.layout.full_pool_blocks
-    with pytest.raises(ValueError, match="ring_blocks=8: a streamed layer"):
-        FusedMode.layout_needs(mode.spec, ring_blocks=8)
+    for option in ("ring_blocks", "chunk_ratio"):
+        with pytest.raises(ValueError, match=f"{option}=.*: a streamed layer in mode='fused' holds the full pool"):
+            select_mode("fused", mode.spec, **{option: 8 if option == "ring_blocks" else 0.5})
+        # The default streams over a ring in the unfused mode, as before.
+        assert select_mode(None, mode.spec, **{option: 8 if option == "ring_blocks" else 0.5}).name == "unfused"
+
+
+def test_the_default_streams_in_the_unfused_mode_until_the_fused_role_has_passed_on_a_gpu():
+    mode, _ = _streamed()
+    assert select_mode(None, mode.spec).name == "unfused"
+    assert select_mode("fused", mode.spec).name == "fused"
+    assert select_mode(None, _spec(cap=1000, sm_count=132)).name == "fused"  # batch layers: unchanged
 
 
 def test_the_claim_state_is_one_region_of_disjoint_parts():
@@ -80,9 +91,16 @@ def test_the_lag_spans_about_two_grids_of_tiles():
 
 def test_layers_wider_than_the_tile_word_are_refused():
     spec = _spec(h=256 * 65, i=256, cap=1000, streaming=StreamConfig(3, 100), sm_count=132)
-    mode = _mode(FusedMode, spec)
+    assert "mode='fused' streams layers of at most 64" in FusedMode.refusal(spec)
     with pytest.raises(ValueError, match="mode='fused' streams layers of at most 64"):
-        StreamedFusedCall(spec, mode.layout, mode.buffer)
+        select_mode("fused", spec)
+    assert FusedMode.refusal(_spec(h=256 * 64, i=256 * 32, cap=1000, streaming=RING, sm_count=132)) is None
+
+
+def test_a_producer_that_would_take_every_sm_is_refused_when_the_mode_is_built():
+    spec = _spec(cap=1000, streaming=StreamConfig(3, 100, producer_sms=132), sm_count=132)
+    with pytest.raises(ValueError, match="producer_sms=132: expected fewer than the GPU's 132 SMs"):
+        _mode(FusedMode, spec)
 
 
 class _Plan:

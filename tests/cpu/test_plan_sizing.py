@@ -102,11 +102,11 @@ def test_plan_is_what_the_layer_allocates(capsys, allocation, mode, preset, toke
 def test_a_streamed_layer_is_planned_with_its_input_ring(capsys, allocation):
     layout = allocation("flash", 4096, streaming=StreamConfig(4, 512))
     out = _plan(capsys, "--preset", "flash", "--tokens", "4096", "--ranks", "1", "--experts", "32", "--stream", "4x512")
-    assert out["mode"] == "fused"  # the default mode streams on one rank
+    assert out["mode"] == "unfused"  # the mode a streamed layer picks by default
     assert out["total_bytes"] == layout.total_bytes
     names = {r["name"] for r in out["regions"] if r["bytes"]}
     without = _plan(
-        capsys, "--preset", "flash", "--tokens", "4096", "--ranks", "1", "--experts", "32", "--mode", "fused"
+        capsys, "--preset", "flash", "--tokens", "4096", "--ranks", "1", "--experts", "32", "--mode", "unfused"
     )
     assert out["total_bytes"] > without["total_bytes"]
     assert names - {r["name"] for r in without["regions"] if r["bytes"]}, "the ring's regions are in the report"
@@ -141,6 +141,12 @@ def test_the_fused_mode_streams_on_one_rank_over_the_full_pool(capsys):
     # The batch layer's pool is a ring around its schedule; the streamed one holds every block.
     assert (out["pool"], full["pool"]) == ("full", "ring")
     assert out["pool_blocks"] >= full["pool_blocks"]
+    ring = _plan(capsys, *one, "--stream", "4x512", "--mode", "unfused")  # the same ring in the other mode
+    assert {r["name"]: r["bytes"] for r in out["regions"]}["stream_x"] == {
+        r["name"]: r["bytes"] for r in ring["regions"]
+    }["stream_x"]
+    assert main(["plan", *one, "--stream", "4x512", "--ring-blocks", "8"]) == 2
+    assert "--ring-blocks 8: a streamed layer in --mode 'fused' holds the full pool" in capsys.readouterr().err
 
 
 def test_the_nvshmem_transport_adds_its_staging_regions(capsys):

@@ -130,3 +130,10 @@ def test_a_streamed_call_says_how_far_ahead_of_the_last_chunk_l1_started():
     assert sorted(s["dur"] for s in arrive) == pytest.approx([58 - 5, 60 - 5])
     batch = np.stack([_block(10_000, 5, **FULL)])
     assert l1_before_last_chunk_us(batch, TRACE_EVENTS) is None
+
+
+def test_a_streamed_trace_is_refused_outside_the_fused_mode_before_the_gpu_probe(capsys):
+    from megamoe_rt.cli.main import main
+
+    assert main(["trace", "--stream", "4x512", "--mode", "split", "--json"]) == 2
+    assert "--stream: a streamed call is traced in --mode fused, not 'split'" in capsys.readouterr().err

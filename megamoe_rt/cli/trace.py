@@ -29,7 +29,7 @@ from typing import Any
 
 from megamoe_rt.cli.output import add_output_options, check_output, emit, progress_to_stderr
 from megamoe_rt.cli.usage import Parser, UsageError, exit_status, positive_int, stream_config
-from megamoe_rt.modes.registry import FUSED_KERNEL, SM_PARTITIONED, default_mode
+from megamoe_rt.modes.registry import FUSED_KERNEL, KERNEL_STREAMING, SM_PARTITIONED, default_mode
 
 DEFAULT_OUTPUT = "trace.json"  # the file written when neither -o nor --json is given
 
@@ -223,8 +223,9 @@ def check_arguments(a: argparse.Namespace) -> None:
     if a.output is None and not a.json:
         a.output = DEFAULT_OUTPUT
     stream = getattr(a, "stream", None)
-    if stream is not None and a.mode != "fused":
-        raise UsageError(f"megamoe-rt trace: --stream: a streamed call is traced in --mode fused, not {a.mode!r}")
+    if stream is not None and a.mode not in KERNEL_STREAMING:
+        inside = " or ".join(KERNEL_STREAMING)
+        raise UsageError(f"megamoe-rt trace: --stream: a streamed call is traced in --mode {inside}, not {a.mode!r}")
     check_output("megamoe-rt trace", a)
 
 
@@ -271,7 +272,7 @@ def _main(a: argparse.Namespace) -> int:
     if not launched():
         return 1 if gpu_or_report("megamoe-rt trace") is None else run(a)
     if a.stream is not None:  # before any rank starts NVSHMEM
-        raise UsageError("megamoe-rt trace: --stream: one GPU only (across ranks a streamed layer runs unfused)")
+        raise UsageError("megamoe-rt trace: --stream: one GPU only (across ranks a streamed layer runs chunk calls)")
     from megamoe_rt.ep.symm import NvshmemRuntime
 
     ctx = context_from_env()

@@ -34,6 +34,10 @@ DEFAULT_ORDER: tuple[str, ...] = ("fused", "unfused")
 # (megamoe_rt.testing.trace_buffer, ``megamoe-rt trace``).
 FUSED_KERNEL: tuple[str, ...] = ("fused", "split")
 
+# The modes whose persistent kernel consumes the input ring itself (a streamed call's L1 starts
+# on pool blocks as they complete), on one rank.
+KERNEL_STREAMING: tuple[str, ...] = ("fused",)
+
 # The modes that run on green-context SM partitions: they take ``split_sms`` (K1, K2, K3), and
 # their trace rows are split by kernel.
 SM_PARTITIONED: tuple[str, ...] = ("split",)

@@ -156,3 +156,12 @@ def test_a_streamed_call_without_tokens_only_keeps_the_rings_epoch(monkeypatch):
     mode, _, log = _recording(monkeypatch)
     mode.run_streamed(_call(t=0, bound=300), 3)
     assert [e[0] for e in log] == ["memset", "stream_begin_consume", "note_consumer"]
+
+
+def test_the_registry_names_the_modes_whose_kernel_streams():
+    from megamoe_rt.modes.registry import KERNEL_STREAMING, MODES
+
+    spec = _spec(cap=1000, streaming=RING, sm_count=132)
+    assert [n for n in MODES if MODES[n].refusal(spec) is None and not MODES[n].streams_over_ring] == list(
+        KERNEL_STREAMING
+    )

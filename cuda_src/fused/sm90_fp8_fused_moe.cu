@@ -459,6 +459,20 @@ __device__ __forceinline__ auto role_task_order(const FusedParams& p, const Rout
     }
 }
 
+// The producer's loads of one tile of a layer (`g`: its GEMM's parameters), once the tile's
+// waits are through: its A rows were written with generic stores in another block, so the
+// proxy fence comes first; B is the tile's expert's weight rows.
+template <class L>
+__device__ __forceinline__ void load_layer_tile(const gemm::GemmParams& g, gemm::Tile& tile, u32 expert,
+                                                const gemm::SharedStorage<L>& sm, gemm::PipelineState<L::kStages>& st,
+                                                const ptx::TmaDescriptor* tma_a, const ptx::TmaDescriptor* tma_b,
+                                                const ptx::TmaDescriptor* tma_sfa,
+                                                const sync::MbarrierDeadline& deadline) {
+    ptx::fence_proxy_async_global();
+    tile.b_row0 = expert * g.n + tile.n0;
+    gemm::produce_tile<L>(tile, g.k / L::kBlockK, sm, st, tma_a, tma_b, tma_sfa, 0, deadline);
+}
+
 template <u32 kStages, u32 kActSfGran, Role kRole>
 __device__ __forceinline__ void produce_tiles(const FusedParams& p, const RoutingTables& tab, u8* smem,
                                               const ptx::TmaDescriptor* tma_l1_a, const ptx::TmaDescriptor* tma_l1_b,
@@ -497,15 +511,11 @@ __device__ __forceinline__ void produce_tiles(const FusedParams& p, const Routin
             if (s.block >= p.ring_blocks)
                 sync::wait_ge_acquire_gpu_u32(bank + p.bank.l2_read + s.block - p.ring_blocks, n2,
                                               sync::WaitSite::kRingSlotFree, p.wait, s.block, sync::kDerivedWaitShift);
-            ptx::fence_proxy_async_global();
-            tile.b_row0 = s.expert * p.l1.n + tile.n0;
-            gemm::produce_tile<L1>(tile, p.l1.k / L1::kBlockK, sm1, st, tma_l1_a, tma_l1_b, tma_l1_sfa, 0, deadline);
+            load_layer_tile<L1>(p.l1, tile, s.expert, sm1, st, tma_l1_a, tma_l1_b, tma_l1_sfa, deadline);
         } else {
             sync::wait_ge_acquire_gpu_u32(bank + p.bank.l1_done + s.block, n1, sync::WaitSite::kL1OutputPublished,
                                           p.wait, s.block, sync::kDerivedWaitShift);
-            ptx::fence_proxy_async_global();
-            tile.b_row0 = s.expert * p.l2.n + tile.n0;
-            gemm::produce_tile<L2>(tile, p.l2.k / L2::kBlockK, sm2, st, tma_l2_a, tma_l2_b, tma_l2_sfa, 0, deadline);
+            load_layer_tile<L2>(p.l2, tile, s.expert, sm2, st, tma_l2_a, tma_l2_b, tma_l2_sfa, deadline);
         }
     }
     // L1 and L2 tiles share the stages' barriers (one pipeline state): one drain covers both.
@@ -546,15 +556,11 @@ __device__ __forceinline__ void produce_streamed_tiles(
         gemm::Tile tile = streamed_tile(p, block, task.tile);
         if (!task.l2) {
             trace_first_l1(p, traced_l1);
-            ptx::fence_proxy_async_global();
-            tile.b_row0 = tile.group * p.l1.n + tile.n0;
-            gemm::produce_tile<L1>(tile, p.l1.k / L1::kBlockK, sm1, st, tma_l1_a, tma_l1_b, tma_l1_sfa, 0, deadline);
+            load_layer_tile<L1>(p.l1, tile, tile.group, sm1, st, tma_l1_a, tma_l1_b, tma_l1_sfa, deadline);
         } else {
             sync::wait_ge_acquire_gpu_u32(bank + p.bank.l1_done + block, n1, sync::WaitSite::kL1OutputPublished, p.wait,
                                           block, sync::kDerivedWaitShift);
-            ptx::fence_proxy_async_global();
-            tile.b_row0 = tile.group * p.l2.n + tile.n0;
-            gemm::produce_tile<L2>(tile, p.l2.k / L2::kBlockK, sm2, st, tma_l2_a, tma_l2_b, tma_l2_sfa, 0, deadline);
+            load_layer_tile<L2>(p.l2, tile, tile.group, sm2, st, tma_l2_a, tma_l2_b, tma_l2_sfa, deadline);
         }
     }
     gemm::drain_stages<L1>(sm1, st, deadline);

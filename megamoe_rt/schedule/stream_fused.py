@@ -149,6 +149,10 @@ class FusedStreamModel:
         self.partials: dict[tuple[int, int], float] = {}
         self.first_l1_step = -1
         self.last_publish_step = -1
+        # The furthest ready-list position a worker waited on: the open order runs ahead of the
+        # call's blocks, past the whole worst-case pool on small calls, so the device's list
+        # (sized for that pool) must not be read there (stream/ready_blocks.cuh).
+        self.max_position_waited = -1
         self.step = 0
         self._seal_if_dispatched()  # a call of no tokens has no chunk to wait for
 
@@ -239,6 +243,7 @@ class FusedStreamModel:
         if task is None:
             return True  # past the sealed order's end: the worker leaves
         kind, j, _ = task
+        self.max_position_waited = max(self.max_position_waited, j if kind == "l1" or self.sealed else j + self.lag)
         if not self._final(kind, j):
             return False
         if kind == "l1":

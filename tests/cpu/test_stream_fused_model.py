@@ -126,3 +126,16 @@ def test_the_closed_form_ticket_is_the_expanded_order(lag, l1_tiles, l2_tiles, p
     opened = _expanded(_open_order(positions, lag), l1_tiles, l2_tiles)
     for t, want in enumerate(opened):
         assert ticket_task(t, lag, l1_tiles, l2_tiles) == want
+
+
+def test_before_the_seal_workers_wait_on_positions_past_the_whole_pool():
+    """Three tokens over three experts fill at most three blocks (one per expert), but ten
+    workers at lag 6 take tickets whose positions run to 7 before the seal: the device's ready
+    list, sized for the worst-case pool, must read such a position as "not there" and wait for
+    the seal instead (ReadyBlocks::capacity), never read past its end."""
+    routing = [[0, 1], [1, 2], [0, 2]]
+    worst_case_blocks = 3
+    model = FusedStreamModel(routing, chunk=1, slots=2, block_rows=4, grid=10, sms=11, lag=6, l1_tiles=1, l2_tiles=1)
+    assert model.run(random.Random(2)) == batch_output_one_rank(routing)
+    assert len(model.blocks) == worst_case_blocks
+    assert model.max_position_waited >= worst_case_blocks

@@ -95,3 +95,17 @@ def descriptors_moved_from_vector_registers(window: list[str]) -> list[str]:
             for reg in range(first, first + width):
                 last_writer[reg] = text
     return moved
+
+
+_EVERY_INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);")
+
+
+def sass_digest(sass: str) -> str:
+    """A digest of a listing's instructions (predicates, operands and branch targets included;
+    the encodings and cuobjdump's headers left out): equal for two builds that run the same
+    code, so a change meant to leave a kernel as it was (a refactor) can be checked without a
+    GPU (``megamoe-rt compile --sass-digest``)."""
+    import hashlib
+
+    text = "\n".join(" ".join(m.group(1).split()) for m in _EVERY_INSTRUCTION.finditer(sass))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -14,6 +14,7 @@ from megamoe_rt.jit.sass import (
     descriptors_moved_from_vector_registers,
     dump_sass,
     find_cuobjdump,
+    sass_digest,
     sass_opcodes,
     wgmma_issue_windows,
 )
@@ -341,3 +342,25 @@ def test_reports_for_kernels_sharing_one_source(toy_tree, cache, monkeypatch):
         _, lowered, log = reference[s.entry]
         assert got == parse_ptxas_report(log, lowered, name=s.name)
     assert compile_kernel(specs[1], cache=cache, use_cache=False).resources.static_smem_bytes == 128
+
+
+def test_the_sass_digest_sees_instructions_not_encodings_or_addresses_of_the_listing():
+    listing = (
+        "        code for sm_90a\n"
+        "        /*0000*/                   LDC R1, c[0x0][0x28] ;            /* 0x00000a00ff017b82 */\n"
+        "        /*0010*/              @!P0 BRA 0x40 ;                        /* 0x000000000000b947 */\n"
+    )
+    same = listing.replace("0x00000a00ff017b82", "0x1111111111111111").replace("code for sm_90a", "code")
+    assert sass_digest(listing) == sass_digest(same)
+    assert sass_digest(listing) != sass_digest(listing.replace("@!P0", "@P0"))  # a predicate is code
+    assert sass_digest(listing) != sass_digest(listing.replace("BRA 0x40", "BRA 0x50"))
+
+
+@pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump wheel not installed")
+def test_the_sass_digest_is_a_builds_and_tells_kernels_apart(tmp_path):
+    one = compile_kernel(ALL_SPECS[0], cache=CubinCache(tmp_path / "a"))
+    again = compile_kernel(ALL_SPECS[0], cache=CubinCache(tmp_path / "b"))
+    other = compile_kernel(ALL_SPECS[1], cache=CubinCache(tmp_path / "a"))
+    assert not again.from_cache
+    assert sass_digest(dump_sass(one.cubin)) == sass_digest(dump_sass(again.cubin))
+    assert sass_digest(dump_sass(one.cubin)) != sass_digest(dump_sass(other.cubin))

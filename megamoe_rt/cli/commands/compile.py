@@ -25,6 +25,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="build in this many processes (default: the usable cores; 1: in this process)",
     )
     s.add_argument("--list", action="store_true", help="print the kernel variant names, one a line, and exit")
+    s.add_argument(
+        "--sass-digest",
+        action="store_true",
+        help="also a digest of each kernel's SASS instructions: equal before and after a change that must "
+        "leave the code as it was (needs cuobjdump: pip install 'megamoe-rt[test]')",
+    )
     s.set_defaults(func=run)
     return s
 
@@ -56,6 +62,11 @@ def run(args: argparse.Namespace) -> int:
             )
         chosen = [by_name[n] for n in args.names]
     check_output("megamoe-rt compile", args)  # before the builds, which take a minute for --all
+    if args.sass_digest:
+        from megamoe_rt.jit.sass import find_cuobjdump
+
+        if find_cuobjdump() is None:
+            raise UsageError("megamoe-rt compile: --sass-digest needs cuobjdump (pip install 'megamoe-rt[test]')")
     from megamoe_rt.requirements import compiler_or_report
 
     if not compiler_or_report("megamoe-rt compile"):  # NVRTC or a header wheel missing: one line, not NVRTC's traceback
@@ -67,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # the workers are ended: one line, no traceback
         print("megamoe-rt compile: interrupted", file=sys.stderr)
         return 130
+    digests = _sass_digests(results) if args.sass_digest else {}
     if args.json or args.output:
         out = []
         for c in results:
@@ -79,17 +91,29 @@ def run(args: argparse.Namespace) -> int:
                 compile_seconds=round(c.compile_seconds, 3),
                 block_threads=c.spec.block_threads,
             )
+            if digests:
+                d["sass_digest"] = digests[c.spec.name]
             out.append(d)
         emit(args, out)
         if args.json:
             return 0
     header = f"{'kernel':<34} {'regs':>5} {'spill B':>8} {'stack B':>8} {'smem B':>8} {'cached':>7} {'sec':>6}"
+    if digests:
+        header += f"  {'sass digest':<16}"
     print(header)
     print("-" * len(header))
     for c in results:
         r = c.resources
-        print(
+        line = (
             f"{c.spec.name:<34} {r.registers:>5} {r.spill_bytes:>8} {r.stack_frame_bytes:>8} "
             f"{r.smem_bytes:>8} {'yes' if c.from_cache else 'no':>7} {c.compile_seconds:>6.2f}"
         )
+        print(line + (f"  {digests[c.spec.name]}" if digests else ""))
     return 0
+
+
+def _sass_digests(results: Any) -> dict[str, str]:
+    """Kernel name -> digest of its SASS (jit.sass.sass_digest)."""
+    from megamoe_rt.jit.sass import dump_sass, sass_digest
+
+    return {c.spec.name: sass_digest(dump_sass(c.cubin)) for c in results}

@@ -112,7 +112,12 @@ def _build_in_pool(
             pending: dict[Future, int] = {pool.submit(_build_one, s.name): i for i, s in enumerate(specs)}
         done = 0
         while pending:
-            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            # A Ctrl-C lands between waits, never inside one: wait() takes every pending future's
+            # lock in turn, and an interrupt between two of them left those taken held, so the
+            # executor's manager thread (and the shutdown below, which joins it) hung on them.
+            # The signal stays pending while blocked and is raised as the block ends.
+            with _sigint_blocked():
+                finished, _ = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
             for fut in finished:
                 i = pending.pop(fut)
                 kernel = CompiledKernel(spec=specs[i], **fut.result())

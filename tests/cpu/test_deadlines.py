@@ -65,21 +65,20 @@ def test_every_mbarrier_wait_in_the_kernels_has_a_deadline():
     assert "void drain_stages" in mainloop
 
 
-def test_a_timed_out_mbarrier_wait_is_described_by_its_slot_and_phase():
+def _completed_record(site: str, **fields):
+    """A complete TimeoutRecord of wait site ``site`` with ``fields`` (block, thread, rank, peer,
+    expected, seen, elapsed_ns), as a trapped wait leaves it."""
     from megamoe_rt.kernels.interface import sync as decl
     from megamoe_rt.kernels.interface.structs import TimeoutRecord as Fields
+
+    return Fields(state=decl.RECORD_COMPLETE.value, site=decl.WAIT_SITE[site], **fields)
+
+
+def test_a_timed_out_mbarrier_wait_is_described_by_its_slot_and_phase():
     from megamoe_rt.runtime.deadlines import describe
 
-    rec = Fields(
-        state=decl.RECORD_COMPLETE.value,
-        site=decl.WAIT_SITE["kSmemStageFree"],
-        block=7,
-        thread=128,
-        rank=1,
-        peer=3,
-        expected=1,
-        seen=0,
-        elapsed_ns=3 << 32,
+    rec = _completed_record(
+        "kSmemStageFree", block=7, thread=128, rank=1, peer=3, expected=1, seen=0, elapsed_ns=3 << 32
     )
     text = describe(rec)
     assert text.startswith("megamoe_rt: wait 'shared-memory stage released' timed out after 12.9 s"), text
@@ -87,20 +86,10 @@ def test_a_timed_out_mbarrier_wait_is_described_by_its_slot_and_phase():
 
 
 def test_a_streamed_ready_list_timeout_names_the_position_and_the_blocks_completed():
-    from megamoe_rt.kernels.interface import sync as decl
-    from megamoe_rt.kernels.interface.structs import TimeoutRecord as Fields
     from megamoe_rt.runtime.deadlines import describe
 
-    rec = Fields(
-        state=decl.RECORD_COMPLETE.value,
-        site=decl.WAIT_SITE["kStreamBlockReady"],
-        block=2,
-        thread=0,
-        rank=0,
-        peer=5,
-        expected=6,
-        seen=4,
-        elapsed_ns=300_000_000,
+    rec = _completed_record(
+        "kStreamBlockReady", block=2, thread=0, rank=0, peer=5, expected=6, seen=4, elapsed_ns=300_000_000
     )
     text = describe(rec)
     assert text.startswith("megamoe_rt: wait 'stream block ready' timed out after 0.30 s on rank 0"), text

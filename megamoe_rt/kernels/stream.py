@@ -26,6 +26,9 @@ _KERNELS = (
     ("stream_release_chunk", 32),
 )
 
+# The kernels with a local-memory frame (their report's printf): see InputRing._back_local_memory.
+_LOCAL_MEMORY_WAITS = ("stream_wait_slot_free", "stream_wait_chunk")
+
 
 def _spec(entry: str, threads: int) -> KernelSpec:
     # The waits print their report (no wgmma here).
@@ -126,6 +129,38 @@ class InputRing:
         for spec in kernel_specs():
             if spec.name not in self._kernels:
                 self._kernels[spec.name] = get_kernel(spec, self.device)
+        self._back_local_memory()
+
+    def _back_local_memory(self) -> None:
+        """Launch the ring's waits once, on a stream of their own, and wait for them.
+
+        CUDA backs a context's local memory when the first kernel that needs some is launched,
+        and that launch waits for the GPU to go idle. The waits need some (their deadline
+        report's printf); the fused kernel's streamed call needs none. Were a writer's first
+        wait launched while that call already spins on a chunk, the writer would hold until the
+        deadline. Here the ring is a scratch one whose generation words are all ones, so neither
+        wait waits; the capture mode is relaxed meanwhile, as a first call may be captured."""
+        from megamoe_rt.runtime import driver, streams
+        from megamoe_rt.runtime.device_memory import DeviceMemory
+
+        cu = driver.cuda_driver()
+        mode = driver.call(cu.cuThreadExchangeStreamCaptureMode, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED)
+        try:
+            stream = streams.Stream(device=self.device)
+            words = DeviceMemory(32, stream=stream)  # route, layout, consumed generation; epochs
+            words.memset_u8(0xFF, stream)
+            ring = StreamRing.from_buffer_copy(self.descriptor)
+            ring.route_ready_gen, ring.layout_ready_gen, ring.consumed_gen = words.ptr, words.ptr + 8, words.ptr + 16
+            ring.producer_epoch = ring.consumer_epoch = words.ptr + 24
+            ring.num_slots = 1
+            params = RingChunkParams(ring=ring, wait=self._resolve_wait(), chunk=0)
+            for name in _LOCAL_MEMORY_WAITS:
+                self._kernels[name].launch((1,), (32,), [params], stream=stream)
+            words.free()
+            stream.synchronize()
+            stream.close()
+        finally:
+            driver.call(cu.cuThreadExchangeStreamCaptureMode, mode)
 
     def params(self, chunk: int = 0, **inputs: Any) -> RingChunkParams:
         if self._wait is None:

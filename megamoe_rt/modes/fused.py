@@ -431,10 +431,11 @@ class FusedMode(Mode):
             params.streamed = self.streamed.pool(ring, call.num_tokens)
             for transform in self.params_transforms:
                 transform(params)
-            # Not a cooperative launch: while one runs, the GPU started no producer kernel beside
-            # it (the call waited for chunks that never came). Its blocks are still all resident
-            # together: one an SM (shared memory), on fewer blocks than SMs, the producer's
-            # kernels finish, and nothing else waits on this launch to start.
+            # An ordinary launch: its blocks need not start together, only all start. Each takes
+            # a whole SM, and the grid leaves the producer's SMs out; what else holds an SM either
+            # finishes (copies, routing) or is a producer's one-block wait, one a stream, far
+            # fewer than the SMs left out. A cooperative launch would also hold the call back
+            # until every SM it needs is free at once.
             self.plan.launch("int32", params, stream, role="streamed", grid=self.streamed.grid, cooperative=False)
         ring.note_consumer(stream)
 

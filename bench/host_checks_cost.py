@@ -18,11 +18,16 @@ from megamoe_rt.presets import get_preset
 
 
 class _Array:
-    """A CUDA array as a producer describes it: pointer, shape, type string, device 0."""
+    """A CUDA array as a producer describes it: pointer, shape, type string, device 0. The
+    interface is a property that builds its dictionary on every access, as CuPy's does."""
 
     def __init__(self, shape: tuple[int, ...], typestr: str, ptr: int) -> None:
-        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "data": (ptr, False), "version": 3}
+        self.shape, self.typestr, self.ptr = shape, typestr, ptr
         self.device = SimpleNamespace(id=0)
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return {"shape": self.shape, "typestr": self.typestr, "data": (self.ptr, False), "version": 3, "stream": 1}
 
 
 def main() -> None:

@@ -99,8 +99,7 @@ def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def _from_cai(obj: Any, name: str) -> DeviceArray:
-    cai = obj.__cuda_array_interface__
+def _from_cai(obj: Any, cai: Any, name: str) -> DeviceArray:
     typestr = cai["typestr"]
     order, key = typestr[:1], typestr[1:]
     if key not in _TYPESTR:
@@ -205,16 +204,17 @@ def as_device_array(obj: Any, name: str, *, stream: int | None = None) -> Device
         raise TypeError(f"{name}: expected a device array (CuPy or DLPack CUDA tensor), got a host numpy.ndarray")
     dlpack = hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__")
     try:
-        has_cai = hasattr(obj, "__cuda_array_interface__")
+        # Read once: CuPy and torch build the dictionary on every access (a call reads five).
+        cai = getattr(obj, "__cuda_array_interface__", None)
     except Exception as exc:
-        # hasattr only absorbs AttributeError: torch's property raises KeyError for dtypes the
+        # getattr only absorbs AttributeError: torch's property raises KeyError for dtypes the
         # interface has no type string for (float8_e4m3fn). DLPack carries those natively.
         if not dlpack:
             raise TypeError(f"{name}: its __cuda_array_interface__ failed ({type(exc).__name__}: {exc})") from None
-        has_cai = False
-    if has_cai:
+        cai = None
+    if cai is not None:
         try:
-            return _from_cai(obj, name)
+            return _from_cai(obj, cai, name)
         except (AttributeError, TypeError, ValueError) as exc:
             # torch describes bf16 as an opaque '<V2'; DLPack carries bf16 and fp8 natively.
             if not dlpack:

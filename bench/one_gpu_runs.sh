@@ -19,6 +19,11 @@
 #              rounds (the 16K call is the window's own cost alone), then 131072 in one
 #   overhead   eager calls against graph replays, host us per eager call (every mode)
 #   faults     the fault suite on this tree (python -m megamoe_rt.cli.faults)
+#   stream     the streamed calls: one fused call in the consumer-first order (bench/stream_diag.py),
+#              the streamed tests in both modes, bench stream against sequential fused with the
+#              producer's SMs swept, and the stage trace of one streamed call
+#   host       where an eager call's host time goes (bench/host_call_profile.py, every mode), then
+#              bench overhead
 #   gemm-first the most per minute after a mainloop change, in one 10-minute job: the GEMM tests,
 #              bench gemm at 8192 tokens base / tree / base (.base as for ab), then this tree's
 #              tiles side by side at 8192 tokens
@@ -33,16 +38,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-STAGE=${1:?"usage: bench/one_gpu_runs.sh verify|verify-ep|gemm|gemm-first|tiles|prefill|overhead|faults|ab [OUT_DIR]"}
+STAGE=${1:?"usage: bench/one_gpu_runs.sh verify|verify-ep|gemm|gemm-first|tiles|prefill|overhead|faults|ab|stream|host [OUT_DIR]"}
 OUT=${2:-bench/results}
 mkdir -p "$OUT"
 export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 log="$OUT/one_gpu_$STAGE.txt"
 
 case "$STAGE" in
-verify | verify-ep | gemm | gemm-first | tiles | prefill | overhead | faults | ab) ;;
+verify | verify-ep | gemm | gemm-first | tiles | prefill | overhead | faults | ab | stream | host) ;;
 *)
-    echo "bench/one_gpu_runs.sh: unknown stage '$STAGE' (verify, verify-ep, gemm, gemm-first, tiles, prefill, overhead, faults, ab)" >&2
+    echo "bench/one_gpu_runs.sh: unknown stage '$STAGE' (verify, verify-ep, gemm, gemm-first, tiles, prefill, overhead, faults, ab, stream, host)" >&2
     exit 2
     ;;
 esac
@@ -98,6 +103,21 @@ ab)
     bench/ab_run.sh "$OUT/ab_gemm" gemm --presets flash,pro,v3 --tokens 2048,8192 2>&1 | tee "$log"
     AB_BASE_TWICE=0 bench/ab_run.sh "$OUT/ab_moe" moe --mode fused --preset flash,v3 --tokens 2048,8192 \
         2>&1 | tee -a "$log"
+    ;;
+stream)
+    python3 bench/stream_diag.py 256 4 256 2>&1 | tee "$log"
+    MEGAMOE_RT_TIMEOUT_S=10 python3 -m pytest -q -m gpu -rfE tests/gpu/test_stream_gpu.py 2>&1 | tee -a "$log"
+    for sms in 8 16 33; do
+        python3 -m megamoe_rt bench stream --presets flash,v3 --tokens 512,2048,8192 --producer-sms "$sms" \
+            -o "$OUT/one_gpu_stream_psms$sms.json" 2>&1 | tee -a "$log"
+    done
+    python3 -m megamoe_rt trace --preset flash --tokens 8192 --stream 4x512 -o "$OUT/one_gpu_stream_trace.json" \
+        2>&1 | tee -a "$log"
+    ;;
+host)
+    python3 bench/host_call_profile.py --preset flash --tokens 64 2>&1 | tee "$log"
+    python3 -m megamoe_rt bench overhead --preset flash,v3 --tokens 64,2048 --mode fused,unfused,split \
+        -o "$OUT/one_gpu_overhead.json" 2>&1 | tee -a "$log"
     ;;
 faults)
     python3 -m megamoe_rt.cli.faults --md "$OUT/one_gpu_faults.md" -o "$OUT/one_gpu_faults.json" 2>&1 | tee "$log"

@@ -58,17 +58,18 @@ def test_the_one_gpu_runs_refuse_an_unknown_stage_and_their_benchmarks_parse(tmp
     out = subprocess.run(["bash", str(script), "nope", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert (
         out.returncode == 2
-        and "unknown stage 'nope' (verify, verify-ep, gemm, gemm-first, tiles, prefill, overhead, faults, ab)"
+        and "unknown stage 'nope' (verify, verify-ep, gemm, gemm-first, tiles, prefill, overhead, faults, ab, stream, "
+        "host)"
         in out.stderr
     )
     from megamoe_rt.cli.main import build_parser
 
-    joined = script.read_text().replace("\\\n", " ")
+    joined = script.read_text().replace("\\\n", " ").replace('"$sms"', "16")  # the stream stage's sweep
     commands = [
         shlex.split(re.sub(r'"\$OUT/([^"]+)"', r"out/\1", m.group(1)))
         for m in re.finditer(r"python3 -m megamoe_rt (bench .*?)\s*2>&1", joined)
     ]
-    assert sorted(c[1] for c in commands) == ["gemm", "gemm", "overhead", "prefill", "prefill"]
+    assert sorted(c[1] for c in commands) == ["gemm", "gemm", "overhead", "overhead", "prefill", "prefill", "stream"]
     for argv in commands:
         ns = build_parser().parse_args(argv)  # a bad option raises UsageError
         assert ns.output.startswith("out/one_gpu_"), argv

@@ -108,6 +108,19 @@ def test_stream_config_is_checked_and_cuts_calls_into_chunks():
         streaming.StreamConfig(2, 1.5)
 
 
+class _AddressesOnly:
+    """A layer buffer's addresses (1 << 40 + the region's offset), with no memory behind them."""
+
+    def __init__(self, lay):
+        self.lay = lay
+
+    def ptr(self, name):
+        try:
+            return 1 << 40 | self.lay.region(name).offset
+        except ValueError:
+            return 1 << 40 | (self.lay.region("workspace").offset + self.lay.workspace_region(name).offset)
+
+
 def test_the_input_ring_lies_in_the_buffer_and_its_descriptor_points_there():
     from megamoe_rt.kernels.stream import InputRing
     from megamoe_rt.modes.base import LayerSpec, LayoutNeeds, buffer_layout
@@ -118,14 +131,7 @@ def test_the_input_ring_lies_in_the_buffer_and_its_descriptor_points_there():
     assert lay.region("stream_x").shape == (1024, 512) and lay.region("stream_topk_idx").shape == (1024, 4)
     assert lay.workspace_region("stream_consumed_gen").shape == (4,)
 
-    class Buffer:  # addresses only
-        def ptr(self, name):
-            try:
-                return 1 << 40 | lay.region(name).offset
-            except ValueError:
-                return 1 << 40 | (lay.region("workspace").offset + lay.workspace_region(name).offset)
-
-    ring = InputRing(Buffer(), lay, device=0, timeout_s=None, rank=0)
+    ring = InputRing(_AddressesOnly(lay), lay, device=0, timeout_s=None, rank=0)
     d = ring.descriptor
     assert (d.num_slots, d.tokens_per_slot, d.hidden, d.num_topk) == (4, 256, 512, 4)
     assert d.consumer_epoch == d.producer_epoch + 4
@@ -160,3 +166,102 @@ def test_the_consumer_leaves_room_for_four_router_blocks_on_its_sm(tmp_path):
     consumer = compile_kernel(spec, cache=CubinCache(tmp_path / "cache")).resources
     used = _block_registers(consumer.registers, DISPATCH_THREADS.value) + 4 * _block_registers(router.registers, 256)
     assert used <= 65536, (consumer.registers, router.registers)
+
+
+def test_loading_the_ring_kernels_backs_local_memory_once_with_waits_that_cannot_wait(monkeypatch):
+    """The first launch of a kernel with local memory waits for an idle GPU: the ring's waits
+    run once when its kernels load, against a scratch ring whose generation words are all ones,
+    on a stream of their own, with the capture mode relaxed meanwhile and restored after."""
+    from types import SimpleNamespace
+
+    from megamoe_rt.kernels import loader
+    from megamoe_rt.kernels.stream import InputRing
+    from megamoe_rt.modes.base import LayerSpec, LayoutNeeds, buffer_layout
+    from megamoe_rt.runtime import device_memory, driver, streams
+
+    spec = LayerSpec(512, 256, 16, 4, 1024, streaming=streaming.StreamConfig(4, 256))
+    lay = buffer_layout(spec, LayoutNeeds("full", 128))
+
+    log = []
+
+    class Kernel:
+        def __init__(self, name):
+            self.name = name
+
+        def launch(self, grid, block, args, *, stream=None):
+            (params,) = args
+            log.append(("launch", self.name, grid, block, stream, sk.RingChunkParams.from_buffer_copy(params)))
+
+    class Stream:
+        def __init__(self, *, device=None):
+            log.append(("stream", device))
+
+        def synchronize(self):
+            log.append(("synchronize",))
+
+        def close(self):
+            log.append(("close",))
+
+    class Memory:
+        ptr = 0xABC000
+
+        def __init__(self, nbytes, *, stream=None):
+            assert isinstance(stream, Stream)
+            log.append(("alloc", nbytes))
+
+        def memset_u8(self, value, stream=None):
+            assert isinstance(stream, Stream)
+            log.append(("memset", value))
+
+        def free(self):
+            log.append(("free",))
+
+    relaxed, captured = "relaxed", "global"
+    cu = SimpleNamespace(
+        CUstreamCaptureMode=SimpleNamespace(CU_STREAM_CAPTURE_MODE_RELAXED=relaxed),
+        cuThreadExchangeStreamCaptureMode=lambda mode: None,
+    )
+    mode = [captured]
+
+    def call(fn, *args):
+        assert fn is cu.cuThreadExchangeStreamCaptureMode
+        log.append(("capture mode", args[0]))
+        mode[0], prior = args[0], mode[0]
+        return prior
+
+    monkeypatch.setattr(loader, "get_kernel", lambda spec, dev: Kernel(spec.name))
+    monkeypatch.setattr(streams, "Stream", Stream)
+    monkeypatch.setattr(device_memory, "DeviceMemory", Memory)
+    monkeypatch.setattr(driver, "cuda_driver", lambda: cu)
+    monkeypatch.setattr(driver, "call", call)
+    ring = InputRing(_AddressesOnly(lay), lay, device=3, timeout_s=None, rank=0)
+    monkeypatch.setattr(ring, "_resolve_wait", lambda: sk.RingChunkParams().wait)
+    ring.load_kernels()
+    ring.load_kernels()  # loaded: nothing runs again
+
+    kinds = [e[0] for e in log]
+    assert kinds == [
+        "capture mode",
+        "stream",
+        "alloc",
+        "memset",
+        "launch",
+        "launch",
+        "free",
+        "synchronize",
+        "close",
+        "capture mode",
+    ]
+    assert log[0][1] == relaxed and log[-1][1] == captured and mode[0] == captured
+    assert log[1] == ("stream", 3) and log[2] == ("alloc", 32) and log[3] == ("memset", 0xFF)
+    launches = [e for e in log if e[0] == "launch"]
+    assert {e[1] for e in launches} == {"stream_wait_slot_free", "stream_wait_chunk"}
+    real = ring.descriptor
+    for _, _, grid, block, stream, params in launches:
+        assert (grid, block, params.chunk) == ((1,), (32,), 0) and isinstance(stream, Stream)
+        r = params.ring
+        assert (r.route_ready_gen, r.layout_ready_gen, r.consumed_gen) == (Memory.ptr, Memory.ptr + 8, Memory.ptr + 16)
+        assert r.producer_epoch == r.consumer_epoch == Memory.ptr + 24 and r.num_slots == 1
+        assert (r.x, r.topk_idx, r.tokens_per_slot, r.hidden) == (real.x, real.topk_idx, 256, 512)
+    # The kernels that launch it are the ones with a local-memory frame.
+    assert {e[1] for e in launches} == set(sk._LOCAL_MEMORY_WAITS)

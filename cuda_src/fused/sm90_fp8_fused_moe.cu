@@ -168,9 +168,11 @@ __device__ __forceinline__ void dispatch_rows(const FusedParams& p, const Routin
         const u32 block = row / kBlockM;
         if (block >= p.ring_blocks) {
             // The slot's previous block must be through its L1 tiles before its rows are replaced.
-            if (lane == 0)
+            if (lane == 0) {
+                const TracedWait timed(p, kTraceWaitDispatchNs);
                 sync::wait_ge_acquire_gpu_u32(bank + p.bank.l1_done + block - p.ring_blocks, l1_tiles,
                                               sync::WaitSite::kPoolSlotFree, p.wait, block, sync::kDerivedWaitShift);
+            }
             __syncwarp();
         }
         const u32 slot_row = (block % p.ring_blocks) * kBlockM + row % kBlockM;
@@ -504,17 +506,26 @@ __device__ __forceinline__ void produce_tiles(const FusedParams& p, const Routin
         gemm::Tile tile = ring_tile(p, tab, s);
         if (!s.l2) {
             trace_first_l1(p, traced_l1);
-            // Past the first ring pass the rows themselves wait on a freed slot: a derived wait.
-            sync::wait_ge_acquire_gpu_u32(bank + p.bank.arrivals + s.block, tile.rows, sync::WaitSite::kL1RowsArrived,
-                                          p.wait, s.block, s.block >= p.ring_blocks ? sync::kDerivedWaitShift : 0u);
+            {
+                // Past the first ring pass the rows themselves wait on a freed slot: a derived wait.
+                const TracedWait timed(p, kTraceWaitRowsNs);
+                sync::wait_ge_acquire_gpu_u32(bank + p.bank.arrivals + s.block, tile.rows,
+                                              sync::WaitSite::kL1RowsArrived, p.wait, s.block,
+                                              s.block >= p.ring_blocks ? sync::kDerivedWaitShift : 0u);
+            }
             // The epilogue of this tile overwrites the activation slot of block - ring_blocks.
-            if (s.block >= p.ring_blocks)
+            if (s.block >= p.ring_blocks) {
+                const TracedWait timed(p, kTraceWaitRingNs);
                 sync::wait_ge_acquire_gpu_u32(bank + p.bank.l2_read + s.block - p.ring_blocks, n2,
                                               sync::WaitSite::kRingSlotFree, p.wait, s.block, sync::kDerivedWaitShift);
+            }
             load_layer_tile<L1>(p.l1, tile, s.expert, sm1, st, tma_l1_a, tma_l1_b, tma_l1_sfa, deadline);
         } else {
-            sync::wait_ge_acquire_gpu_u32(bank + p.bank.l1_done + s.block, n1, sync::WaitSite::kL1OutputPublished,
-                                          p.wait, s.block, sync::kDerivedWaitShift);
+            {
+                const TracedWait timed(p, kTraceWaitL1OutNs);
+                sync::wait_ge_acquire_gpu_u32(bank + p.bank.l1_done + s.block, n1, sync::WaitSite::kL1OutputPublished,
+                                              p.wait, s.block, sync::kDerivedWaitShift);
+            }
             load_layer_tile<L2>(p.l2, tile, s.expert, sm2, st, tma_l2_a, tma_l2_b, tma_l2_sfa, deadline);
         }
     }
@@ -551,15 +562,22 @@ __device__ __forceinline__ void produce_streamed_tiles(
         next = atomicAdd(bank + p.bank.ticket, 1u);
         // Complete (an L1 task's position is fixed only once its block is on the list; an L2
         // task's comes lag positions before the one that fixed it), or soon after the seal.
-        const u32 block = stream::wait_ready_position(p.streamed.ready, task.position, p.wait, sync::kDerivedWaitShift);
+        u32 block;
+        {
+            const TracedWait timed(p, kTraceWaitRowsNs);  // a complete block: its rows are written
+            block = stream::wait_ready_position(p.streamed.ready, task.position, p.wait, sync::kDerivedWaitShift);
+        }
         push_ticket(tab.tiles, queue, StreamTileWord::encode(task.l2, block, task.tile), deadline);
         gemm::Tile tile = streamed_tile(p, block, task.tile);
         if (!task.l2) {
             trace_first_l1(p, traced_l1);
             load_layer_tile<L1>(p.l1, tile, tile.group, sm1, st, tma_l1_a, tma_l1_b, tma_l1_sfa, deadline);
         } else {
-            sync::wait_ge_acquire_gpu_u32(bank + p.bank.l1_done + block, n1, sync::WaitSite::kL1OutputPublished, p.wait,
-                                          block, sync::kDerivedWaitShift);
+            {
+                const TracedWait timed(p, kTraceWaitL1OutNs);
+                sync::wait_ge_acquire_gpu_u32(bank + p.bank.l1_done + block, n1, sync::WaitSite::kL1OutputPublished,
+                                              p.wait, block, sync::kDerivedWaitShift);
+            }
             load_layer_tile<L2>(p.l2, tile, tile.group, sm2, st, tma_l2_a, tma_l2_b, tma_l2_sfa, deadline);
         }
     }

@@ -33,7 +33,7 @@ enum class Role : u32 {
 
 // Events of the optional per-block trace: FusedParams::trace holds kTraceEvents
 // %globaltimer stamps per block, in this order (the host names them TRACE_EVENTS), then
-// the block's SM.
+// the block's SM, then the nanoseconds its warps spent in each kind of data wait.
 enum TraceEvent : u32 {
     kTraceStart = 0,
     kTraceCounted = 1,
@@ -43,10 +43,14 @@ enum TraceEvent : u32 {
     kTraceMathDone = 5,
     kTraceAllTilesDone = 6,
     kTraceCombineDone = 7,
-    kTraceFirstL1 = 8,    // the producer starts loading its first L1 tile
-    kTraceLastChunk = 9,  // streamed: the first dispatch warp sees the last chunk
-    kTraceSm = 10,        // not a time: the SM the block ran on (%smid)
-    kTraceEvents = 11,
+    kTraceFirstL1 = 8,          // the producer starts loading its first L1 tile
+    kTraceLastChunk = 9,        // streamed: the first dispatch warp sees the last chunk
+    kTraceSm = 10,              // not a time: the SM the block ran on (%smid)
+    kTraceWaitRowsNs = 11,      // ns the producer waited for an L1 block's rows
+    kTraceWaitRingNs = 12,      // ns the producer waited for a ring slot's L2 tiles
+    kTraceWaitL1OutNs = 13,     // ns the producer waited for an L2 block's L1 output
+    kTraceWaitDispatchNs = 14,  // ns dispatch warps waited for ring blocks (summed)
+    kTraceEvents = 15,
 };
 
 // Per-launch counters, in one of two banks picked by the launch parity: a fused launch

@@ -127,9 +127,21 @@ def trace_events(
 
 
 def earliest_stamp(stamps: Any, events: Sequence[str]) -> int:
-    """The earliest nonzero time stamp (ns), 0 if none."""
-    times = [int(v) for row in stamps for j, v in enumerate(row) if events[j] != "sm" and int(v)]
+    """The earliest nonzero time stamp (ns), 0 if none (the columns before ``"sm"`` are times)."""
+    n = events.index("sm")
+    times = [int(v) for row in stamps for v in list(row)[:n] if int(v)]
     return min(times) if times else 0
+
+
+def wait_us_per_block(stamps: Any, events: Sequence[str]) -> dict[str, float]:
+    """Each data-wait sum (the ``wait_*_ns`` columns) averaged over the blocks that ran, in us."""
+    col = {e: j for j, e in enumerate(events)}
+    ran = [row for row in stamps if int(row[col["start"]])]
+    return {
+        e[: -len("_ns")]: (sum(int(row[col[e]]) for row in ran) / len(ran) / 1e3 if ran else 0.0)
+        for e in events
+        if e.startswith("wait_") and e.endswith("_ns")
+    }
 
 
 def chrome_trace(ranks: Sequence[tuple[int, Any, Sequence[TracedKernel]]], events: Sequence[str], meta: dict) -> dict:
@@ -192,6 +204,7 @@ def traced_call(
         sms = split.as_tuple() if mode in SM_PARTITIONED and split is not None else None
         kernels = kernels_of(mode, host.shape[0], sms)
         meta = {"preset": preset, "tokens_per_rank": tokens, "mode": mode, "ranks": world, "split_sms": sms}
+        meta["wait_us_per_block"] = wait_us_per_block(host, TRACE_EVENTS)
         if streaming is not None:
             meta["streaming"] = f"{streaming.num_slots}x{streaming.tokens_per_slot}"
             meta["l1_before_last_chunk_us"] = l1_before_last_chunk_us(host, TRACE_EVENTS)
@@ -310,6 +323,10 @@ def run(a: argparse.Namespace) -> int:
     if a.output:
         with progress_to_stderr(a):
             print(f"wrote {a.output}: {a.mode}, {a.preset}, {a.tokens} tokens, {spans} spans (open in ui.perfetto.dev)")
+    waits = meta["wait_us_per_block"]
+    if a.output and waits:
+        with progress_to_stderr(a):
+            print("data waits per block (us): " + ", ".join(f"{k} {v:.1f}" for k, v in waits.items()))
     ahead = meta.get("l1_before_last_chunk_us")
     if ahead is not None:
         with progress_to_stderr(a):

@@ -35,8 +35,10 @@ _IDX_CXX = {"int32": "megamoe_rt::i32", "int64": "megamoe_rt::i64"}
 
 # The optional per-block trace's events, in TraceEvent order.
 TRACE_EVENTS = tuple(v.key for v in decl.TRACE_EVENT.values)
-# The columns that are %globaltimer stamps (the last, "sm", is the block's SM).
+# The columns that are %globaltimer stamps; after them "sm", the block's SM, then the
+# nanoseconds the block's warps spent in each kind of data wait (fused/trace.cuh, TracedWait).
 TRACE_TIMES = TRACE_EVENTS[: TRACE_EVENTS.index("sm")]
+TRACE_WAITS = TRACE_EVENTS[TRACE_EVENTS.index("sm") + 1 :]
 
 RELAY_BYTES = decl.RELAY_BYTES.value  # SignalRelay::kBytes (asserted there)
 TILE_QUEUE_BYTES = decl.TILE_QUEUE_BYTES.value  # TileQueue::kBytes (asserted there)

@@ -15,8 +15,9 @@ from megamoe_rt.cli.trace import (
     kernels_of,
     l1_before_last_chunk_us,
     trace_events,
+    wait_us_per_block,
 )
-from megamoe_rt.kernels.fused import TRACE_EVENTS
+from megamoe_rt.kernels.fused import TRACE_EVENTS, TRACE_TIMES, TRACE_WAITS
 
 COL = {e: j for j, e in enumerate(TRACE_EVENTS)}
 
@@ -137,3 +138,19 @@ def test_a_streamed_trace_is_refused_outside_the_fused_mode_before_the_gpu_probe
 
     assert main(["trace", "--stream", "4x512", "--mode", "split", "--json"]) == 2
     assert "--stream: a streamed call is traced in --mode fused, not 'split'" in capsys.readouterr().err
+
+
+def test_the_data_wait_sums_are_averaged_over_the_blocks_that_ran_and_kept_off_the_time_axis():
+    assert TRACE_WAITS == ("wait_rows_ns", "wait_ring_ns", "wait_l1_out_ns", "wait_dispatch_ns")
+    assert not set(TRACE_WAITS) & set(TRACE_TIMES)
+    a, b = _block(10_000, 5, **FULL), _block(10_500, 9, **FULL)
+    a[COL["wait_rows_ns"]], b[COL["wait_rows_ns"]] = 3_000, 5_000  # 3 and 5 us
+    a[COL["wait_dispatch_ns"]] = 1  # a sum, never a time: below every stamp
+    idle = np.zeros(len(TRACE_EVENTS), np.uint64)  # a block that did not run
+    idle[COL["wait_l1_out_ns"]] = 10**9
+    stamps = np.stack([a, b, idle])
+    waits = wait_us_per_block(stamps, TRACE_EVENTS)
+    assert waits == pytest.approx({"wait_rows": 4.0, "wait_ring": 0.0, "wait_l1_out": 0.0, "wait_dispatch": 0.0005})
+    trace = chrome_trace([(0, stamps, kernels_of("fused", 3))], TRACE_EVENTS, {})
+    first = min(s["ts"] for s in _spans(trace["traceEvents"]))
+    assert first == 0.0  # the origin is the earliest stamp (10 us), not the 1 ns sum

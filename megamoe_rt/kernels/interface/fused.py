@@ -59,10 +59,14 @@ TRACE_EVENT = Enum(
         EnumValue("kTraceFirstL1", "first_l1", "the producer starts loading its first L1 tile"),
         EnumValue("kTraceLastChunk", "last_chunk", "streamed: the first dispatch warp sees the last chunk"),
         EnumValue("kTraceSm", "sm", "not a time: the SM the block ran on (%smid)"),
+        EnumValue("kTraceWaitRowsNs", "wait_rows_ns", "ns the producer waited for an L1 block's rows"),
+        EnumValue("kTraceWaitRingNs", "wait_ring_ns", "ns the producer waited for a ring slot's L2 tiles"),
+        EnumValue("kTraceWaitL1OutNs", "wait_l1_out_ns", "ns the producer waited for an L2 block's L1 output"),
+        EnumValue("kTraceWaitDispatchNs", "wait_dispatch_ns", "ns dispatch warps waited for ring blocks (summed)"),
     ],
     doc="Events of the optional per-block trace: FusedParams::trace holds kTraceEvents\n"
     "%globaltimer stamps per block, in this order (the host names them TRACE_EVENTS), then\n"
-    "the block's SM.",
+    "the block's SM, then the nanoseconds its warps spent in each kind of data wait.",
     scoped=False,
     count="kTraceEvents",
 )

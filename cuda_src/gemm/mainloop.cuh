@@ -135,9 +135,12 @@ struct MathThread {
 // passes the turn once in each, and the phases never drift). Like the loaded-stage waits these
 // have no deadline of their own: a warpgroup that stops holds its stages, and the producer's
 // deadline traps.
+//
+// Single-pass tiles only: the two-pass 128 x 256 tile holds 192 accumulator registers a thread,
+// and the turns' bookkeeping made NVRTC 13.0 spill there.
 template <class Cfg>
 struct MathTurns {
-    static constexpr bool kOn = Cfg::kNumMathWarpgroups == 2;
+    static constexpr bool kOn = Cfg::kNumMathWarpgroups == 2 && Cfg::kNPasses == 1;
     static constexpr u32 kThreads = 256;
     u32 wg;  // 0 or 1
 

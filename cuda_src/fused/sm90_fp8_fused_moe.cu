@@ -595,11 +595,6 @@ __device__ __forceinline__ void compute_tiles(const FusedParams& p, const Routin
     const u32 math_wg = ptx::warpgroup_index_uniform() - 1;
     const gemm::MathThread<L1> mt1(math_wg);
     const gemm::MathThread<L2> mt2(math_wg);
-    // One turn order across both layers' tiles: both warpgroups run every tile.
-    const gemm::MathTurns<L1> turns1(mt1);
-    const gemm::MathTurns<L2> turns2(mt2);
-    static_assert(gemm::MathTurns<L1>::kOn == gemm::MathTurns<L2>::kOn, "both layers take turns or neither");
-    turns1.begin();
     const bool leader = threadIdx.x == 128;
     const SignalRelay& relay = tab.relay;
     u32 posted = 0;
@@ -622,7 +617,7 @@ __device__ __forceinline__ void compute_tiles(const FusedParams& p, const Routin
             tile = ring_tile(p, tab, s);
         }
         if (!ptx::warp_uniform(s.l2)) {
-            gemm::consume_tile<L1>(p.l1, tile, p.l1.k / L1::kBlockK, sm1, st, mt1, turns1, acc, out, 0);
+            gemm::consume_tile<L1>(p.l1, tile, p.l1.k / L1::kBlockK, sm1, st, mt1, acc, out, 0);
             L1::Epilogue::template store<L1>(p.l1, tile, mt1, sm1, out);
             // Every math thread's rows are written before the leader posts them (TMA reads them
             // in another block: the relay adds the proxy fence).
@@ -630,13 +625,12 @@ __device__ __forceinline__ void compute_tiles(const FusedParams& p, const Routin
             const bool withheld = kRole == Role::kSplitL1 && s.block == p.withhold_block;
             if (leader && !withheld) relay.post(posted, (p.bank.l1_done + s.block) | SignalRelay::kProxyFence);
         } else {
-            gemm::consume_tile<L2>(p.l2, tile, p.l2.k / L2::kBlockK, sm2, st, mt2, turns2, acc, out, 0);
+            gemm::consume_tile<L2>(p.l2, tile, p.l2.k / L2::kBlockK, sm2, st, mt2, acc, out, 0);
             // The leader has seen every stage of this tile land: its activation rows are read.
             if (leader) relay.post(posted, p.bank.l2_read + s.block);
             L2::Epilogue::template store<L2>(p.l2, tile, mt2, sm2, out);
         }
     }
-    turns1.end();
     if (leader) relay.post(posted, SignalRelay::kStop);
 }
 

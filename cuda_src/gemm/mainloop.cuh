@@ -10,11 +10,9 @@
 #include "ptx/cluster.cuh"
 #include "ptx/ld_st.cuh"
 #include "ptx/mbarrier.cuh"
-#include "ptx/sync.cuh"
 #include "ptx/tma.cuh"
 #include "ptx/wgmma.cuh"
 #include "sync/mbarrier_deadline.cuh"
-#include "sync/named_barriers.cuh"
 
 namespace megamoe_rt::gemm {
 
@@ -121,46 +119,6 @@ struct MathThread {
     __device__ __forceinline__ u32 pair_col(u32 i) const { return 8 * i + 2 * (lane % 4); }
 };
 
-// The order in which two math warpgroups issue their steps (a step: the wgmmas of one A-scale
-// group, then their promotion). A step's wgmmas run about four times as long as its promotion.
-// In lockstep both warpgroups issued together, their wgmmas ended together, and both promoted
-// while the tensor pipe idled (63% busy, bench/NOTES.md). Here warpgroup 0 issues step n, then
-// warpgroup 1 its step n, then warpgroup 0 step n + 1, ...: the steps queue on the tensor pipe in
-// that order, so each warpgroup promotes while the other's wgmmas run, and the next step is
-// queued before the running one ends. A warpgroup passes the turn as soon as its wgmmas are
-// issued, not when they complete: waiting for completion would leave the pipe empty for the
-// hand-over. Two named barriers of both warpgroups (256 threads): the warpgroup whose turn it is
-// syncs, the other arrives. Warpgroup 1 arrives once at the start, so warpgroup 0 begins, and
-// warpgroup 0 takes that extra arrival back at the end (both run the same tiles, so every step
-// passes the turn once in each, and the phases never drift). Like the loaded-stage waits these
-// have no deadline of their own: a warpgroup that stops holds its stages, and the producer's
-// deadline traps.
-//
-// Single-pass tiles only: the two-pass 128 x 256 tile holds 192 accumulator registers a thread,
-// and the turns' bookkeeping made NVRTC 13.0 spill there.
-template <class Cfg>
-struct MathTurns {
-    static constexpr bool kOn = Cfg::kNumMathWarpgroups == 2 && Cfg::kNPasses == 1;
-    static constexpr u32 kThreads = 256;
-    u32 wg;  // 0 or 1
-
-    __device__ __forceinline__ explicit MathTurns(const MathThread<Cfg>& mt) : wg(mt.wg_m * Cfg::kWgN + mt.wg_n) {}
-    __device__ __forceinline__ void begin() const {
-        if constexpr (kOn)
-            if (wg == 1) ptx::bar_arrive(sync::kMathTurn0, kThreads);
-    }
-    __device__ __forceinline__ void wait() const {
-        if constexpr (kOn) ptx::bar_sync(wg == 0 ? sync::kMathTurn0 : sync::kMathTurn1, kThreads);
-    }
-    __device__ __forceinline__ void pass() const {
-        if constexpr (kOn) ptx::bar_arrive(wg == 0 ? sync::kMathTurn1 : sync::kMathTurn0, kThreads);
-    }
-    __device__ __forceinline__ void end() const {
-        if constexpr (kOn)
-            if (wg == 0) ptx::bar_sync(sync::kMathTurn0, kThreads);
-    }
-};
-
 // One promotion step: the wgmmas of A-scale group `h` of the k-block in `stage`.
 template <class Cfg>
 __device__ __forceinline__ void issue_step(const SharedStorage<Cfg>& sm, u32 stage, u32 h, u32 a_offset, u32 b_offset,
@@ -260,9 +218,8 @@ inline constexpr bool kRunsAfterFirstIssue<NothingAfterFirstIssue> = false;
 template <class Cfg, bool kFirst, class AfterFirstIssue>
 __device__ __forceinline__ void consume_k_block(const float* sfb, u32 num_k_blocks, u32 kb, u32 a_offset, u32 b_offset,
                                                 const SharedStorage<Cfg>& sm, PipelineState<Cfg::kStages>& st,
-                                                const MathThread<Cfg>& mt, const MathTurns<Cfg>& turns,
-                                                float (&acc)[64], PromotedSums<Cfg>& out, u32 cta_rank,
-                                                AfterFirstIssue& after_first_issue) {
+                                                const MathThread<Cfg>& mt, float (&acc)[64], PromotedSums<Cfg>& out,
+                                                u32 cta_rank, AfterFirstIssue& after_first_issue) {
     constexpr u32 kPasses = Cfg::kNPasses;
     // A pass's B scales start kWgTileN / kBSfN scale columns after the previous pass's.
     constexpr u32 kSfbPassStride = Cfg::kWgTileN / Cfg::kBSfN;
@@ -288,9 +245,7 @@ __device__ __forceinline__ void consume_k_block(const float* sfb, u32 num_k_bloc
 #pragma unroll
         for (u32 ps = 0; ps < kPasses; ++ps) {
             const StepScales sc = step_scales<Cfg>(sm, st.stage, h, mt, sb_lo[ps], sb_hi[ps]);
-            turns.wait();
             issue_step<Cfg>(sm, st.stage, h, a_offset, b_offset + ps * Cfg::kWgTileN * Cfg::kBlockK, acc);
-            turns.pass();
             if constexpr (kFirst) {
                 if (h == 0 && ps == 0) {
                     after_first_issue();
@@ -309,28 +264,27 @@ __device__ __forceinline__ void consume_k_block(const float* sfb, u32 num_k_bloc
 template <class Cfg, class AfterFirstIssue = NothingAfterFirstIssue>
 __device__ __forceinline__ void consume_tile(const GemmParams& p, const Tile& tile, u32 num_k_blocks,
                                              const SharedStorage<Cfg>& sm, PipelineState<Cfg::kStages>& st,
-                                             const MathThread<Cfg>& mt, const MathTurns<Cfg>& turns, float (&acc)[64],
-                                             PromotedSums<Cfg>& out, u32 cta_rank,
-                                             AfterFirstIssue after_first_issue = {}) {
+                                             const MathThread<Cfg>& mt, float (&acc)[64], PromotedSums<Cfg>& out,
+                                             u32 cta_rank, AfterFirstIssue after_first_issue = {}) {
     const u32 sfb_per_group = p.n / Cfg::kBSfN;
     const float* sfb =
         p.sfb + (static_cast<u64>(tile.group) * sfb_per_group + mt.col0(tile) / Cfg::kBSfN) * num_k_blocks;
     const u32 a_offset = mt.wg_m * Cfg::kWgTileM * Cfg::kBlockK;
     const u32 b_offset = mt.tile_col0() * Cfg::kBlockK;
     if constexpr (kRunsAfterFirstIssue<AfterFirstIssue>) {
-        consume_k_block<Cfg, true>(sfb, num_k_blocks, 0, a_offset, b_offset, sm, st, mt, turns, acc, out, cta_rank,
+        consume_k_block<Cfg, true>(sfb, num_k_blocks, 0, a_offset, b_offset, sm, st, mt, acc, out, cta_rank,
                                    after_first_issue);
         for (u32 kb = 1; kb < num_k_blocks; ++kb)
-            consume_k_block<Cfg, false>(sfb, num_k_blocks, kb, a_offset, b_offset, sm, st, mt, turns, acc, out,
-                                        cta_rank, after_first_issue);
+            consume_k_block<Cfg, false>(sfb, num_k_blocks, kb, a_offset, b_offset, sm, st, mt, acc, out, cta_rank,
+                                        after_first_issue);
     } else {
         // Nothing to overlap: one loop over every k-block (peeling the first costs the fused
         // kernel its uniform descriptors, tests/cpu/test_jit.py).
 #pragma unroll
         for (int i = 0; i < 64 * static_cast<int>(Cfg::kNPasses); ++i) out[i] = 0.0f;
         for (u32 kb = 0; kb < num_k_blocks; ++kb)
-            consume_k_block<Cfg, false>(sfb, num_k_blocks, kb, a_offset, b_offset, sm, st, mt, turns, acc, out,
-                                        cta_rank, after_first_issue);
+            consume_k_block<Cfg, false>(sfb, num_k_blocks, kb, a_offset, b_offset, sm, st, mt, acc, out, cta_rank,
+                                        after_first_issue);
     }
 }
 

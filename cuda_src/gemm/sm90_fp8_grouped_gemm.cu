@@ -86,8 +86,6 @@ __global__ void __launch_bounds__(
     } else {
         ptx::setmaxnreg_inc_sync_aligned<kMathRegs>();
         const MathThread<Cfg> mt(warpgroup - 1);
-        const MathTurns<Cfg> turns(mt);
-        turns.begin();
         PipelineState<kStages> st;
         float acc[64];
         PromotedSums<Cfg> out;
@@ -105,10 +103,9 @@ __global__ void __launch_bounds__(
             if (!tile.valid) {
                 store_pending();
                 release_end<Cfg>(sm, st, mt, cta_rank);
-                turns.end();
                 break;
             }
-            consume_tile<Cfg>(p, tile, num_k_blocks, sm, st, mt, turns, acc, out, cta_rank, store_pending);
+            consume_tile<Cfg>(p, tile, num_k_blocks, sm, st, mt, acc, out, cta_rank, store_pending);
             previous = tile;
         }
     }

@@ -10,7 +10,5 @@ namespace megamoe_rt::sync {
 constexpr u32 kEpilogueBarrier = 1;  // the math warpgroups of one tile exchange per-row amax (SwiGLU epilogue)
 constexpr u32 kMathBarrier = 2;      // fused: the 256 math threads between a tile's stores and its post
 constexpr u32 kPartialsBarrier = 3;  // fused across ranks: the relay warp tells the math warps the partials are in
-constexpr u32 kMathTurn0 = 4;        // gemm mainloop: math warpgroup 0 may issue its next step (gemm::MathTurns)
-constexpr u32 kMathTurn1 = 5;        // gemm mainloop: math warpgroup 1 may issue its next step
 
 }  // namespace megamoe_rt::sync

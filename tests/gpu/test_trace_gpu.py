@@ -34,3 +34,10 @@ def test_trace_writes_every_blocks_stages(mode, tmp_path):
         k2 = {s["args"]["sm"] for s in spans if s["cat"] == "K2 L2+scatter"}
         assert k1 and k2 and not k1 & k2  # disjoint green partitions
     assert trace["otherData"]["mode"] == mode
+    # The data waits (per block, us): sums of waits inside the call, so none exceeds the call's
+    # span times the warps that add to it (the producer's one, dispatch's few).
+    waits = trace["otherData"]["wait_us_per_block"]
+    assert set(waits) == {"wait_rows", "wait_ring", "wait_l1_out", "wait_dispatch"}
+    call_us = max(s["ts"] + s["dur"] for s in spans) - min(s["ts"] for s in spans)
+    assert all(0 <= v <= 4 * call_us for v in waits.values()), (waits, call_us)
+    assert waits["wait_rows"] + waits["wait_l1_out"] > 0  # L1 waits on dispatch, L2 on L1

@@ -14,6 +14,41 @@ from megamoe_rt.modes.base import Call
 from megamoe_rt.runtime import args
 from megamoe_rt.runtime.arrays import as_device_array, check_array, check_disjoint, cupy_stream, require_cupy
 
+# Type strings a call's arrays pass with on the short path (numpy's spellings, which CuPy
+# exports); any other spelling takes the full path, which knows them all and names what is wrong.
+_E4M3_TYPESTRS = ("|u1", "<u1")  # e4m3 codes in a uint8 container
+_F32_TYPESTRS = ("<f4",)
+_ID_TYPESTRS = ("<i4", "<i8")
+_BF16_TYPESTRS = ("<u2",)  # bf16 bits in a uint16 container
+
+
+def _plain_2d(obj: Any, typestrs: tuple[str, ...], device: int) -> tuple[int, int, int, int] | None:
+    """(pointer, rows, columns, itemsize) of an array that describes itself by
+    ``__cuda_array_interface__`` (read once) as 2-D, C-contiguous (no strides, or exactly the C
+    strides), unmasked, of a type string in ``typestrs``, on ``device`` by its own word; else None."""
+    try:
+        cai = obj.__cuda_array_interface__
+        typestr, shape, ptr = cai["typestr"], cai["shape"], cai["data"][0]
+        strides, mask = cai.get("strides"), cai.get("mask")
+        dev = obj.device
+    except Exception:
+        return None
+    if typestr not in typestrs or mask is not None or len(shape) != 2 or type(ptr) is not int:
+        return None
+    rows, cols = shape
+    if type(rows) is not int or type(cols) is not int:
+        return None
+    # CuPy's devices say .id, torch's .index, as the full path reads them.
+    where = getattr(dev, "id", None)
+    if type(where) is not int:
+        where = getattr(dev, "index", None)
+    if type(where) is not int or where != device:
+        return None
+    itemsize = int(typestr[2:])
+    if strides is not None and tuple(strides) != (cols * itemsize, itemsize):
+        return None
+    return ptr, rows, cols, itemsize
+
 
 @dataclass(frozen=True)
 class CallChecks:
@@ -49,6 +84,13 @@ class CallChecks:
 
     def batch(self, x, x_sf, topk_idx, topk_weights, out, sh: int, num_tokens_bound) -> tuple[Call, Any]:
         """The checked call of ``MegaMoE.__call__`` and its output array."""
+        passed = self._passing_batch(x, x_sf, topk_idx, topk_weights, out)
+        if passed is not None:
+            return passed._replace(bound=self.bound(num_tokens_bound, passed.num_tokens)), out
+        return self._checked_batch(x, x_sf, topk_idx, topk_weights, out, sh, num_tokens_bound)
+
+    def _checked_batch(self, x, x_sf, topk_idx, topk_weights, out, sh: int, num_tokens_bound) -> tuple[Call, Any]:
+        """Every check, array by array, raising at the first that fails."""
         h, k, dev = self.hidden, self.num_topk, self.device
         xa = as_device_array(x, "x", stream=sh)
         check_array(xa, "x", dtypes=("e4m3",), ndim=2, device=dev)
@@ -67,6 +109,33 @@ class CallChecks:
         y, ya = self._output(out, t, sh)
         check_disjoint(ya, "out", {"x": xa, "x_sf": sfa, "topk_idx": ia, "topk_weights": wa})
         return Call(xa.ptr, sfa.ptr, ia.ptr, wa.ptr, ya.ptr, t, idx, bound), y
+
+    def _passing_batch(self, x, x_sf, topk_idx, topk_weights, out) -> Call | None:
+        """The call (its bound still to set) when every argument passes every check below, found
+        without describing each array: what a decode loop hands in call after call (CuPy arrays,
+        ``out`` given). None for anything else, and the full checks run and raise what is wrong.
+        It passes nothing the full checks refuse (tests/cpu/test_layer_calls.py)."""
+        h, k, dev = self.hidden, self.num_topk, self.device
+        xs = _plain_2d(x, _E4M3_TYPESTRS, dev)
+        sfs = _plain_2d(x_sf, _F32_TYPESTRS, dev)
+        ids = _plain_2d(topk_idx, _ID_TYPESTRS, dev)
+        ws = _plain_2d(topk_weights, _F32_TYPESTRS, dev)
+        ys = _plain_2d(out, _BF16_TYPESTRS, dev)
+        if xs is None or sfs is None or ids is None or ws is None or ys is None:
+            return None
+        t = xs[1]
+        if not 1 <= t <= self.capacity or xs[2] != h or ys[1:3] != (t, h):
+            return None
+        if sfs[1:3] != (t, h // 128) or ids[1:3] != (t, k) or ws[1:3] != (t, k):
+            return None
+        # The full checks' alignments: 16 bytes for the rows TMA and vector loads read, an element else.
+        if xs[0] % 16 or ys[0] % 16 or sfs[0] % 4 or ws[0] % 4 or ids[0] % ids[3]:
+            return None
+        y_lo, y_hi = ys[0], ys[0] + t * h * 2
+        for ptr, rows, cols, itemsize in (xs, sfs, ids, ws):
+            if ptr < y_hi and y_lo < ptr + rows * cols * itemsize:
+                return None  # the output over an input: the full checks name the pair
+        return Call(xs[0], sfs[0], ids[0], ws[0], ys[0], t, "int64" if ids[3] == 8 else "int32", 0)
 
     def streamed(self, num_tokens: Any, out: Any, sh: int, num_tokens_bound: Any) -> tuple[Call, Any]:
         """The checked call of ``MegaMoE.consume`` (inputs come from the ring) and its output."""

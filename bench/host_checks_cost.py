@@ -1,6 +1,7 @@
-"""Host cost of a layer call's argument checks (``CallChecks.batch``: five arrays described,
-checked and compared for overlap), on any machine: the arrays are bare
-``__cuda_array_interface__`` objects with the device named, so no driver call is made. This
+"""Host cost of a layer call's argument checks (``CallChecks.batch``: five arrays checked and
+compared for overlap; these take its short path, as a decode loop's CuPy arrays do), on any
+machine: the arrays are bare ``__cuda_array_interface__`` objects with the device named, so no
+driver call is made. This
 is the part of an eager call's host time that does not depend on the GPU (the rest, stream
 queries and launches, is in ``megamoe-rt bench overhead``'s host column).
 

@@ -12,7 +12,14 @@ from typing import Any
 
 from megamoe_rt.modes.base import Call
 from megamoe_rt.runtime import args
-from megamoe_rt.runtime.arrays import as_device_array, check_array, check_disjoint, cupy_stream, require_cupy
+from megamoe_rt.runtime.arrays import (
+    as_device_array,
+    check_array,
+    check_disjoint,
+    cupy_stream,
+    plain_2d,
+    require_cupy,
+)
 
 # Type strings a call's arrays pass with on the short path (numpy's spellings, which CuPy
 # exports); any other spelling takes the full path, which knows them all and names what is wrong.
@@ -20,34 +27,6 @@ _E4M3_TYPESTRS = ("|u1", "<u1")  # e4m3 codes in a uint8 container
 _F32_TYPESTRS = ("<f4",)
 _ID_TYPESTRS = ("<i4", "<i8")
 _BF16_TYPESTRS = ("<u2",)  # bf16 bits in a uint16 container
-
-
-def _plain_2d(obj: Any, typestrs: tuple[str, ...], device: int) -> tuple[int, int, int, int] | None:
-    """(pointer, rows, columns, itemsize) of an array that describes itself by
-    ``__cuda_array_interface__`` (read once) as 2-D, C-contiguous (no strides, or exactly the C
-    strides), unmasked, of a type string in ``typestrs``, on ``device`` by its own word; else None."""
-    try:
-        cai = obj.__cuda_array_interface__
-        typestr, shape, ptr = cai["typestr"], cai["shape"], cai["data"][0]
-        strides, mask = cai.get("strides"), cai.get("mask")
-        dev = obj.device
-    except Exception:
-        return None
-    if typestr not in typestrs or mask is not None or len(shape) != 2 or type(ptr) is not int:
-        return None
-    rows, cols = shape
-    if type(rows) is not int or type(cols) is not int:
-        return None
-    # CuPy's devices say .id, torch's .index, as the full path reads them.
-    where = getattr(dev, "id", None)
-    if type(where) is not int:
-        where = getattr(dev, "index", None)
-    if type(where) is not int or where != device:
-        return None
-    itemsize = int(typestr[2:])
-    if strides is not None and tuple(strides) != (cols * itemsize, itemsize):
-        return None
-    return ptr, rows, cols, itemsize
 
 
 @dataclass(frozen=True)
@@ -116,11 +95,11 @@ class CallChecks:
         ``out`` given). None for anything else, and the full checks run and raise what is wrong.
         It passes nothing the full checks refuse (tests/cpu/test_layer_calls.py)."""
         h, k, dev = self.hidden, self.num_topk, self.device
-        xs = _plain_2d(x, _E4M3_TYPESTRS, dev)
-        sfs = _plain_2d(x_sf, _F32_TYPESTRS, dev)
-        ids = _plain_2d(topk_idx, _ID_TYPESTRS, dev)
-        ws = _plain_2d(topk_weights, _F32_TYPESTRS, dev)
-        ys = _plain_2d(out, _BF16_TYPESTRS, dev)
+        xs = plain_2d(x, _E4M3_TYPESTRS, dev)
+        sfs = plain_2d(x_sf, _F32_TYPESTRS, dev)
+        ids = plain_2d(topk_idx, _ID_TYPESTRS, dev)
+        ws = plain_2d(topk_weights, _F32_TYPESTRS, dev)
+        ys = plain_2d(out, _BF16_TYPESTRS, dev)
         if xs is None or sfs is None or ids is None or ws is None or ys is None:
             return None
         t = xs[1]

@@ -134,13 +134,13 @@ def earliest_stamp(stamps: Any, events: Sequence[str]) -> int:
 
 
 def wait_us_per_block(stamps: Any, events: Sequence[str]) -> dict[str, float]:
-    """Each data-wait sum (the ``wait_*_ns`` columns) averaged over the blocks that ran, in us."""
+    """Each data-wait sum (the ``*_ns`` columns after ``"sm"``) averaged over the blocks that
+    ran, in us."""
     col = {e: j for j, e in enumerate(events)}
     ran = [row for row in stamps if int(row[col["start"]])]
     return {
-        e[: -len("_ns")]: (sum(int(row[col[e]]) for row in ran) / len(ran) / 1e3 if ran else 0.0)
-        for e in events
-        if e.startswith("wait_") and e.endswith("_ns")
+        e.removesuffix("_ns"): (sum(int(row[col[e]]) for row in ran) / len(ran) / 1e3 if ran else 0.0)
+        for e in events[events.index("sm") + 1 :]
     }
 
 

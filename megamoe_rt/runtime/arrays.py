@@ -111,15 +111,40 @@ def _from_cai(obj: Any, cai: Any, name: str) -> DeviceArray:
     strides = cai.get("strides")
     strides = _c_strides(shape, ELEMENT_SIZE[dtype]) if strides is None else tuple(int(s) for s in strides)
     ptr = int(cai["data"][0])
-    device = None
+    return DeviceArray(ptr, shape, dtype, strides, producer_device(obj), owner=obj)
+
+
+def producer_device(obj: Any) -> int | None:
+    """The device an array object says it is on, or None when it does not say."""
     dev = getattr(obj, "device", None)
     # CuPy devices have .id; torch devices .index (None for the current device).
     for attr in ("id", "index"):
         value = getattr(dev, attr, None) if dev is not None else None
         if isinstance(value, int):
-            device = value
-            break
-    return DeviceArray(ptr, shape, dtype, strides, device, owner=obj)
+            return value
+    return None
+
+
+def plain_2d(obj: Any, typestrs: tuple[str, ...], device: int) -> tuple[int, int, int, int] | None:
+    """(pointer, rows, columns, itemsize) of an array that describes itself by
+    ``__cuda_array_interface__`` (read once) as 2-D, C-contiguous (no strides, or exactly the C
+    strides), unmasked, of a type string in ``typestrs`` (numpy's spellings), on ``device`` by its
+    own word; else None. The cheap test a call's arrays pass before the full description above."""
+    try:
+        cai = obj.__cuda_array_interface__
+        typestr, shape, ptr = cai["typestr"], cai["shape"], cai["data"][0]
+        strides, mask = cai.get("strides"), cai.get("mask")
+    except Exception:
+        return None
+    if typestr not in typestrs or mask is not None or len(shape) != 2 or type(ptr) is not int:
+        return None
+    rows, cols = shape
+    if type(rows) is not int or type(cols) is not int or producer_device(obj) != device:
+        return None
+    itemsize = ELEMENT_SIZE[_TYPESTR[typestr[1:]]]
+    if strides is not None and tuple(strides) != (cols * itemsize, itemsize):
+        return None
+    return ptr, rows, cols, itemsize
 
 
 # --- DLPack (read-only consumer; the capsule stays alive with the view) ------------------

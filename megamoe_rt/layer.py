@@ -199,7 +199,8 @@ class MegaMoE:
         try:
             self._check_usable()
             sh = streams.stream_handle(stream)
-            capturing = streams.stream_is_capturing(sh)
+            ask = self.group is not None or self.debug or self._reports.pending()  # else capture is moot
+            capturing = ask and streams.stream_is_capturing(sh)
             if self.group is None and not capturing:
                 self._reports.raise_pending(wait=False)
             call, y = prepare(sh)
@@ -272,8 +273,7 @@ class MegaMoE:
     # --- reports -------------------------------------------------------------------------
 
     def memory_report(self) -> str:
-        """Per-region MiB of this layer's buffer, then the mode's notes (a ring against the full
-        pool; a token window's buffer against the one without a window)."""
+        """Per-region MiB of the buffer, then the mode's notes (ring and token window against none)."""
         notes = [self.layout.format_report(), self.runner.memory_notes()]
         if self.token_window is not None:
             notes.append(token_window_note(self.runner, self.num_max_tokens_per_rank, self.token_window))

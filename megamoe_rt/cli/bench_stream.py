@@ -4,8 +4,9 @@ Sequential is what a pipeline does without the input ring: the same router over 
 once (its gating product, routing and quantized activations in one launch,
 ``Router.route_batch``), then the layer's call, in the default mode (``sequential fused``: the
 arm a streamed call must beat) and in the baseline mode. Streamed: the layer's call (on one
-GPU the fused kernel's streamed role, ``mode="fused"``; across ranks the unfused mode's chunk
-calls) is enqueued first on its stream and consumes chunks while the
+GPU the fused kernel's streamed role, ``mode="fused"``, and beside it, as ``streamed unfused``,
+the unfused mode's call-wide pool; across ranks the unfused mode's chunk calls) is enqueued
+first on its stream and consumes chunks while the
 router (megamoe_rt/routers.py) produces them on another stream, a round of the ring per launch,
 each chunk published as soon as it is done. Every arm is timed between CUDA events on the
 timer's stream (the producer stream forks from it and joins it), so each covers router and
@@ -133,27 +134,34 @@ def _bench_cell(
     # Each rank's own tokens; one gate matrix over every rank's experts, the same on every rank.
     hidden = cp.random.RandomState(t * 1000 + rank).standard_normal((t, p.hidden), dtype=cp.float32)
     gate = cp.random.RandomState(t).standard_normal((p.hidden, experts), dtype=cp.float32) / 64
-    # One GPU: the fused kernel's streamed role; across ranks the default (unfused chunk calls).
-    streamed_mode = default_mode() if group is None else None
-    streamed = MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, t, streaming=cfg, group=group, mode=streamed_mode)
+    # One GPU: the fused kernel's streamed role, and beside it the baseline mode's streamed call
+    # (the call-wide pool, GEMMs after the seal); across ranks the default (unfused chunk calls).
+    streamed_modes: dict[str, str | None] = {"streamed": default_mode() if group is None else None}
+    if group is None and default_mode() != baseline_mode():
+        streamed_modes[f"streamed {baseline_mode()}"] = baseline_mode()
+    streamed = {
+        arm: MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, t, streaming=cfg, group=group, mode=mode)
+        for arm, mode in streamed_modes.items()
+    }
     layers = {m: MegaMoE(p.hidden, p.intermediate, experts, p.num_topk, t, mode=m, group=group) for m in SEQUENTIAL}
-    for layer in (streamed, *layers.values()):
+    for layer in (*streamed.values(), *layers.values()):
         layer.load_weights(*weights)
-    router = Router(experts, p.num_topk, streamed)
+    routers = {arm: Router(experts, p.num_topk, layer) for arm, layer in streamed.items()}
     y = cp.empty((t, p.hidden), dtype=cp.uint16)
     producer = cp.cuda.Stream(non_blocking=True)
-    router.warm(hidden, gate, producer)  # the producer's kernels loaded before any layer call waits
+    for router in routers.values():
+        router.warm(hidden, gate, producer)  # the producer's kernels loaded before any layer call waits
     fork, join = cp.cuda.Event(disable_timing=True), cp.cuda.Event(disable_timing=True)
 
     def sequential(layer: Any) -> None:
-        x, x_sf, idx, w, _ = router.route_batch(hidden, gate)  # the same router, every token in one launch
+        x, x_sf, idx, w, _ = routers["streamed"].route_batch(hidden, gate)  # every token in one launch
         layer(x, x_sf, idx, w, out=y, num_tokens_bound=t)
 
-    def streamed_call() -> None:
+    def streamed_call(layer: Any, router: Any) -> None:
         main = cp.cuda.get_current_stream()
         fork.record(main)
         producer.wait_event(fork)
-        streamed.consume(t, out=y, stream=main, num_tokens_bound=t)
+        layer.consume(t, out=y, stream=main, num_tokens_bound=t)
         router.produce(hidden, gate, producer)
         join.record(producer)
         main.wait_event(join)
@@ -161,14 +169,18 @@ def _bench_cell(
     arms: dict[str, Callable[[], None]] = {
         f"sequential {m}": functools.partial(sequential, layer) for m, layer in layers.items()
     }
-    arms["streamed"] = streamed_call
+    for arm, layer in streamed.items():
+        arms[arm] = functools.partial(streamed_call, layer, routers[arm])
     results = bracketed(DeviceTimer(calls=10), arms, rounds=rounds)
-    same = _streamed_is_sequential(cp, streamed, layers[SEQUENTIAL[0]], router, hidden, gate, producer)
+    same = all(
+        _streamed_is_sequential(cp, layer, layers[SEQUENTIAL[0]], routers[arm], hidden, gate, producer)
+        for arm, layer in streamed.items()
+    )
     mine = {"arms": {arm: arm_times(res) for arm, res in results.items()}, "same": same}
     everyone = every_rank(group, mine, key="bench-stream")
     if group is not None:
         group.barrier()  # no rank frees its buffers while a peer's last call may still read them
-    for layer in (streamed, *layers.values()):
+    for layer in (*streamed.values(), *layers.values()):
         layer.close()
     cp.get_default_memory_pool().free_all_blocks()
     return everyone

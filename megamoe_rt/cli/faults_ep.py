@@ -234,26 +234,35 @@ def settings_differ(ctx: Any, out_dir: str, kind: str = "layer") -> None:
     note(out_dir, str(ctx.rank), seen=seen, took=took, later=_good_call(ctx))
 
 
-def hold_device_memory(floor: int = 512) -> list[int]:
+def hold_device_memory(floor: int = 512) -> list[Any]:
     """Allocate every byte of free device memory there is (raw allocations, down to ``floor``
-    bytes, CuPy's cached blocks given back first); the pointers, for :func:`release`."""
+    bytes, CuPy's cached blocks given back first), then every byte CuPy's pool still has free
+    inside chunks it keeps (a chunk partly in use is never given back, and serves small arrays
+    without asking the driver); what is held, for :func:`release`."""
     import cupy as cp
 
     cp.get_default_memory_pool().free_all_blocks()
-    held, size = [], 1 << 36
-    while size >= floor:
-        try:
-            held.append(cp.cuda.runtime.malloc(size))
-        except cp.cuda.runtime.CUDARuntimeError:
-            size //= 2
+    held: list[Any] = []
+    for alloc, failed in (
+        (cp.cuda.runtime.malloc, cp.cuda.runtime.CUDARuntimeError),
+        (cp.cuda.alloc, cp.cuda.memory.OutOfMemoryError),
+    ):
+        size = 1 << 36
+        while size >= floor:
+            try:
+                held.append(alloc(size))
+            except failed:
+                size //= 2
     return held
 
 
-def release(held: list[int]) -> None:
+def release(held: list[Any]) -> None:
     import cupy as cp
 
-    for ptr in held:
-        cp.cuda.runtime.free(ptr)
+    for block in held:
+        if isinstance(block, int):  # a raw allocation; the pool's blocks go back as they are dropped
+            cp.cuda.runtime.free(block)
+    held.clear()
 
 
 def oom_at_construction(ctx: Any, out_dir: str, kind: str = "layer") -> None:

@@ -12,6 +12,10 @@ from typing import Any
 from megamoe_rt.runtime import driver
 from megamoe_rt.runtime.streams import stream_handle
 
+# Configurations one kernel keeps (each names a stream: a caller cycling through many streams
+# starts over rather than growing the table).
+_MAX_CACHED_CONFIGS = 64
+
 
 def _launch_config(
     grid: Sequence[int],
@@ -71,6 +75,10 @@ class LoadedKernel:
         self.kernel = driver.call(cu.cuLibraryGetKernel, self.library, lowered_name.encode())
         self.function = driver.call(cu.cuKernelGetFunction, self.kernel)
         self.dynamic_smem_bytes = int(dynamic_smem_bytes)
+        # Launch configurations by their fields: a layer's launches repeat a few shapes on a few
+        # streams, and building one (the driver's config and attribute objects) costs more host
+        # time than the launch itself.
+        self._configs: dict[tuple, Any] = {}
         if self.dynamic_smem_bytes > 48 * 1024:
             driver.call(
                 cu.cuFuncSetAttribute,
@@ -133,9 +141,22 @@ class LoadedKernel:
         if cluster is None and not cooperative and not programmatic:
             driver.call(cu.cuLaunchKernel, func, *g, *b, smem, stream_handle(stream), ctypes.addressof(ptrs), 0)
             return
-        cfg = _launch_config(
-            g, b, smem, stream_handle(stream), cluster=cluster, cooperative=cooperative, programmatic=programmatic
+        key = (
+            g,
+            b,
+            smem,
+            stream_handle(stream),
+            None if cluster is None else tuple(cluster),
+            cooperative,
+            programmatic,
         )
+        cfg = self._configs.get(key)
+        if cfg is None:
+            if len(self._configs) >= _MAX_CACHED_CONFIGS:
+                self._configs.clear()
+            cfg = self._configs[key] = _launch_config(
+                g, b, smem, key[3], cluster=cluster, cooperative=cooperative, programmatic=programmatic
+            )
         driver.call(cu.cuLaunchKernelEx, cfg, func, ctypes.addressof(ptrs), 0)
 
     def max_active_clusters(self, block: Sequence[int], cluster: Sequence[int], smem_bytes: int | None = None) -> int:

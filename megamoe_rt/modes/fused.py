@@ -312,9 +312,10 @@ class FusedMode(Mode):
 
     name = "fused"
     MAX_RANKS = 32  # the signal relay waits on peers with one lane of a warp per rank
-    # The streamed role runs when asked for by name (mode="fused", one rank) until it has passed
-    # its GPU tests (bench/results/stream_fused_first_runs_2026-12-05.md); the default streams
-    # in the unfused mode. It streams over the full pool only.
+    # The streamed role runs when asked for by name (mode="fused", one rank): it holds the
+    # producer's SMs back for the whole call and measured 1.6-1.8x the unfused streamed call's
+    # time (bench/results/stream_fused_role_2026-12-05.md), so the default streams in the
+    # unfused mode. It streams over the full pool only.
     streams_by_default = False
     streams_over_ring = False
 

@@ -78,7 +78,7 @@ class LoadedKernel:
         # Launch configurations by their fields: a layer's launches repeat a few shapes on a few
         # streams, and building one (the driver's config and attribute objects) costs more host
         # time than the launch itself.
-        self._configs: dict[tuple, Any] = {}
+        self._configs: dict[tuple[Any, ...], Any] = {}
         if self.dynamic_smem_bytes > 48 * 1024:
             driver.call(
                 cu.cuFuncSetAttribute,

@@ -27,6 +27,9 @@
 #   gemm-first the most per minute after a mainloop change, in one 10-minute job: the GEMM tests,
 #              bench gemm at 8192 tokens base / tree / base (.base as for ab), then this tree's
 #              tiles side by side at 8192 tokens
+#   arch-ab    bench overhead and bench moe in every mode, at 64 and 2048 tokens, in .base-arch (the
+#              tree before the object model and host-path work, e30b8b7: mkdir .base-arch && git archive
+#              e30b8b7 | tar -x -C .base-arch; carry it) and in this one, base then tree
 #   ab         bench gemm and bench moe (fused) in the baseline tree .base and in this one, base /
 #              tree / base (bench/ab_run.sh; export the baseline first and carry .base:
 #              mkdir .base && git archive <commit> | tar -x -C .base)
@@ -38,23 +41,25 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-STAGE=${1:?"usage: bench/one_gpu_runs.sh verify|verify-ep|gemm|gemm-first|tiles|prefill|overhead|faults|ab|stream|host [OUT_DIR]"}
+STAGE=${1:?"usage: bench/one_gpu_runs.sh verify|verify-ep|gemm|gemm-first|tiles|prefill|overhead|faults|ab|arch-ab|stream|host [OUT_DIR]"}
 OUT=${2:-bench/results}
 mkdir -p "$OUT"
 export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 log="$OUT/one_gpu_$STAGE.txt"
 
 case "$STAGE" in
-verify | verify-ep | gemm | gemm-first | tiles | prefill | overhead | faults | ab | stream | host) ;;
+verify | verify-ep | gemm | gemm-first | tiles | prefill | overhead | faults | ab | arch-ab | stream | host) ;;
 *)
-    echo "bench/one_gpu_runs.sh: unknown stage '$STAGE' (verify, verify-ep, gemm, gemm-first, tiles, prefill, overhead, faults, ab, stream, host)" >&2
+    echo "bench/one_gpu_runs.sh: unknown stage '$STAGE' (verify, verify-ep, gemm, gemm-first, tiles, prefill, overhead, faults, ab, arch-ab, stream, host)" >&2
     exit 2
     ;;
 esac
 python3 -m megamoe_rt compile --all >"$OUT/one_gpu_${STAGE}_compile.txt" 2>&1
-if [ "$STAGE" = ab ] || [ "$STAGE" = gemm-first ]; then
-    [ -d .base/megamoe_rt ] || { echo "bench/one_gpu_runs.sh ab: no baseline tree in .base" >&2; exit 2; }
-    (cd .base && python3 -m megamoe_rt compile --all) >"$OUT/one_gpu_ab_base_compile.txt" 2>&1
+if [ "$STAGE" = ab ] || [ "$STAGE" = gemm-first ] || [ "$STAGE" = arch-ab ]; then
+    base=.base
+    [ "$STAGE" = arch-ab ] && base=.base-arch
+    [ -d $base/megamoe_rt ] || { echo "bench/one_gpu_runs.sh $STAGE: no baseline tree in $base" >&2; exit 2; }
+    (cd $base && python3 -m megamoe_rt compile --all) >"$OUT/one_gpu_${STAGE}_base_compile.txt" 2>&1
 fi
 
 case "$STAGE" in
@@ -103,6 +108,13 @@ ab)
     bench/ab_run.sh "$OUT/ab_gemm" gemm --presets flash,pro,v3 --tokens 2048,8192 2>&1 | tee "$log"
     AB_BASE_TWICE=0 bench/ab_run.sh "$OUT/ab_moe" moe --mode fused --preset flash,v3 --tokens 2048,8192 \
         2>&1 | tee -a "$log"
+    ;;
+arch-ab)
+    # The baseline's bench names its JSON file with --json PATH.
+    AB_BASE=.base-arch AB_BASE_JSON_FLAG=--json AB_BASE_TWICE=0 bench/ab_run.sh "$OUT/arch_ab_overhead" overhead \
+        --presets flash,v3 --tokens 64,2048 --mode fused,unfused,split 2>&1 | tee "$log"
+    AB_BASE=.base-arch AB_BASE_JSON_FLAG=--json AB_BASE_TWICE=0 bench/ab_run.sh "$OUT/arch_ab_moe" moe \
+        --mode fused,unfused,split --presets flash,v3 --tokens 64,2048 --no-torch 2>&1 | tee -a "$log"
     ;;
 stream)
     python3 bench/stream_diag.py 256 4 256 2>&1 | tee "$log"

@@ -58,8 +58,8 @@ def test_the_one_gpu_runs_refuse_an_unknown_stage_and_their_benchmarks_parse(tmp
     out = subprocess.run(["bash", str(script), "nope", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert (
         out.returncode == 2
-        and "unknown stage 'nope' (verify, verify-ep, gemm, gemm-first, tiles, prefill, overhead, faults, ab, stream, "
-        "host)"
+        and "unknown stage 'nope' (verify, verify-ep, gemm, gemm-first, tiles, prefill, overhead, faults, ab, arch-ab, "
+        "stream, host)"
         in out.stderr
     )
     from megamoe_rt.cli.main import build_parser
@@ -75,6 +75,6 @@ def test_the_one_gpu_runs_refuse_an_unknown_stage_and_their_benchmarks_parse(tmp
         assert ns.output.startswith("out/one_gpu_"), argv
     # The A/B arms: bench/ab_run.sh appends `-o FILE` to what follows its output directory.
     ab = [shlex.split(m.group(1)) for m in re.finditer(r'bench/ab_run\.sh "\$OUT/[^"]+" (.*?)\s*2>&1', joined)]
-    assert sorted(a[0] for a in ab) == ["gemm", "gemm", "moe"]
+    assert sorted(a[0] for a in ab) == ["gemm", "gemm", "moe", "moe", "overhead"]
     for argv in ab:
         assert build_parser().parse_args(["bench", *argv, "-o", "out/ab.json"]).output == "out/ab.json"

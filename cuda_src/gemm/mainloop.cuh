@@ -208,71 +208,33 @@ inline constexpr bool kRunsAfterFirstIssue = true;
 template <>
 inline constexpr bool kRunsAfterFirstIssue<NothingAfterFirstIssue> = false;
 
-// The B scales of one k-block for this thread: per 128-column pass, the scale of its first 64
-// columns and (with 64-column B scales) of the next 64.
-template <class Cfg>
-struct KBlockBScales {
-    float lo[Cfg::kNPasses], hi[Cfg::kNPasses];
-};
-
-// Where this thread's B scales of one k-block are in global memory (L2-resident, a few words per
-// k-block): a pointer per value, each stepping one float per k-block. `sfb` points at this
-// thread's first scale column of k-block 0; a pass's scales start kWgTileN / kBSfN scale columns
-// after the previous pass's, and a column's k-blocks are contiguous.
-template <class Cfg>
-struct BScaleCursor {
-    const float* lo[Cfg::kNPasses];
-    const float* hi[Cfg::kNPasses];
-
-    __device__ __forceinline__ BScaleCursor(const float* sfb, u32 num_k_blocks) {
-        constexpr u32 kSfbPassStride = Cfg::kWgTileN / Cfg::kBSfN;
-#pragma unroll
-        for (u32 ps = 0; ps < Cfg::kNPasses; ++ps) {
-            lo[ps] = sfb + ps * kSfbPassStride * num_k_blocks;
-            hi[ps] = Cfg::kBSfN == 64 ? lo[ps] + num_k_blocks : lo[ps];
-        }
-    }
-    __device__ __forceinline__ KBlockBScales<Cfg> load() const {
-        KBlockBScales<Cfg> s;
-#pragma unroll
-        for (u32 ps = 0; ps < Cfg::kNPasses; ++ps) {
-            s.lo[ps] = ptx::ld_global_nc_f32(lo[ps]);
-            s.hi[ps] = Cfg::kBSfN == 64 ? ptx::ld_global_nc_f32(hi[ps]) : s.lo[ps];
-        }
-        return s;
-    }
-    // To the next k-block; past the last one it stays (a load there reads the last again).
-    __device__ __forceinline__ void advance(bool more) {
-#pragma unroll
-        for (u32 ps = 0; ps < Cfg::kNPasses; ++ps) {
-            lo[ps] += more ? 1 : 0;
-            hi[ps] += more ? 1 : 0;
-        }
-    }
-};
-
-// One k-block of a tile: the loaded-stage wait, per promotion step its scales, wgmmas and
-// promotion, then the stage's release. `cur` holds this k-block's B scales; the next k-block's are
-// loaded into `next` here, a whole k-block before the promotion that needs them. Loaded in the
-// k-block itself, ptxas scheduled the load after the wait's TRYWAIT and the first QGMMA (SASS of
-// every variant), and the first promotion FMUL waited on it (bench/NOTES.md). The last k-block
-// loads its own scales again rather than branch. kFirst: the tile's first k-block, which runs
+// One k-block of a tile: B scales, the loaded-stage wait, per promotion step its scales, wgmmas
+// and promotion, then the stage's release. kFirst: the tile's first k-block, which runs
 // `after_first_issue` and zeroes `out` once its first step's wgmmas are in flight (h and ps are
 // unrolled, so that point is fixed at compile time and no branch of the loop's own decides
 // whether it runs). The hook itself may branch (the stores' row checks): ptxas keeps the wgmmas
 // in flight across it as long as it touches no accumulator register, which tests/cpu/test_jit.py
 // checks through ptxas's C7518 warning.
 template <class Cfg, bool kFirst, class AfterFirstIssue>
-__device__ __forceinline__ void consume_k_block(BScaleCursor<Cfg>& sfb, u32 num_k_blocks, u32 kb,
-                                                const KBlockBScales<Cfg>& cur, KBlockBScales<Cfg>& next, u32 a_offset,
-                                                u32 b_offset, const SharedStorage<Cfg>& sm,
-                                                PipelineState<Cfg::kStages>& st, const MathThread<Cfg>& mt,
-                                                float (&acc)[64], PromotedSums<Cfg>& out, u32 cta_rank,
-                                                AfterFirstIssue& after_first_issue) {
+__device__ __forceinline__ void consume_k_block(const float* sfb, u32 num_k_blocks, u32 kb, u32 a_offset, u32 b_offset,
+                                                const SharedStorage<Cfg>& sm, PipelineState<Cfg::kStages>& st,
+                                                const MathThread<Cfg>& mt, float (&acc)[64], PromotedSums<Cfg>& out,
+                                                u32 cta_rank, AfterFirstIssue& after_first_issue) {
     constexpr u32 kPasses = Cfg::kNPasses;
+    // A pass's B scales start kWgTileN / kBSfN scale columns after the previous pass's.
+    constexpr u32 kSfbPassStride = Cfg::kWgTileN / Cfg::kBSfN;
     constexpr u32 kSteps = Cfg::kSfaRowsPerStage;
-    sfb.advance(kb + 1 < num_k_blocks);
-    next = sfb.load();
+    // B scales come straight from global (L2-resident, a few words per k-block), written
+    // before the wait so their latency can hide behind it. ptxas schedules the LDG after the
+    // wait's TRYWAIT and the k-block's first QGMMA all the same (SASS of every variant), so
+    // the first promotion FMUL waits on it behind only this k-block's wgmmas (bench/NOTES.md).
+    float sb_lo[kPasses], sb_hi[kPasses];
+#pragma unroll
+    for (u32 ps = 0; ps < kPasses; ++ps) {
+        const float* sfb_pass = sfb + ps * kSfbPassStride * num_k_blocks;
+        sb_lo[ps] = ptx::ld_global_nc_f32(sfb_pass + kb);
+        sb_hi[ps] = Cfg::kBSfN == 64 ? ptx::ld_global_nc_f32(sfb_pass + num_k_blocks + kb) : sb_lo[ps];
+    }
     // No deadline here: the math warpgroups wait once per k-block, and a deadline check in
     // this loop (never taken) made the plain GEMM 6-7% slower (bench/NOTES.md). The wait is
     // bounded all the same: loads that never land leave their stage unreleased, so the
@@ -282,7 +244,7 @@ __device__ __forceinline__ void consume_k_block(BScaleCursor<Cfg>& sfb, u32 num_
     for (u32 h = 0; h < kSteps; ++h) {
 #pragma unroll
         for (u32 ps = 0; ps < kPasses; ++ps) {
-            const StepScales sc = step_scales<Cfg>(sm, st.stage, h, mt, cur.lo[ps], cur.hi[ps]);
+            const StepScales sc = step_scales<Cfg>(sm, st.stage, h, mt, sb_lo[ps], sb_hi[ps]);
             issue_step<Cfg>(sm, st.stage, h, a_offset, b_offset + ps * Cfg::kWgTileN * Cfg::kBlockK, acc);
             if constexpr (kFirst) {
                 if (h == 0 && ps == 0) {
@@ -299,52 +261,30 @@ __device__ __forceinline__ void consume_k_block(BScaleCursor<Cfg>& sfb, u32 num_
     st.advance();
 }
 
-// K-blocks [kb, num_k_blocks) of a tile, two a trip: each k-block loads the next one's B scales
-// into the register set that k-block reads (`a` then `b` in turn), so no copy sits between a load
-// and its use (a copy at the end of a k-block would wait for the load, which undoes the prefetch).
-template <class Cfg, class AfterFirstIssue>
-__device__ __forceinline__ void consume_k_blocks(BScaleCursor<Cfg>& sfb, u32 num_k_blocks, u32 kb,
-                                                 KBlockBScales<Cfg>& a, KBlockBScales<Cfg>& b, u32 a_offset,
-                                                 u32 b_offset, const SharedStorage<Cfg>& sm,
-                                                 PipelineState<Cfg::kStages>& st, const MathThread<Cfg>& mt,
-                                                 float (&acc)[64], PromotedSums<Cfg>& out, u32 cta_rank,
-                                                 AfterFirstIssue& after_first_issue) {
-    for (; kb + 1 < num_k_blocks; kb += 2) {
-        consume_k_block<Cfg, false>(sfb, num_k_blocks, kb, a, b, a_offset, b_offset, sm, st, mt, acc, out, cta_rank,
-                                    after_first_issue);
-        consume_k_block<Cfg, false>(sfb, num_k_blocks, kb + 1, b, a, a_offset, b_offset, sm, st, mt, acc, out, cta_rank,
-                                    after_first_issue);
-    }
-    if (kb < num_k_blocks)
-        consume_k_block<Cfg, false>(sfb, num_k_blocks, kb, a, b, a_offset, b_offset, sm, st, mt, acc, out, cta_rank,
-                                    after_first_issue);
-}
-
 template <class Cfg, class AfterFirstIssue = NothingAfterFirstIssue>
 __device__ __forceinline__ void consume_tile(const GemmParams& p, const Tile& tile, u32 num_k_blocks,
                                              const SharedStorage<Cfg>& sm, PipelineState<Cfg::kStages>& st,
                                              const MathThread<Cfg>& mt, float (&acc)[64], PromotedSums<Cfg>& out,
                                              u32 cta_rank, AfterFirstIssue after_first_issue = {}) {
     const u32 sfb_per_group = p.n / Cfg::kBSfN;
-    BScaleCursor<Cfg> sfb(
-        p.sfb + (static_cast<u64>(tile.group) * sfb_per_group + mt.col0(tile) / Cfg::kBSfN) * num_k_blocks,
-        num_k_blocks);
+    const float* sfb =
+        p.sfb + (static_cast<u64>(tile.group) * sfb_per_group + mt.col0(tile) / Cfg::kBSfN) * num_k_blocks;
     const u32 a_offset = mt.wg_m * Cfg::kWgTileM * Cfg::kBlockK;
     const u32 b_offset = mt.tile_col0() * Cfg::kBlockK;
-    // The first k-block's scales: their load runs under the wait for the first loaded stage.
-    KBlockBScales<Cfg> a = sfb.load(), b;
     if constexpr (kRunsAfterFirstIssue<AfterFirstIssue>) {
-        consume_k_block<Cfg, true>(sfb, num_k_blocks, 0, a, b, a_offset, b_offset, sm, st, mt, acc, out, cta_rank,
+        consume_k_block<Cfg, true>(sfb, num_k_blocks, 0, a_offset, b_offset, sm, st, mt, acc, out, cta_rank,
                                    after_first_issue);
-        consume_k_blocks<Cfg>(sfb, num_k_blocks, 1, b, a, a_offset, b_offset, sm, st, mt, acc, out, cta_rank,
-                              after_first_issue);
+        for (u32 kb = 1; kb < num_k_blocks; ++kb)
+            consume_k_block<Cfg, false>(sfb, num_k_blocks, kb, a_offset, b_offset, sm, st, mt, acc, out, cta_rank,
+                                        after_first_issue);
     } else {
-        // Nothing to overlap: no k-block peeled (peeling the first costs the fused kernel its
-        // uniform descriptors, tests/cpu/test_jit.py).
+        // Nothing to overlap: one loop over every k-block (peeling the first costs the fused
+        // kernel its uniform descriptors, tests/cpu/test_jit.py).
 #pragma unroll
         for (int i = 0; i < 64 * static_cast<int>(Cfg::kNPasses); ++i) out[i] = 0.0f;
-        consume_k_blocks<Cfg>(sfb, num_k_blocks, 0, a, b, a_offset, b_offset, sm, st, mt, acc, out, cta_rank,
-                              after_first_issue);
+        for (u32 kb = 0; kb < num_k_blocks; ++kb)
+            consume_k_block<Cfg, false>(sfb, num_k_blocks, kb, a_offset, b_offset, sm, st, mt, acc, out, cta_rank,
+                                        after_first_issue);
     }
 }
 

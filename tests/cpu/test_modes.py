@@ -287,28 +287,6 @@ def test_testing_hooks_change_the_launch_parameters_only_inside_their_block():
     assert testing.fused_schedule_of(mode) is mode.schedules.buffer
 
 
-def test_a_repeated_call_reuses_its_parameter_struct_and_any_change_builds_a_new_one(monkeypatch):
-    mode = _mode(FusedMode, _spec())
-    mode.plan = RecordingPlan()
-    a, b = _call(t=64), _call(t=65)
-    for call in (a, a, b, a):
-        mode.run(call, 0)
-    p = [launch[1] for launch in mode.plan.launches]
-    assert p[1] is p[0] and p[2] is not p[1] and p[3] is not p[0]
-    assert [q.moe.num_tokens for q in p] == [64, 64, 65, 64]
-    monkeypatch.setenv("MEGAMOE_RT_TIMEOUT_S", "3")  # the deadline is part of the struct
-    mode.run(a, 0)
-    with testing.withhold_block(mode, 5):
-        mode.run(a, 0)
-    mode.run(a, 0)
-    *_, timed, withheld, after = [launch[1] for launch in mode.plan.launches]
-    assert timed is not p[3] and withheld.withhold_block == 5
-    assert after is not withheld and after.withhold_block == fk.NO_BLOCK
-    mode.plan = RecordingPlan()  # a new plan (weights loaded again): nothing of the old one is kept
-    mode.run(a, 0)
-    assert mode.plan.launches[0][1] is not after
-
-
 def test_testing_hooks_refuse_other_modes():
     with pytest.raises(TypeError, match="mode 'unfused'"):
         testing.withhold_block(_mode(UnfusedMode, _spec()), 0).__enter__()

@@ -46,7 +46,7 @@ def wait_timeout_ns(timeout_s: float | None = None) -> int:
     if timeout_s is None:
         timeout_s = env_seconds(ENV, DEFAULT_TIMEOUT_S)
     if not (math.isfinite(timeout_s) and timeout_s > 0):
-        raise ValueError(f"timeout: expected a positive number of seconds, got {timeout_s!r}")
+        raise ValueError(f"timeout_s: expected a positive number of seconds, got {timeout_s!r}")
     return max(MIN_TIMEOUT_NS, min(MAX_TIMEOUT_NS, int(min(timeout_s, MAX_TIMEOUT_NS * 1e-9) * 1e9)))
 
 

@@ -32,9 +32,10 @@ struct Config {
     static constexpr GroupLayout kLayout = kLayout_;
     // What the math warpgroups do with a finished tile: a policy type with
     //   template <class Cfg> static void store(const GemmParams&, const Tile&, const MathThread<Cfg>&,
-    //                                          const SharedStorage<Cfg>&, const float (&out)[64]);
-    // out holds the thread's promoted fp32 accumulators. Each policy lives in its own header
-    // (gemm/epilogue_*.cuh) and checks the tile configurations it supports itself.
+    //                                          const SharedStorage<Cfg>&, const PromotedSums<Cfg>& out);
+    // out holds the thread's promoted fp32 sums, one 64-float fragment per 128-column pass.
+    // Each policy lives in its own header (gemm/epilogue_*.cuh) and checks the tile
+    // configurations it supports itself.
     using Epilogue = Epilogue_;
 
     static constexpr u32 kWgTileM = 64, kWgTileN = 128, kWgmmaK = 32;

@@ -94,9 +94,7 @@ __global__ void __launch_bounds__(
         Tile previous{};  // invalid until the first tile is done
         const auto store_pending = [&] {
             if (!previous.valid) return;
-#pragma unroll
-            for (u32 pass = 0; pass < Cfg::kNPasses; ++pass)
-                Epilogue::template store<Cfg>(p, previous, mt.on_pass(pass), sm, pass_sums<Cfg>(out, pass));
+            Epilogue::template store<Cfg>(p, previous, mt, sm, out);
         };
         for (;;) {
             const Tile tile = announced_tile<Cfg>(sm, st);

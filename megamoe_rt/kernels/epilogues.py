@@ -60,9 +60,10 @@ def get_epilogue(name: str) -> Epilogue:
 def _swiglu_rule(*, block_m: int, block_n: int, b_sf_n: int, out_sf_gran: int, **_: object) -> str | None:
     if b_sf_n != 64:
         return "the SwiGLU epilogue needs 64-column B scales (interleaved gate|up halves)"
-    if out_sf_gran == 128 and (block_m, block_n) != (64, 256):
-        # A 128-wide group is 256 interleaved gate|up columns: two warpgroups side by side.
-        return "128-wide requant groups need the 64x256 tile"
+    if out_sf_gran == 128 and block_n != 256:
+        # A 128-wide group is 256 interleaved gate|up columns: two warpgroups side by side
+        # (64x256) or one warpgroup's two passes (128x256).
+        return "128-wide requant groups need a 256-column tile (64x256 or 128x256)"
     return None
 
 

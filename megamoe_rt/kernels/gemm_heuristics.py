@@ -9,11 +9,15 @@ from megamoe_rt.schedule.arith import ceil_div
 
 # Tiles built from the one wgmma shape (m64n128k32): rows split across warpgroups
 # (128x128), columns split (64x256), a single warpgroup (64x128), or rows split with each
-# warpgroup making two 128-column passes (128x256: less shared-memory traffic per FLOP;
-# built and offered to `megamoe-rt bench gemm --tiles`, not picked below until measured).
+# warpgroup making two 128-column passes (128x256: half the per-k-block and per-tile fixed
+# costs of 128x128 per FLOP).
 TILES = ((128, 128), (64, 256), (64, 128), (128, 256))
+# Throughput of each tile on full waves, relative to 128x128: flash, pro and v3 at 2048 and 8192
+# tokens on the H200, `megamoe-rt bench gemm --tiles` (bench/results/gemm_tiles_h200_2026-12-05.md;
+# 128x256 is 1.10-1.13x there and 1.17-1.31x on an H100).
+TILE_RATE = {(128, 256): 1.1, (128, 128): 1.0, (64, 256): 0.8, (64, 128): 0.72}
 # Tiles also built as CTA pairs along N that share (multicast) the A tile: half the A traffic
-# from L2. Offered to `megamoe-rt bench gemm --tiles 128x128c2`, not picked below until measured.
+# from L2. Offered to `megamoe-rt bench gemm --tiles 128x128c2`, not picked below.
 PAIRED_TILES = ((128, 128),)
 
 
@@ -127,35 +131,40 @@ def choose_config(
 ) -> GemmConfig:
     """Pick a tile for a call from its shape and the SM count.
 
-    - Groups of at most 64 rows (decode) waste half of a 128-row tile: use 64 rows.
-    - Otherwise 128x128, unless that leaves most SMs idle, when 64x128 doubles the tiles.
-    - A tile the epilogue cannot use gives way to the first in :data:`TILES` it can (128-wide
-      requant groups in the SwiGLU epilogue need the 64x256 tile).
+    - Groups of at most 64 rows (decode) waste half of a 128-row tile: 64 rows, 256 columns
+      where N allows (fewer tiles reading the same weights).
+    - Otherwise the tile the epilogue can use whose waves cost least (:func:`tile_cost`).
     """
     epi = get_epilogue(epilogue)
     out_gran = out_sf_gran if epi.requant else 128
-    bm, bn = _preferred_tile(
-        layout=layout, num_rows=num_rows, n=n, num_groups=num_groups, sm_count=sm_count, masked_rows=masked_rows
-    )
     fields = dict(a_sf_gran=a_sf_gran, layout=layout, epilogue=epilogue, cluster_n=1)
-    if not _fits(epi, bm, bn, out_gran, **fields):
-        bm, bn = next(t for t in TILES if _fits(epi, t[0], t[1], out_gran, **fields))
+    usable = [t for t in TILES if n % t[1] == 0 and _fits(epi, t[0], t[1], out_gran, **fields)]
+    if not usable:  # N a multiple of 128 only: the plan refuses it with the reason
+        usable = [next(t for t in TILES if _fits(epi, t[0], t[1], out_gran, **fields))]
+    rows_per_group = masked_rows if layout == "masked" else ceil_div(num_rows, max(num_groups, 1))
+    if rows_per_group <= 64 and any(bm == 64 for bm, _ in usable):
+        usable = [t for t in usable if t[0] == 64]
+        bm, bn = max(usable, key=lambda t: t[1])
+    else:
+        bm, bn = min(
+            usable,
+            key=lambda t: (
+                tile_cost(t, rows_per_group=rows_per_group, n=n, num_groups=num_groups, sm_count=sm_count),
+                -t[0] * t[1],
+            ),
+        )
     return _config(
         bm, bn, a_sf_gran=a_sf_gran, b_sf_n=epi.b_sf_n, out_sf_gran=out_gran, layout=layout, epilogue=epilogue
     )
 
 
-def _preferred_tile(
-    *, layout: str, num_rows: int, n: int, num_groups: int, sm_count: int, masked_rows: int
-) -> tuple[int, int]:
-    rows_per_group = masked_rows if layout == "masked" else (num_rows // max(num_groups, 1))
-    if rows_per_group <= 64:
-        return (64, 256) if n % 256 == 0 else (64, 128)
-    total_rows = num_groups * masked_rows if layout == "masked" else num_rows
-    tiles_128 = ceil_div(total_rows, 128) * (n // 128)
-    if tiles_128 < sm_count // 2:
-        return 64, 128
-    return 128, 128
+def tile_cost(tile: tuple[int, int], *, rows_per_group: int, n: int, num_groups: int, sm_count: int) -> float:
+    """Time of a call on ``tile`` in units of one 128x128 tile: waves (one tile per SM at a time)
+    x the tile's work / its rate (:data:`TILE_RATE`). Rows past a group's end count as work."""
+    bm, bn = tile
+    tiles = num_groups * ceil_div(rows_per_group, bm) * (n // bn)
+    waves = ceil_div(tiles, sm_count)
+    return waves * (bm * bn) / (128 * 128) / TILE_RATE[tile]
 
 
 def kernel_specs() -> list[KernelSpec]:

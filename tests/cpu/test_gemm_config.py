@@ -8,7 +8,7 @@ import pytest
 from megamoe_rt.jit.paths import cuda_src_dir
 from megamoe_rt.kernels.epilogues import EPILOGUES, get_epilogue
 from megamoe_rt.kernels.gemm import SMEM_LIMIT, GemmConfig
-from megamoe_rt.kernels.gemm_heuristics import candidate_configs, choose_config, kernel_specs
+from megamoe_rt.kernels.gemm_heuristics import TILES, candidate_configs, choose_config, kernel_specs, tile_cost
 from megamoe_rt.presets import PRESETS
 
 CANDIDATES = {c.name: c for c in candidate_configs()}
@@ -145,18 +145,53 @@ def test_epilogue_rules_reject_configs_and_steer_the_heuristic():
         GemmConfig(64, 256, 4, b_sf_n=128, out_sf_gran=64, epilogue="swiglu_fp8")
     with pytest.raises(ValueError, match="epilogue 'nope' unknown"):
         get_epilogue("nope")
+    with pytest.raises(ValueError, match="256-column tile"):
+        GemmConfig(128, 128, 4, b_sf_n=64, out_sf_gran=128, epilogue="swiglu_fp8")
+    GemmConfig(128, 256, 4, b_sf_n=64, out_sf_gran=128, epilogue="swiglu_fp8")  # both passes hold the group
+    # Few rows: a 128-wide requant group still gets a 256-column tile (64 rows at decode).
     cfg = choose_config(
-        layout="contiguous",
-        epilogue="swiglu_fp8",
-        num_rows=8192,
-        n=4096,
-        k=2048,
-        num_groups=4,
-        sm_count=132,
-        out_sf_gran=128,
+        layout="contiguous", epilogue="swiglu_fp8", num_rows=256, n=4096, k=2048, num_groups=4, sm_count=132
     )
     assert (cfg.block_m, cfg.block_n, cfg.b_sf_n, cfg.out_sf_gran) == (64, 256, 64, 128)
     cfg = choose_config(
         layout="contiguous", epilogue="bf16", num_rows=8192, n=4096, k=2048, num_groups=4, sm_count=132, out_sf_gran=64
     )
-    assert (cfg.block_m, cfg.block_n, cfg.b_sf_n, cfg.out_sf_gran) == (128, 128, 128, 128)
+    assert (cfg.block_m, cfg.block_n, cfg.b_sf_n, cfg.out_sf_gran) == (128, 256, 128, 128)
+
+
+@pytest.mark.parametrize("epilogue", ["bf16", "swiglu_fp8"])
+def test_heuristic_takes_the_cheapest_waves(epilogue):
+    def pick(rows_per_group, n, groups=32, sms=132):
+        cfg = choose_config(
+            layout="contiguous",
+            epilogue=epilogue,
+            num_rows=rows_per_group * groups,
+            n=n,
+            k=4096,
+            num_groups=groups,
+            sm_count=sms,
+        )
+        return cfg.block_m, cfg.block_n
+
+    # Many tiles: the wide tile's rate wins over its coarser last wave.
+    assert pick(1536, 4096) == (128, 256)
+    # Decode: 64-row tiles, 256 columns where N allows.
+    assert pick(40, 4096) == (64, 256)
+    # N a multiple of 128 only: no 256-column tile (the SwiGLU epilogue's 128-wide groups then
+    # have no tile at all and the plan refuses the call).
+    if epilogue == "bf16":
+        assert pick(1536, 4224)[1] == 128
+    # Too few tiles to fill the SMs: smaller tiles spread the work.
+    assert pick(256, 512, groups=2)[0] * pick(256, 512, groups=2)[1] <= 64 * 256
+    # The choice never costs more than any tile the epilogue can use.
+    for rows in (96, 192, 384, 1536):
+        bm, bn = pick(rows, 4096)
+        chosen = tile_cost((bm, bn), rows_per_group=rows, n=4096, num_groups=32, sm_count=132)
+        for t in TILES:
+            if (
+                get_epilogue(epilogue).problem(
+                    block_m=t[0], block_n=t[1], b_sf_n=get_epilogue(epilogue).b_sf_n, out_sf_gran=128
+                )
+                is None
+            ):
+                assert chosen <= tile_cost(t, rows_per_group=rows, n=4096, num_groups=32, sm_count=132)

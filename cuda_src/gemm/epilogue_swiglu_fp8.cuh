@@ -123,7 +123,8 @@ __device__ __forceinline__ void SwigluFp8Epilogue::store(const GemmParams& p, co
     float act[kPasses][2][16];
     float amax[kPasses][2];
 #pragma unroll
-    for (u32 ps = 0; ps < kPasses; ++ps) swiglu_activations(p, tile, mt.row0, pass_sums<Cfg>(out, ps), act[ps], amax[ps]);
+    for (u32 ps = 0; ps < kPasses; ++ps)
+        swiglu_activations(p, tile, mt.row0, pass_sums<Cfg>(out, ps), act[ps], amax[ps]);
     if constexpr (Cfg::kOutSfGran == 128 && kPasses == 2) {
         // Both halves of the group are this thread's.
 #pragma unroll

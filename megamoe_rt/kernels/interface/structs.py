@@ -85,12 +85,12 @@ class GridBarrierWords(ctypes.Structure):
     ``megamoe_rt::sync::GridBarrierWords``, declared in megamoe_rt/kernels/interface/sync.py.
     """
 
-    count: int
-    generation: int
+    state: int
+    pad_: int
 
     _fields_ = [
-        ("count", ctypes.c_uint32),
-        ("generation", ctypes.c_uint32),
+        ("state", ctypes.c_uint32),
+        ("pad_", ctypes.c_uint32),
     ]
 
 

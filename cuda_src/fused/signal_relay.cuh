@@ -25,7 +25,6 @@ struct SignalRelay {
     static_assert(kBytes == kRelayBytes, "the host reserves kRelayBytes (interface/fused.cuh) for the relay");
     static constexpr u32 kProxyFence = 1u << 31;  // the counter publishes rows TMA will read
     static constexpr u32 kStop = 0xFFFFFFFFu;
-    static constexpr u32 kSkip = 0x7FFFFFFFu;  // no counter to bump (no bank offset is this large)
 
     u64* full;     // [kDepth] the leader's post is in
     u64* empty;    // [kDepth] the relay is done with it
@@ -41,17 +40,17 @@ struct SignalRelay {
         }
     }
 
-    // Math leader: post number `n` (posts are numbered 0, 1, ... without gaps: the math
-    // warpgroups post once per tile, kSkip where a tile publishes nothing). The wait for a free
-    // slot has no deadline check of its own (it sits in the math warpgroups' registers): the
-    // relay thread blocks on nothing but posts, so a slot it has not freed yet is freed as soon
-    // as it runs.
-    __device__ __forceinline__ void post(u32 n, u32 entry) const {
-        const u32 slot = n % kDepth, phase = (n / kDepth) & 1;
+    // Math leader. `posted` is its own count of posts. The wait for a free slot has no deadline
+    // check of its own (it sits in the math warpgroups' registers): the relay thread blocks on
+    // nothing but posts, so a slot it has not freed yet is freed as soon as it runs.
+    __device__ __forceinline__ void post(u32& posted, u32 entry) const {
+        const u32 slot = posted % kDepth, phase = (posted / kDepth) & 1;
         ptx::mbarrier_wait_parity_shared_bounded_elsewhere(empty + slot, phase ^ 1);  // the first pass finds it free
         entries[slot] = entry;
         ptx::mbarrier_arrive_shared(full + slot);
+        ++posted;
     }
+
     // Relay thread: until the stop entry, bump each posted counter with a GPU-scope release.
     // Its waits span the whole of the block's tile work: the relay sleeps until a post comes.
     __device__ __forceinline__ void run(u32* bank, const sync::MbarrierDeadline& deadline) const {
@@ -61,7 +60,6 @@ struct SignalRelay {
             const u32 e = entries[slot];
             ptx::mbarrier_arrive_shared(empty + slot);
             if (e == kStop) return;
-            if (e == kSkip) continue;
             if (e & kProxyFence) ptx::fence_proxy_async_global();
             ptx::red_release_gpu_add_u32(bank + (e & ~kProxyFence), 1);
         }

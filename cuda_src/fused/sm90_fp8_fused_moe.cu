@@ -11,8 +11,7 @@
 //                          per-block arrival counts
 //   warpgroup 0, warp 3    relay: publishes the math warpgroups' tile completions to other
 //                          blocks (fused/signal_relay.cuh)
-//   warpgroups 1-2         wgmma math (a 128 x 256 tile: 64 rows each, two 128-column passes),
-//                          epilogues, then the combine
+//   warpgroups 1-2         wgmma math (a 64 x 256 tile, N split), epilogues, then the combine
 //
 // The pool and the L1 output (activation) pool are rings of `ring_blocks` slots of BLOCK_M
 // rows; block b lives in slot b % ring_blocks. Dispatch refills a slot once the L1 tiles of
@@ -60,20 +59,17 @@ namespace megamoe_rt::fused {
 // kBlockM, kBlockN and kNumThreads come from interface/fused.cuh (the host sizes by them too).
 constexpr u32 kNumDispatchWarps = 2;
 // Loads in flight per lane while a streamed call's dispatch copies a row: the dispatch warps
-// share the producer warpgroup's 72 registers (kProducerRegs).
-constexpr u32 kStreamedCopyBatch = 1;
+// share the producer warpgroup's 80 registers (kSplitProducerRegs; ptxas spilled at four with
+// NVRTC 13.0).
+constexpr u32 kStreamedCopyBatch = 3;
 constexpr u32 kRelayThread = 96;
 using sync::kPartialsBarrier;
-// Registers per thread after setmaxnreg. The math warpgroups' 128 x 256 tile holds 64
-// accumulators and 128 promoted sums a thread, so they take all the producer warpgroup can
-// give: 72 a thread for the producer (with the dispatch and relay warps), 216 for the math,
-// the whole pool a block gets at launch.
-constexpr u32 kLaunchRegs =
-    168;  // __launch_bounds__(kNumThreads, 1): the register file / kNumThreads, rounded down to 8
 constexpr u32 kProducerRegs = 72;
-constexpr u32 kMathRegs = 216;
-static_assert(128 * kProducerRegs + 256 * kMathRegs <= kLaunchRegs * kNumThreads,
-              "the roles' registers exceed what a block holds from its launch");
+// Split K1 across ranks pulls rows with the tables' base live through the dispatch loop: 72
+// registers spilled it. 128 x 80 + 256 x 208 still fits the register file.
+constexpr u32 kSplitProducerRegs = 80;
+constexpr u32 kMathRegs = 208;
+static_assert(128 * kSplitProducerRegs + 256 * kMathRegs <= 65536, "the register file of one block per SM");
 using sync::kMathBarrier;
 
 template <u32 kStages, u32 kActSfGran>
@@ -503,13 +499,11 @@ __device__ __forceinline__ void produce_tiles(const FusedParams& p, const Routin
     const sync::MbarrierDeadline deadline{p.wait, sync::kIntraBlockWaitShift};
     bool traced_l1 = false;
     for (;;) {
-        if (!order.tile(next, s)) {
-            push_end(tab.tiles, queue, deadline);  // tells the math warpgroups to stop
-            break;
-        }
+        const u32 t = next;
+        push_ticket(tab.tiles, queue, t, deadline);  // past the end too: it tells the math warpgroups to stop
+        if (!order.tile(t, s)) break;
         next = atomicAdd(ticket, 1u);
         gemm::Tile tile = ring_tile(p, tab, s);
-        push_tile(tab.tiles, queue, tile, s.l2, s.block, deadline);
         if (!s.l2) {
             trace_first_l1(p, traced_l1);
             {
@@ -562,7 +556,7 @@ __device__ __forceinline__ void produce_streamed_tiles(
     for (;;) {
         StreamTask task;
         if (!fixed_stream_task(p.streamed.ready, order, next, p.wait, sync::kDerivedWaitShift, task)) {
-            push_end(tab.tiles, queue, deadline);  // tells the math warpgroups to stop
+            push_ticket(tab.tiles, queue, StreamTileWord::kEnd, deadline);  // tells the math warpgroups to stop
             break;
         }
         next = atomicAdd(bank + p.bank.ticket, 1u);
@@ -573,8 +567,8 @@ __device__ __forceinline__ void produce_streamed_tiles(
             const TracedWait timed(p, kTraceWaitRowsNs);  // a complete block: its rows are written
             block = stream::wait_ready_position(p.streamed.ready, task.position, p.wait, sync::kDerivedWaitShift);
         }
+        push_ticket(tab.tiles, queue, StreamTileWord::encode(task.l2, block, task.tile), deadline);
         gemm::Tile tile = streamed_tile(p, block, task.tile);
-        push_tile(tab.tiles, queue, tile, task.l2, block, deadline);
         if (!task.l2) {
             trace_first_l1(p, traced_l1);
             load_layer_tile<L1>(p.l1, tile, tile.group, sm1, st, tma_l1_a, tma_l1_b, tma_l1_sfa, deadline);
@@ -603,40 +597,41 @@ __device__ __forceinline__ void compute_tiles(const FusedParams& p, const Routin
     const gemm::MathThread<L2> mt2(math_wg);
     const bool leader = threadIdx.x == 128;
     const SignalRelay& relay = tab.relay;
+    u32 posted = 0;
+    auto order = role_task_order<kRole>(p, tab);
     gemm::PipelineState<kStages> st;
     TileQueueCursor queue;
-    static_assert(L1::kNPasses == L2::kNPasses, "both layers' tiles hold the same promoted sums");
     float acc[64];
-    gemm::PromotedSums<L1> out;
+    float out[64];
+    OrderedTile s;
     for (;;) {
-        // The producer resolved the tile (fused/tile_queue.cuh); its kind is warp-uniform. The
-        // leader's relay posts are numbered by the queue's count: one a tile, then the stop.
-        const QueuedTile& q = wait_tile(tab.tiles, queue);
-        const u32 word = ptx::warp_uniform(q.word);
-        if (word & QueuedTile::kEnd) {
-            if (leader) relay.post(queue.count, SignalRelay::kStop);
-            release_tile(tab.tiles, queue, threadIdx.x % 32);
-            break;
+        const u32 t = ptx::warp_uniform(pop_ticket(tab.tiles, queue, threadIdx.x % 32));
+        gemm::Tile tile;
+        if constexpr (kRole == Role::kStreamed) {
+            if (t & StreamTileWord::kEnd) break;
+            s.l2 = (t & StreamTileWord::kL2) != 0;
+            s.block = StreamTileWord::block(t);
+            tile = streamed_tile(p, s.block, StreamTileWord::n_block(t));
+        } else {
+            if (!ptx::warp_uniform(order.tile(t, s))) break;
+            tile = ring_tile(p, tab, s);
         }
-        if (!(word & QueuedTile::kL2)) {
-            gemm::consume_tile<L1>(p.l1, q.tile(), p.l1.k / L1::kBlockK, sm1, st, mt1, acc, out, 0);
-            L1::Epilogue::template store<L1>(p.l1, q.tile(), mt1, sm1, out);
+        if (!ptx::warp_uniform(s.l2)) {
+            gemm::consume_tile<L1>(p.l1, tile, p.l1.k / L1::kBlockK, sm1, st, mt1, acc, out, 0);
+            L1::Epilogue::template store<L1>(p.l1, tile, mt1, sm1, out);
             // Every math thread's rows are written before the leader posts them (TMA reads them
             // in another block: the relay adds the proxy fence).
             ptx::bar_sync(kMathBarrier, L1::kNumMathThreads);
-            const u32 block = q.block;
-            const bool withheld = kRole == Role::kSplitL1 && block == p.withhold_block;
-            if (leader)
-                relay.post(queue.count,
-                           withheld ? SignalRelay::kSkip : (p.bank.l1_done + block) | SignalRelay::kProxyFence);
+            const bool withheld = kRole == Role::kSplitL1 && s.block == p.withhold_block;
+            if (leader && !withheld) relay.post(posted, (p.bank.l1_done + s.block) | SignalRelay::kProxyFence);
         } else {
-            gemm::consume_tile<L2>(p.l2, q.tile(), p.l2.k / L2::kBlockK, sm2, st, mt2, acc, out, 0);
+            gemm::consume_tile<L2>(p.l2, tile, p.l2.k / L2::kBlockK, sm2, st, mt2, acc, out, 0);
             // The leader has seen every stage of this tile land: its activation rows are read.
-            if (leader) relay.post(queue.count, p.bank.l2_read + q.block);
-            L2::Epilogue::template store<L2>(p.l2, q.tile(), mt2, sm2, out);
+            if (leader) relay.post(posted, p.bank.l2_read + s.block);
+            L2::Epilogue::template store<L2>(p.l2, tile, mt2, sm2, out);
         }
-        release_tile(tab.tiles, queue, threadIdx.x % 32);
     }
+    if (leader) relay.post(posted, SignalRelay::kStop);
 }
 
 template <u32 kStages, u32 kActSfGran, typename IdxT, bool kEp, Role kRole>
@@ -710,7 +705,7 @@ __global__ void __launch_bounds__(kNumThreads, 1)
 
     // --- dispatch and both GEMMs in the lag task order ---------------------------------------
     if (threadIdx.x < 128) {
-        ptx::setmaxnreg_dec_sync_aligned<kProducerRegs>();
+        ptx::setmaxnreg_dec_sync_aligned<kRole == Role::kFused ? kProducerRegs : kSplitProducerRegs>();
         if (threadIdx.x / 32 == kRelayThread / 32) {
             if (threadIdx.x == kRelayThread && !tab.overflow())
                 tab.relay.run(tab.bank(p), sync::MbarrierDeadline{p.wait, sync::kIntraBlockWaitShift});

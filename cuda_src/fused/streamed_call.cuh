@@ -14,10 +14,10 @@
 //                    call's reservations seals it (the partial blocks get their sizes).
 //   producer warp    takes tickets in the lag order over ready-list positions
 //                    (fused/stream_order.cuh), waits until the ticket's task is fixed and its
-//                    block is there (an L2 task also for its L1 tiles), reads the block's
-//                    expert and size (written before the block's completion was released)
-//                    and hands the math warpgroups the resolved tile (fused/tile_queue.cuh).
-//   math warpgroups  run the tile as in the batch call.
+//                    block is there (an L2 task also for its L1 tiles), and hands the math
+//                    warpgroups the resolved tile as one word (StreamTileWord).
+//   math warpgroups  read the block's expert and size from global memory (written before the
+//                    block's completion was released) and run the tile as in the batch call.
 //
 // Progress (docs/STREAMING.md, "Streaming into the fused kernel"): dispatch waits only for the
 // producer, which runs on SMs this launch leaves free (the host's grid); tickets wait only for
@@ -39,6 +39,24 @@
 #include "sync/deadline_wait.cuh"
 
 namespace megamoe_rt::fused {
+
+// A resolved tile, from the producer warp to the math warpgroups in one 32-bit queue slot:
+// end | L2 | pool block (24 bits) | n-block (6 bits). The host keeps both layers' n-blocks
+// within 64 for a streamed call (kernels/fused.py, STREAMED_MAX_N_BLOCKS).
+struct StreamTileWord {
+    static constexpr u32 kEnd = 1u << 31;
+    static constexpr u32 kL2 = 1u << 30;
+    static constexpr u32 kBlockShift = 6;
+    static constexpr u32 kNBlockMask = (1u << kBlockShift) - 1;
+    static constexpr u32 kBlockMask = (1u << 24) - 1;
+
+    static __device__ __forceinline__ u32 encode(bool l2, u32 block, u32 n_block) {
+        return (l2 ? kL2 : 0u) | (block << kBlockShift) | n_block;
+    }
+    static __device__ __forceinline__ u32 block(u32 word) { return (word >> kBlockShift) & kBlockMask; }
+    static __device__ __forceinline__ u32 n_block(u32 word) { return word & kNBlockMask; }
+};
+static_assert(kMaxBlocks - 1 <= StreamTileWord::kBlockMask, "a pool block fits the tile word");
 
 // The GEMM tile of `n_block` of a complete block. Strong (L2) loads: this SM's L1 may hold the
 // line from before the block was opened.

@@ -12,15 +12,14 @@
 
 namespace megamoe_rt::fused {
 
-// rows of a tile and of a pool block, split between the two math warpgroups
-constexpr u32 kBlockM = 128;
-constexpr u32 kBlockN = 256;           // columns of a tile: two 128-column passes of each math warpgroup
-constexpr u32 kNumThreads = 384;       // one producer and two math warpgroups
-constexpr u32 kMaxBlocks = 0x800000u;  // pool blocks of a call: its rows stay within an i32
-constexpr u32 kNoBlock = 0xFFFFFFFFu;  // FusedParams::withhold_block when off
-constexpr u32 kTileQueueBytes = 128;   // TileQueue (fused/tile_queue.cuh) asserts it is this size
-constexpr u32 kRelayBytes = 320;       // SignalRelay (fused/signal_relay.cuh) asserts it is this size
-constexpr u32 kReduceThreads = 256;    // split K3 (split/split_reduce.cu): two tokens at a time
+constexpr u32 kBlockM = 64;             // rows of a tile and of a pool block
+constexpr u32 kBlockN = 256;            // columns of a tile, split between the two math warpgroups
+constexpr u32 kNumThreads = 384;        // one producer and two math warpgroups
+constexpr u32 kMaxBlocks = 0x1000000u;  // pool blocks of a call: its rows stay within an i32
+constexpr u32 kNoBlock = 0xFFFFFFFFu;   // FusedParams::withhold_block when off
+constexpr u32 kTileQueueBytes = 80;     // TileQueue (fused/tile_queue.cuh) asserts it is this size
+constexpr u32 kRelayBytes = 320;        // SignalRelay (fused/signal_relay.cuh) asserts it is this size
+constexpr u32 kReduceThreads = 256;     // split K3 (split/split_reduce.cu): two tokens at a time
 
 // What one launch of the fused kernel runs: the whole layer, one side of the split pipeline
 // (K1 and K2 run concurrently in disjoint SM partitions; K3 is split/split_reduce.cu), or the

@@ -20,7 +20,7 @@ enum class WaitSite : u32 {
                                    // its slot's previous block is peer - ring_blocks)
     kStreamRouteReady = 7,         // streaming: a chunk's routing half (topk_idx, topk_weights) is published (peer: the ring slot)
     kGridBarrier = 8,              // fused: every block of the grid reached the same phase (peer: this block's arrival number,
-                                   // expected: the grid's blocks, seen: the barrier's word, generation << 16 | arrivals)
+                                   // expected: the grid's blocks, seen: the barrier's generation word)
     kPoolSlotFree = 9,             // fused: a pool slot's L1 reads are done (dispatch may refill it; peer: the block that waits,
                                    // its slot's previous block is peer - ring_blocks)
     kRingOverflow = 10,            // fused: a single-wave call needs more pool blocks than the ring holds
@@ -110,15 +110,14 @@ MEGAMOE_RT_ASSERT_OFFSET(WaitContext, pad_, 20, "WaitContext::pad_: offset diffe
 
 // The words of a grid-wide barrier (sync/grid_barrier.cuh), in the buffer's grid_sync region.
 struct GridBarrierWords {
-    // Sense-reversing, in one word at the struct's address: arrivals in bits 0-15, the
-    // generation in bits 16-31; the last block to arrive zeroes the one and bumps the other.
-    u32 state;
-    u32 pad_;
+    // Sense-reversing: the last block to arrive resets the count and bumps the generation.
+    u32 count;
+    u32 generation;
 };
 static_assert(sizeof(GridBarrierWords) == 8, "GridBarrierWords: size differs from megamoe_rt/kernels/interface");
 static_assert(alignof(GridBarrierWords) == 4, "GridBarrierWords: alignment differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(GridBarrierWords, state, 0, "GridBarrierWords::state: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(GridBarrierWords, pad_, 4, "GridBarrierWords::pad_: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(GridBarrierWords, count, 0, "GridBarrierWords::count: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(GridBarrierWords, generation, 4, "GridBarrierWords::generation: offset differs from megamoe_rt/kernels/interface");
 
 }  // namespace megamoe_rt::sync
 // clang-format on

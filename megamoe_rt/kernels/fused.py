@@ -42,9 +42,9 @@ TRACE_WAITS = TRACE_EVENTS[TRACE_EVENTS.index("sm") + 1 :]
 
 RELAY_BYTES = decl.RELAY_BYTES.value  # SignalRelay::kBytes (asserted there)
 TILE_QUEUE_BYTES = decl.TILE_QUEUE_BYTES.value  # TileQueue::kBytes (asserted there)
-# The producer hands tiles to the math warpgroups with a 16-bit n-block (QueuedTile in
-# fused/tile_queue.cuh): both layers' N at most this many tiles.
-MAX_N_BLOCKS = 1 << 16
+# A streamed call hands tiles over as one word with a 6-bit n-block (StreamTileWord in
+# fused/streamed_call.cuh): both layers' N at most this many tiles.
+STREAMED_MAX_N_BLOCKS = 64
 
 
 def bank_layout(num_experts: int, max_blocks: int) -> BankLayout:
@@ -145,11 +145,11 @@ def kernel_specs() -> list[KernelSpec]:
         [
             FusedConfig(s, g, idx, ep, role=role).spec()
             for role in batch
-            for s in (3, 4)
+            for s in (4, 5)
             for g in (64, 128)
             for idx in ("int32", "int64")
             for ep in (False, True)
         ]
-        + [FusedConfig(s, g, "int32", False, role="streamed").spec() for s in (3, 4) for g in (64, 128)]
+        + [FusedConfig(s, g, "int32", False, role="streamed").spec() for s in (4, 5) for g in (64, 128)]
         + [reduce_spec(idx, ep) for idx in ("int32", "int64") for ep in (False, True)]
     )

@@ -27,14 +27,14 @@ from megamoe_rt.schedule.layout import (
 
 
 def streamed_width_refusal(hidden: int, intermediate: int) -> str | None:
-    """Why the streamed role cannot run a layer this wide (the tile queue holds an n-block in 16
-    bits: both layers at most MAX_N_BLOCKS tiles wide), or None."""
+    """Why the streamed role cannot run a layer this wide (its tile word holds an n-block in 6
+    bits: both layers at most STREAMED_MAX_N_BLOCKS tiles wide), or None."""
     n1, n2 = 2 * intermediate // fk.BLOCK_N, hidden // fk.BLOCK_N
-    if max(n1, n2) <= fk.MAX_N_BLOCKS:
+    if max(n1, n2) <= fk.STREAMED_MAX_N_BLOCKS:
         return None
     return (
         f"streaming: hidden={hidden}, intermediate={intermediate} give {n2} / {n1} tiles of {fk.BLOCK_N} "
-        f"columns; mode='fused' streams layers of at most {fk.MAX_N_BLOCKS} (mode='unfused' streams any)"
+        f"columns; mode='fused' streams layers of at most {fk.STREAMED_MAX_N_BLOCKS} (mode='unfused' streams any)"
     )
 
 

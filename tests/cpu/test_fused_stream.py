@@ -89,14 +89,12 @@ def test_the_lag_spans_about_two_grids_of_tiles():
         assert lag * (n1 + n2) >= 2 * grid > (lag - 1) * (n1 + n2)
 
 
-def test_layers_wider_than_the_tile_queue_are_refused():
-    wide = fk.MAX_N_BLOCKS + 1
-    spec = _spec(h=256 * wide, i=256, cap=1000, streaming=StreamConfig(3, 100), sm_count=132)
-    assert f"mode='fused' streams layers of at most {fk.MAX_N_BLOCKS}" in FusedMode.refusal(spec)
-    with pytest.raises(ValueError, match=f"mode='fused' streams layers of at most {fk.MAX_N_BLOCKS}"):
+def test_layers_wider_than_the_tile_word_are_refused():
+    spec = _spec(h=256 * 65, i=256, cap=1000, streaming=StreamConfig(3, 100), sm_count=132)
+    assert "mode='fused' streams layers of at most 64" in FusedMode.refusal(spec)
+    with pytest.raises(ValueError, match="mode='fused' streams layers of at most 64"):
         select_mode("fused", spec)
-    # 65 tiles of 256 columns (the limit of the one-word hand-over before) now stream.
-    assert FusedMode.refusal(_spec(h=256 * 65, i=256 * 32, cap=1000, streaming=RING, sm_count=132)) is None
+    assert FusedMode.refusal(_spec(h=256 * 64, i=256 * 32, cap=1000, streaming=RING, sm_count=132)) is None
 
 
 def test_a_producer_that_would_take_every_sm_is_refused_when_the_mode_is_built():

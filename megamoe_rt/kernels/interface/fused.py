@@ -23,12 +23,12 @@ from megamoe_rt.kernels.interface.moe import MOE_PARAMS
 from megamoe_rt.kernels.interface.stream import STREAMED_POOL
 from megamoe_rt.kernels.interface.sync import GRID_BARRIER_WORDS, WAIT_CONTEXT
 
-BLOCK_M = Constant("kBlockM", 128, doc="rows of a tile and of a pool block, split between the two math warpgroups")
-BLOCK_N = Constant("kBlockN", 256, doc="columns of a tile: two 128-column passes of each math warpgroup")
+BLOCK_M = Constant("kBlockM", 64, doc="rows of a tile and of a pool block")
+BLOCK_N = Constant("kBlockN", 256, doc="columns of a tile, split between the two math warpgroups")
 NUM_THREADS = Constant("kNumThreads", 384, doc="one producer and two math warpgroups")
-MAX_BLOCKS = Constant("kMaxBlocks", 1 << 23, hex=True, doc="pool blocks of a call: its rows stay within an i32")
+MAX_BLOCKS = Constant("kMaxBlocks", 1 << 24, hex=True, doc="pool blocks of a call: its rows stay within an i32")
 NO_BLOCK = Constant("kNoBlock", 0xFFFFFFFF, hex=True, doc="FusedParams::withhold_block when off")
-TILE_QUEUE_BYTES = Constant("kTileQueueBytes", 128, doc="TileQueue (fused/tile_queue.cuh) asserts it is this size")
+TILE_QUEUE_BYTES = Constant("kTileQueueBytes", 80, doc="TileQueue (fused/tile_queue.cuh) asserts it is this size")
 REDUCE_THREADS = Constant("kReduceThreads", 256, doc="split K3 (split/split_reduce.cu): two tokens at a time")
 RELAY_BYTES = Constant("kRelayBytes", 320, doc="SignalRelay (fused/signal_relay.cuh) asserts it is this size")
 

@@ -85,12 +85,12 @@ class GridBarrierWords(ctypes.Structure):
     ``megamoe_rt::sync::GridBarrierWords``, declared in megamoe_rt/kernels/interface/sync.py.
     """
 
-    state: int
-    pad_: int
+    count: int
+    generation: int
 
     _fields_ = [
-        ("state", ctypes.c_uint32),
-        ("pad_", ctypes.c_uint32),
+        ("count", ctypes.c_uint32),
+        ("generation", ctypes.c_uint32),
     ]
 
 

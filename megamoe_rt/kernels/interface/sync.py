@@ -61,7 +61,7 @@ WAIT_SITE = Enum(
             "kGridBarrier",
             "grid_barrier",
             "fused: every block of the grid reached the same phase (peer: this block's arrival number,\n"
-            "expected: the grid's blocks, seen: the barrier's word, generation << 16 | arrivals)",
+            "expected: the grid's blocks, seen: the barrier's generation word)",
             "grid barrier",
         ),
         EnumValue(
@@ -176,10 +176,9 @@ WAIT_CONTEXT = Struct(
 GRID_BARRIER_WORDS = Struct(
     "GridBarrierWords",
     [
-        Comment("Sense-reversing, in one word at the struct's address: arrivals in bits 0-15, the"),
-        Comment("generation in bits 16-31; the last block to arrive zeroes the one and bumps the other."),
-        Field("state", U32),
-        Field("pad_", U32),
+        Comment("Sense-reversing: the last block to arrive resets the count and bumps the generation."),
+        Field("count", U32),
+        Field("generation", U32),
     ],
     doc="The words of a grid-wide barrier (sync/grid_barrier.cuh), in the buffer's grid_sync region.",
 )

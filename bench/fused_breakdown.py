@@ -3,8 +3,8 @@ per-block event trace of one fused call (fused.TRACE_EVENTS, µs from the first 
 
     python bench/fused_breakdown.py flash 8192
 
-Arms: unfused; unfused with its L2 GEMM on the fused kernel's 64x256 tile; fused; fused with
-a ring as large as the worst-case pool (which makes the call single-wave).
+Arms: unfused; unfused with both GEMMs on the fused kernel's 64x256 tile; fused; fused with a
+ring as large as the worst-case pool (which makes the call single-wave).
 """
 
 from __future__ import annotations
@@ -42,21 +42,21 @@ def main(preset: str, tokens: int) -> None:
     add("unfused", mode="unfused")
     heuristic = gemm.choose_config
 
-    def l2_on_64x256(**kw):
-        if kw["epilogue"] == "scatter_bf16":
-            return _config(
-                64,
-                256,
-                a_sf_gran=kw.get("a_sf_gran", 128),
-                b_sf_n=128,
-                out_sf_gran=128,
-                layout=kw["layout"],
-                epilogue=kw["epilogue"],
-            )
-        return heuristic(**kw)
+    def on_64x256(**kw):
+        # The fused kernel's tiles: L1 with its SwiGLU epilogue (64-column B scales), L2 scattering.
+        swiglu = kw["epilogue"] == "swiglu_fp8"
+        return _config(
+            64,
+            256,
+            a_sf_gran=kw.get("a_sf_gran", 128),
+            b_sf_n=64 if swiglu else 128,
+            out_sf_gran=kw.get("out_sf_gran", 128) if swiglu else 128,
+            layout=kw["layout"],
+            epilogue=kw["epilogue"],
+        )
 
-    gemm.choose_config = l2_on_64x256
-    add("unfused_l2_64x256", mode="unfused")
+    gemm.choose_config = on_64x256
+    add("unfused_on_64x256", mode="unfused")
     gemm.choose_config = heuristic
     add("fused", mode="fused")
     add("fused_full_pool", mode="fused", ring_blocks=fused_schedule_of(layers["fused"]).full_pool_blocks)

@@ -33,7 +33,9 @@ struct Config {
     // What the math warpgroups do with a finished tile: a policy type with
     //   template <class Cfg> static void store(const GemmParams&, const Tile&, const MathThread<Cfg>&,
     //                                          const SharedStorage<Cfg>&, const PromotedSums<Cfg>& out);
-    // out holds the thread's promoted fp32 sums, one 64-float fragment per 128-column pass.
+    // out holds the thread's promoted fp32 sums, one 64-float fragment per 128-column pass
+    // (pass_sums); the MathThread is at pass 0, so a policy takes pass p's columns from
+    // mt.on_pass(p).
     // Each policy lives in its own header (gemm/epilogue_*.cuh) and checks the tile
     // configurations it supports itself.
     using Epilogue = Epilogue_;

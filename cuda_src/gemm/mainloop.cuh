@@ -105,7 +105,8 @@ struct MathThread {
         lane = threadIdx.x % 32;
         row0 = wg_m * Cfg::kWgTileM + ((threadIdx.x / 32) % 4) * 16 + lane / 4;
     }
-    // The same thread on pass `p` of its columns (what an epilogue is handed per pass).
+    // The same thread on pass `p` of its columns: an epilogue gets the thread at pass 0 and
+    // takes each pass's columns through this (col0 of the thread it was handed is pass 0's).
     __device__ __forceinline__ MathThread on_pass(u32 p) const {
         MathThread t = *this;
         t.pass = p;

@@ -146,24 +146,22 @@ def choose_config(
         usable = [t for t in usable if t[0] == 64]
         bm, bn = max(usable, key=lambda t: t[1])
     else:
-        bm, bn = min(
-            usable,
-            key=lambda t: (
-                tile_cost(t, rows_per_group=rows_per_group, n=n, num_groups=num_groups, sm_count=sm_count),
-                -t[0] * t[1],
-            ),
-        )
+        shape = dict(layout=layout, num_rows=num_rows, masked_rows=masked_rows, n=n, num_groups=num_groups)
+        bm, bn = min(usable, key=lambda t: (tile_cost(t, sm_count=sm_count, **shape), -t[0] * t[1]))
     return _config(
         bm, bn, a_sf_gran=a_sf_gran, b_sf_n=epi.b_sf_n, out_sf_gran=out_gran, layout=layout, epilogue=epilogue
     )
 
 
-def tile_cost(tile: tuple[int, int], *, rows_per_group: int, n: int, num_groups: int, sm_count: int) -> float:
+def tile_cost(
+    tile: tuple[int, int], *, layout: str, num_rows: int, masked_rows: int, n: int, num_groups: int, sm_count: int
+) -> float:
     """Time of a call on ``tile`` in units of one 128x128 tile: waves (one tile per SM at a time)
-    x the tile's work / its rate (:data:`TILE_RATE`). Rows past a group's end count as work."""
+    x the tile's work / its rate (:data:`TILE_RATE`). The tiles are counted as the kernel's
+    scheduler walks them (contiguous: the padded rows' m-blocks; masked: every group's)."""
     bm, bn = tile
-    tiles = num_groups * ceil_div(rows_per_group, bm) * (n // bn)
-    waves = ceil_div(tiles, sm_count)
+    m_blocks = ceil_div(num_rows, bm) if layout == "contiguous" else num_groups * ceil_div(masked_rows, bm)
+    waves = ceil_div(m_blocks * (n // bn), sm_count)
     return waves * (bm * bn) / (128 * 128) / TILE_RATE[tile]
 
 

@@ -8,7 +8,15 @@ import pytest
 from megamoe_rt.jit.paths import cuda_src_dir
 from megamoe_rt.kernels.epilogues import EPILOGUES, get_epilogue
 from megamoe_rt.kernels.gemm import SMEM_LIMIT, GemmConfig
-from megamoe_rt.kernels.gemm_heuristics import TILES, candidate_configs, choose_config, kernel_specs, tile_cost
+from megamoe_rt.kernels.gemm_heuristics import (
+    TILE_RATE,
+    TILES,
+    candidate_configs,
+    choose_config,
+    kernel_specs,
+    tile_config,
+    tile_cost,
+)
 from megamoe_rt.presets import PRESETS
 
 CANDIDATES = {c.name: c for c in candidate_configs()}
@@ -186,12 +194,22 @@ def test_heuristic_takes_the_cheapest_waves(epilogue):
     # The choice never costs more than any tile the epilogue can use.
     for rows in (96, 192, 384, 1536):
         bm, bn = pick(rows, 4096)
-        chosen = tile_cost((bm, bn), rows_per_group=rows, n=4096, num_groups=32, sm_count=132)
+        shape = dict(layout="contiguous", num_rows=rows * 32, masked_rows=0, n=4096, num_groups=32, sm_count=132)
+        chosen = tile_cost((bm, bn), **shape)
+        epi = get_epilogue(epilogue)
         for t in TILES:
-            if (
-                get_epilogue(epilogue).problem(
-                    block_m=t[0], block_n=t[1], b_sf_n=get_epilogue(epilogue).b_sf_n, out_sf_gran=128
-                )
-                is None
-            ):
-                assert chosen <= tile_cost(t, rows_per_group=rows, n=4096, num_groups=32, sm_count=132)
+            if epi.problem(block_m=t[0], block_n=t[1], b_sf_n=epi.b_sf_n, out_sf_gran=128) is None:
+                assert chosen <= tile_cost(t, **shape)
+
+
+def test_the_cost_model_counts_tiles_as_the_scheduler_does():
+    from megamoe_rt.kernels.gemm import num_tiles
+    from megamoe_rt.kernels.interface.structs import GemmParams
+
+    for layout, num_rows, masked_rows, groups in (("contiguous", 3 * 128 + 640, 0, 5), ("masked", 0, 192, 5)):
+        for bm, bn in TILES:
+            cfg = tile_config(bm, bn, layout=layout, epilogue="bf16")
+            params = GemmParams(num_rows=num_rows, masked_rows=masked_rows, n=1024, num_groups=groups)
+            shape = dict(layout=layout, num_rows=num_rows, masked_rows=masked_rows, n=1024, num_groups=groups)
+            cost = tile_cost((bm, bn), sm_count=1, **shape)
+            assert cost * TILE_RATE[(bm, bn)] == pytest.approx(num_tiles(cfg, params) * bm * bn / (128 * 128))

@@ -96,3 +96,43 @@ def test_the_model_follows_the_device_source():
         "exchange_across(w2, w3, hi1, 1);",
     ):
         assert line in transpose, line
+
+
+# (block_m, block_n) -> (column-split warpgroups kWgN, 128-column passes kNPasses), as gemm/config.cuh
+_SWIGLU_TILES = {(64, 256): (2, 1), (128, 256): (1, 2), (128, 128): (1, 1), (64, 128): (1, 1)}
+
+
+@pytest.mark.parametrize(
+    "tile,gran",
+    # 128-wide groups need a 256-column tile (the epilogue's rule in kernels/epilogues.py)
+    [(t, g) for t in _SWIGLU_TILES for g in (64, 128) if g == 64 or t[1] == 256],
+    ids=lambda v: f"{v[0]}x{v[1]}" if isinstance(v, tuple) else f"gran{v}",
+)
+def test_every_requant_group_has_one_scale_writer_and_one_amax(tile, gran):
+    """epilogue_swiglu_fp8.cuh on a row: each pass of each column-split warpgroup writes 64
+    channels at col0 / 2; a group's amax is taken over the fragments the epilogue combines (one
+    pass, both passes of the thread, or both warpgroups) and its scale written by exactly one."""
+    wg_n_count, passes = _SWIGLU_TILES[tile]
+    n0 = 3 * tile[1]  # any tile of the row
+    fragments = [(wg_n, ps) for wg_n in range(wg_n_count) for ps in range(passes)]
+    channel0 = {f: (n0 + (f[0] * passes + f[1]) * 128) // 2 for f in fragments}
+    combined = {}  # fragment -> the fragments whose amax it takes (as the device combines them)
+    for f in fragments:
+        if gran == 64:
+            combined[f] = [f]
+        elif passes == 2:
+            combined[f] = [(f[0], 0), (f[0], 1)]
+        else:
+            combined[f] = [(0, f[1]), (1, f[1])]
+    owners = [f for f in fragments if gran == 64 or (f[1] == 0 if passes == 2 else f[0] == 0)]
+    groups = {}
+    for f in fragments:
+        groups.setdefault(channel0[f] // gran, []).append(f)
+    assert sorted(channel0[f] // gran for f in owners) == sorted(groups)  # one writer per group
+    for f in owners:
+        assert channel0[f] % gran == 0  # the writer holds the group's first channel
+    for members in groups.values():
+        channels = sorted(c for m in members for c in range(channel0[m], channel0[m] + 64))
+        assert channels == list(range(channels[0], channels[0] + gran))
+        for m in members:
+            assert sorted(combined[m]) == sorted(members)  # the amax spans the whole group

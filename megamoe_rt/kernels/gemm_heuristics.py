@@ -146,8 +146,20 @@ def choose_config(
         usable = [t for t in usable if t[0] == 64]
         bm, bn = max(usable, key=lambda t: t[1])
     else:
-        shape = dict(layout=layout, num_rows=num_rows, masked_rows=masked_rows, n=n, num_groups=num_groups)
-        bm, bn = min(usable, key=lambda t: (tile_cost(t, sm_count=sm_count, **shape), -t[0] * t[1]))
+
+        def cost(t: tuple[int, int]) -> tuple[float, int]:  # ties: the larger tile
+            waves = tile_cost(
+                t,
+                layout=layout,
+                num_rows=num_rows,
+                masked_rows=masked_rows,
+                n=n,
+                num_groups=num_groups,
+                sm_count=sm_count,
+            )
+            return waves, -t[0] * t[1]
+
+        bm, bn = min(usable, key=cost)
     return _config(
         bm, bn, a_sf_gran=a_sf_gran, b_sf_n=epi.b_sf_n, out_sf_gran=out_gran, layout=layout, epilogue=epilogue
     )

@@ -12,7 +12,7 @@
 #              both ranks on GPU 0 (correctness only)
 #   gemm       the GEMM tests (every tile, 128x256 and the CTA pairs included, each also on few
 #              blocks so every block walks many tiles), the examples and the README
-#   tiles      bench gemm with the heuristic's tile, 128x128, 128x256 and CTA pairs of both side by
+#   tiles      bench gemm with the heuristic's tile, 128x128, 128x256 and 128x128 CTA pairs side by
 #              side (flash, pro, v3 x 2048/8192, with the torch peers), then Nsight Compute's
 #              tensor-pipe and shared-memory figures of flash L1 8192 on each where ncu reads counters
 #   prefill    long calls against rings and a 16K-token window: 16384 and 65536 tokens in three
@@ -80,14 +80,14 @@ gemm)
 gemm-first)
     python3 -m pytest -q -m gpu -rfE -x tests/gpu/test_gemm_gpu.py 2>&1 | tee "$log"
     bench/ab_run.sh "$OUT/ab_gemm_8192" gemm --presets flash,pro,v3 --tokens 8192 2>&1 | tee -a "$log"
-    python3 -m megamoe_rt bench gemm --presets flash,v3 --tokens 8192 --tiles 128x128,128x256,128x128c2,128x256c2 --no-torch \
+    python3 -m megamoe_rt bench gemm --presets flash,v3 --tokens 8192 --tiles 128x128,128x256,128x128c2 --no-torch \
         -o "$OUT/one_gpu_gemm_first_tiles.json" 2>&1 | tee -a "$log"
     ;;
 tiles)
-    python3 -m megamoe_rt bench gemm --presets flash,pro,v3 --tokens 2048,8192 --tiles 128x128,128x256,128x128c2,128x256c2 \
+    python3 -m megamoe_rt bench gemm --presets flash,pro,v3 --tokens 2048,8192 --tiles 128x128,128x256,128x128c2 \
         -o "$OUT/one_gpu_tiles.json" 2>&1 | tee "$log"
     if command -v ncu >/dev/null; then
-        for tile in 128x128 128x256 128x128c2 128x256c2; do
+        for tile in 128x128 128x256 128x128c2; do
             ncu --clock-control none -k regex:sm90_fp8_grouped_gemm -c 1 \
                 --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,smsp__cycles_active.avg,gpu__time_duration.sum \
                 python3 bench/gemm_profile_one.py "$tile" 2>&1 | tee -a "$log"

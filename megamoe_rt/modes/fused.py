@@ -334,8 +334,8 @@ class FusedMode(Mode):
                 f"transport={spec.transport!r}: mode='fused' reaches other ranks through peer pointers only "
                 "(mode='unfused' runs over NVSHMEM's device API)"
             )
-        # Every width the layer takes (multiples of 128) fits the tiles: L2's are BLOCK_N = 128
-        # columns, L1's 2 x 128.
+        if spec.hidden % fk.BLOCK_N:
+            return f"hidden={spec.hidden}: mode='fused' needs a multiple of {fk.BLOCK_N} (its L2 tile width)"
         return None
 
     @classmethod

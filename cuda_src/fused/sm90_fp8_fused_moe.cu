@@ -618,7 +618,7 @@ __device__ __forceinline__ void compute_tiles(const FusedParams& p, const Routin
         }
         if (!ptx::warp_uniform(s.l2)) {
             gemm::consume_tile<L1>(p.l1, tile, p.l1.k / L1::kBlockK, sm1, st, mt1, acc, out, 0);
-            L1::Epilogue::template store<L1>(p.l1, tile, mt1, sm1, out);
+            L1::Epilogue::template store<L1>(p.l1_out, tile, mt1, sm1, out);
             // Every math thread's rows are written before the leader posts them (TMA reads them
             // in another block: the relay adds the proxy fence).
             ptx::bar_sync(kMathBarrier, L1::kNumMathThreads);
@@ -628,7 +628,7 @@ __device__ __forceinline__ void compute_tiles(const FusedParams& p, const Routin
             gemm::consume_tile<L2>(p.l2, tile, p.l2.k / L2::kBlockK, sm2, st, mt2, acc, out, 0);
             // The leader has seen every stage of this tile land: its activation rows are read.
             if (leader) relay.post(posted, p.bank.l2_read + s.block);
-            L2::Epilogue::template store<L2>(p.l2, tile, mt2, sm2, out);
+            L2::Epilogue::template store<L2>(p.l2_out, tile, mt2, sm2, out);
         }
     }
     if (leader) relay.post(posted, SignalRelay::kStop);

@@ -30,8 +30,10 @@ struct Config {
     // the peer are bounded like every pipeline wait, by the producers' deadlines.
     static constexpr u32 kClusterN = kClusterN_;
     static constexpr GroupLayout kLayout = kLayout_;
-    // What the math warpgroups do with a finished tile: a policy type with
-    //   template <class Cfg> static void store(const GemmParams&, const Tile&, const MathThread<Cfg>&,
+    // What the math warpgroups do with a finished tile: a policy type with its parameter struct
+    // (the kernel's second argument, declared in megamoe_rt/kernels/interface/gemm.py) and
+    //   using Params = ...;
+    //   template <class Cfg> static void store(const Params&, const Tile&, const MathThread<Cfg>&,
     //                                          const SharedStorage<Cfg>&, const PromotedSums<Cfg>& out);
     // out holds the thread's promoted fp32 sums, one 64-float fragment per 128-column pass
     // (pass_sums); the MathThread is at pass 0, so a policy takes pass p's columns from

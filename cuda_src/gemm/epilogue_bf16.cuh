@@ -32,8 +32,10 @@ __device__ __forceinline__ void store_bf16_row(u8* base, bool keep, const Promot
 }
 
 struct StoreBf16Epilogue {
+    using Params = StoreBf16Params;
+
     template <class Cfg>
-    static __device__ __forceinline__ void store(const GemmParams& p, const Tile& tile, const MathThread<Cfg>& mt,
+    static __device__ __forceinline__ void store(const Params& p, const Tile& tile, const MathThread<Cfg>& mt,
                                                  const SharedStorage<Cfg>& /*sm*/, const PromotedSums<Cfg>& out) {
 #pragma unroll
         for (u32 half = 0; half < 2; ++half) {

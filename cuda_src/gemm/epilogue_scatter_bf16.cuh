@@ -13,8 +13,10 @@
 namespace megamoe_rt::gemm {
 
 struct ScatterBf16Epilogue {
+    using Params = ScatterBf16Params;
+
     template <class Cfg>
-    static __device__ __forceinline__ void store(const GemmParams& p, const Tile& tile, const MathThread<Cfg>& mt,
+    static __device__ __forceinline__ void store(const Params& p, const Tile& tile, const MathThread<Cfg>& mt,
                                                  const SharedStorage<Cfg>& /*sm*/, const PromotedSums<Cfg>& out) {
 #pragma unroll
         for (u32 half = 0; half < 2; ++half) {

@@ -32,14 +32,16 @@ __device__ __forceinline__ float requant_scale(float amax, bool pow2) {
 }
 
 struct SwigluFp8Epilogue {
+    using Params = SwigluFp8Params;
+
     template <class Cfg>
-    static __device__ __forceinline__ void store(const GemmParams& p, const Tile& tile, const MathThread<Cfg>& mt,
+    static __device__ __forceinline__ void store(const Params& p, const Tile& tile, const MathThread<Cfg>& mt,
                                                  const SharedStorage<Cfg>& sm, const PromotedSums<Cfg>& out);
 };
 
 // One 128-column pass of a thread's sums (64 channels, gate pair i and up pair i + 8): the
 // activations of its two rows (row0, row0 + 8) and each row's amax over the quad's 64 channels.
-__device__ __forceinline__ void swiglu_activations(const GemmParams& p, const Tile& tile, u32 row0,
+__device__ __forceinline__ void swiglu_activations(const SwigluFp8Params& p, const Tile& tile, u32 row0,
                                                    const float (&out)[64], float (&act)[2][16], float (&amax)[2]) {
     const bool clamp = (p.flags & Flags::kClamp) != 0;
     const float limit = p.swiglu_limit;
@@ -73,7 +75,7 @@ __device__ __forceinline__ void swiglu_activations(const GemmParams& p, const Ti
 // Writes one pass's 64 channels of the thread's two rows as e4m3 with the rows' requant scales;
 // `owns_scale`: this pass holds the first channel of the rows' requant group.
 template <class Cfg>
-__device__ __forceinline__ void store_e4m3_pass(const GemmParams& p, const Tile& tile, const MathThread<Cfg>& mt,
+__device__ __forceinline__ void store_e4m3_pass(const SwigluFp8Params& p, const Tile& tile, const MathThread<Cfg>& mt,
                                                 const float (&act)[2][16], const float (&scale)[2], bool owns_scale) {
     const u32 channel0 = mt.col0(tile) / 2;  // 128 interleaved columns -> 64 channels
     const u32 q = mt.lane % 4;
@@ -109,9 +111,8 @@ __device__ __forceinline__ void store_e4m3_pass(const GemmParams& p, const Tile&
 }
 
 template <class Cfg>
-__device__ __forceinline__ void SwigluFp8Epilogue::store(const GemmParams& p, const Tile& tile,
-                                                         const MathThread<Cfg>& mt, const SharedStorage<Cfg>& sm,
-                                                         const PromotedSums<Cfg>& out) {
+__device__ __forceinline__ void SwigluFp8Epilogue::store(const Params& p, const Tile& tile, const MathThread<Cfg>& mt,
+                                                         const SharedStorage<Cfg>& sm, const PromotedSums<Cfg>& out) {
     // A 128-wide requant group is 256 interleaved gate|up columns: both passes of one warpgroup
     // (128 x 256) or two warpgroups side by side (64 x 256).
     constexpr bool kGroupInThread = Cfg::kOutSfGran == 64 || Cfg::kNPasses == 2;

@@ -1,7 +1,8 @@
 // Grouped FP8 GEMM for sm_90a: D[g] = A[g] . B[g]^T with 1x128 (or 1x64) A scales and
 // 128x128 (or 64x128) B scales, fp32 promotion per scale group, persistent over
-// (group, m-block, n-block), then an epilogue policy (config.cuh). One instantiation per
-// (tile shape, stages, scale granularities, group layout, epilogue).
+// (group, m-block, n-block), then an epilogue policy with its own parameter struct, the
+// kernel's second argument (config.cuh). One instantiation per (tile shape, stages, scale
+// granularities, group layout, epilogue).
 //
 // No epilogue header is included here: each variant is compiled with its policy's header
 // pre-included (megamoe_rt.kernels.epilogues), so a new epilogue needs no edit of this file.
@@ -29,7 +30,9 @@ template <u32 kBlockM, u32 kBlockN, u32 kStages, u32 kASfGran, u32 kBSfN, u32 kO
           GroupLayout kLayout, class Epilogue>
 __global__ void __launch_bounds__(
     Config<kBlockM, kBlockN, kStages, kASfGran, kBSfN, kOutSfGran, kClusterN, kLayout, Epilogue>::kNumThreads, 1)
-    sm90_fp8_grouped_gemm(const __grid_constant__ GemmParams p, const __grid_constant__ ptx::TmaDescriptor tma_a,
+    sm90_fp8_grouped_gemm(const __grid_constant__ GemmParams p,
+                          const __grid_constant__ typename Epilogue::Params epilogue_params,
+                          const __grid_constant__ ptx::TmaDescriptor tma_a,
                           const __grid_constant__ ptx::TmaDescriptor tma_b,
                           const __grid_constant__ ptx::TmaDescriptor tma_sfa) {
     using Cfg = Config<kBlockM, kBlockN, kStages, kASfGran, kBSfN, kOutSfGran, kClusterN, kLayout, Epilogue>;
@@ -94,7 +97,7 @@ __global__ void __launch_bounds__(
         Tile previous{};  // invalid until the first tile is done
         const auto store_pending = [&] {
             if (!previous.valid) return;
-            Epilogue::template store<Cfg>(p, previous, mt, sm, out);
+            Epilogue::template store<Cfg>(epilogue_params, previous, mt, sm, out);
         };
         for (;;) {
             const Tile tile = announced_tile<Cfg>(sm, st);

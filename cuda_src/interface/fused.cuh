@@ -114,22 +114,24 @@ __host__ __device__ constexpr u32 ep_scratch_bytes(u32 num_experts, u32 num_loca
 // Parameters of the fused MoE kernel; every pointer, stride and size is resolved on the host
 // from the buffer layout.
 struct FusedParams {
-    moe::MoeParams moe;             // inputs, pools (pool_rows = ring rows), per-row metadata (full size), combine, y
-    gemm::GemmParams l1;            // n = 2I, k = H; d/d_sf: the activation ring; row_weight: full-size metadata
-    gemm::GemmParams l2;            // n = H, k = I; row_dst: full-size metadata
+    moe::MoeParams moe;              // inputs, pools (pool_rows = ring rows), per-row metadata (full size), combine, y
+    gemm::GemmParams l1;             // n = 2I, k = H: the input pool against w1 (gate|up interleaved)
+    gemm::SwigluFp8Params l1_out;    // into the activation ring; row_weight: full-size metadata
+    gemm::GemmParams l2;             // n = H, k = I: the activation ring against w2
+    gemm::ScatterBf16Params l2_out;  // row_dst: full-size metadata
     sync::WaitContext wait;
     u32* banks[2];
     BankLayout bank;
-    u32* launch_epoch;              // parity of this word picks the bank; bumped at the end of a launch
+    u32* launch_epoch;               // parity of this word picks the bank; bumped at the end of a launch
     sync::GridBarrierWords* grid_barrier;
-    u32 ring_blocks;                // pool / activation slots of BLOCK_M rows
-    u32 max_blocks;                 // worst-case pool blocks of a call (counters and tables are sized for it)
-    u32 lag_units;                  // >= max_blocks: single-wave order; split: 0 (each kernel walks one layer)
+    u32 ring_blocks;                 // pool / activation slots of BLOCK_M rows
+    u32 max_blocks;                  // worst-case pool blocks of a call (counters and tables are sized for it)
+    u32 lag_units;                   // >= max_blocks: single-wave order; split: 0 (each kernel walks one layer)
     u32 group_units;
-    u32 table_smem_offset;          // bytes from the aligned shared-memory base to the routing tables
-    u32 withhold_block;             // tests only: this block's rows (fused) or L1 output (split K1) go unpublished (kNoBlock: off)
-    u64* trace;                     // profiling only: kTraceEvents %globaltimer stamps per block (null: off)
-    stream::StreamedPool streamed;  // Role::kStreamed only: the ring and the pool's claim state
+    u32 table_smem_offset;           // bytes from the aligned shared-memory base to the routing tables
+    u32 withhold_block;              // tests only: this block's rows (fused) or L1 output (split K1) go unpublished (kNoBlock: off)
+    u64* trace;                      // profiling only: kTraceEvents %globaltimer stamps per block (null: off)
+    stream::StreamedPool streamed;   // Role::kStreamed only: the ring and the pool's claim state
     // Across ranks (the expert-parallel instantiation only). Regions of the symmetric buffer
     // sit at the same offsets on every rank: a peer's is peer_bases[peer] + offset. The bank's
     // counts and cursors then count per global expert, this rank's pairs into its send list.
@@ -145,35 +147,37 @@ struct FusedParams {
     u32 rank;
     u32 num_ranks;
 };
-static_assert(sizeof(FusedParams) == 912, "FusedParams: size differs from megamoe_rt/kernels/interface");
+static_assert(sizeof(FusedParams) == 856, "FusedParams: size differs from megamoe_rt/kernels/interface");
 static_assert(alignof(FusedParams) == 8, "FusedParams: alignment differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(FusedParams, moe, 0, "FusedParams::moe: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(FusedParams, l1, 184, "FusedParams::l1: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, l2, 336, "FusedParams::l2: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, wait, 488, "FusedParams::wait: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, banks, 512, "FusedParams::banks: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, bank, 528, "FusedParams::bank: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, launch_epoch, 568, "FusedParams::launch_epoch: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, grid_barrier, 576, "FusedParams::grid_barrier: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, ring_blocks, 584, "FusedParams::ring_blocks: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, max_blocks, 588, "FusedParams::max_blocks: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, lag_units, 592, "FusedParams::lag_units: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, group_units, 596, "FusedParams::group_units: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, table_smem_offset, 600, "FusedParams::table_smem_offset: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, withhold_block, 604, "FusedParams::withhold_block: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, trace, 608, "FusedParams::trace: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, streamed, 616, "FusedParams::streamed: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, peer_bases, 816, "FusedParams::peer_bases: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_x, 824, "FusedParams::off_x: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_x_sf, 832, "FusedParams::off_x_sf: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_send_list, 840, "FusedParams::off_send_list: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_combine, 848, "FusedParams::off_combine: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_ep_banks, 856, "FusedParams::off_ep_banks: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, send_list, 864, "FusedParams::send_list: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, ep_banks, 872, "FusedParams::ep_banks: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, ep_bank, 880, "FusedParams::ep_bank: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, rank, 904, "FusedParams::rank: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(FusedParams, num_ranks, 908, "FusedParams::num_ranks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, l1_out, 280, "FusedParams::l1_out: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, l2, 328, "FusedParams::l2: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, l2_out, 424, "FusedParams::l2_out: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, wait, 432, "FusedParams::wait: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, banks, 456, "FusedParams::banks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, bank, 472, "FusedParams::bank: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, launch_epoch, 512, "FusedParams::launch_epoch: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, grid_barrier, 520, "FusedParams::grid_barrier: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, ring_blocks, 528, "FusedParams::ring_blocks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, max_blocks, 532, "FusedParams::max_blocks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, lag_units, 536, "FusedParams::lag_units: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, group_units, 540, "FusedParams::group_units: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, table_smem_offset, 544, "FusedParams::table_smem_offset: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, withhold_block, 548, "FusedParams::withhold_block: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, trace, 552, "FusedParams::trace: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, streamed, 560, "FusedParams::streamed: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, peer_bases, 760, "FusedParams::peer_bases: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_x, 768, "FusedParams::off_x: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_x_sf, 776, "FusedParams::off_x_sf: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_send_list, 784, "FusedParams::off_send_list: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_combine, 792, "FusedParams::off_combine: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, off_ep_banks, 800, "FusedParams::off_ep_banks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, send_list, 808, "FusedParams::send_list: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, ep_banks, 816, "FusedParams::ep_banks: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, ep_bank, 824, "FusedParams::ep_bank: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, rank, 848, "FusedParams::rank: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(FusedParams, num_ranks, 852, "FusedParams::num_ranks: offset differs from megamoe_rt/kernels/interface");
 
 }  // namespace megamoe_rt::fused
 // clang-format on

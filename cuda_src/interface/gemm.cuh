@@ -24,14 +24,15 @@ enum class GroupLayout : u32 {
     kMasked = 1,      // group g owns rows [g * masked_rows, (g + 1) * masked_rows); first masked_counts[g] valid
 };
 
-// GemmParams::flags
+// SwigluFp8Params::flags
 struct Flags {
     static constexpr u32 kClamp = 1u << 0;      // clamp gate <= limit, |up| <= limit
     static constexpr u32 kPow2Scale = 1u << 1;  // round requant scales up to powers of two
 };
 
-// Runtime parameters of the grouped FP8 GEMM. Every offset and stride is computed on the
-// host and arrives ready to use.
+// Runtime parameters of the grouped FP8 GEMM's mainloop and tile schedule; what a finished
+// tile is written to is the epilogue's own struct below. Every offset and stride is computed
+// on the host and arrives ready to use.
 struct GemmParams {
     u32 num_rows;              // rows of A and D (contiguous: a window of row_base + num_rows rows of the group layout)
                                // or num_groups * masked_rows (masked)
@@ -39,49 +40,72 @@ struct GemmParams {
     u32 k;                     // reduction length, a multiple of 128
     u32 num_groups;
     u32 masked_rows;           // masked layout: rows per group
-    u32 flags;                 // Flags
+    u32 row_base;              // contiguous: the group layout's row that is row 0 of A and D (a ring's window of the
+                               // pool: group offsets and per-row metadata are in pool rows, A and D in window rows); 0 otherwise
     const i32* group_offsets;  // contiguous: [num_groups + 1]
     const i32* group_counts;   // contiguous, optional: valid rows per group (nullptr: all)
     const i32* masked_counts;  // masked: [num_groups]
     const float* sfb;          // [num_groups, n / kBSfN, k / 128]
-    u8* d;                     // StoreBf16Epilogue: bf16 rows; SwigluFp8Epilogue: e4m3 rows
-    u64 d_row_stride_bytes;
-    float* d_sf;               // SwigluFp8Epilogue: scales, [n / 2 / gran, d_sf_row_stride] (K-block major)
-    u64 d_sf_row_stride;       // in floats (>= num_rows)
-    const float* row_weight;   // SwigluFp8Epilogue: per-row top-k weight [row_base + num_rows]
-    const u64* row_dst;        // ScatterBf16Epilogue: per-row destination byte address
-    float swiglu_limit;
-    u32 row_base;              // contiguous: the group layout's row that is row 0 of A and D (a ring's window of the
-                               // pool: group offsets and per-row metadata are in pool rows, A and D in window rows); 0 otherwise
     const u32* layout_state;   // written by the group-layout check just before: nonzero = invalid, the GEMM does nothing (nullptr: unchecked)
     const i32* block_map;      // contiguous, optional: where each kBlockMapRows-row block of the group layout lives in A, D and the
                                // per-row metadata (block b's rows at block_map[b] * kBlockMapRows; nullptr: in place). A streamed
                                // call's pool hands blocks out as chunks arrive and lays the experts out over them afterwards
     sync::WaitContext wait;    // the deadline of the pipeline's shared-memory waits (mbarriers)
 };
-static_assert(sizeof(GemmParams) == 152, "GemmParams: size differs from megamoe_rt/kernels/interface");
+static_assert(sizeof(GemmParams) == 96, "GemmParams: size differs from megamoe_rt/kernels/interface");
 static_assert(alignof(GemmParams) == 8, "GemmParams: alignment differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(GemmParams, num_rows, 0, "GemmParams::num_rows: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(GemmParams, n, 4, "GemmParams::n: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(GemmParams, k, 8, "GemmParams::k: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(GemmParams, num_groups, 12, "GemmParams::num_groups: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(GemmParams, masked_rows, 16, "GemmParams::masked_rows: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(GemmParams, flags, 20, "GemmParams::flags: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(GemmParams, row_base, 20, "GemmParams::row_base: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(GemmParams, group_offsets, 24, "GemmParams::group_offsets: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(GemmParams, group_counts, 32, "GemmParams::group_counts: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(GemmParams, masked_counts, 40, "GemmParams::masked_counts: offset differs from megamoe_rt/kernels/interface");
 MEGAMOE_RT_ASSERT_OFFSET(GemmParams, sfb, 48, "GemmParams::sfb: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(GemmParams, d, 56, "GemmParams::d: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(GemmParams, d_row_stride_bytes, 64, "GemmParams::d_row_stride_bytes: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(GemmParams, d_sf, 72, "GemmParams::d_sf: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(GemmParams, d_sf_row_stride, 80, "GemmParams::d_sf_row_stride: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(GemmParams, row_weight, 88, "GemmParams::row_weight: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(GemmParams, row_dst, 96, "GemmParams::row_dst: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(GemmParams, swiglu_limit, 104, "GemmParams::swiglu_limit: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(GemmParams, row_base, 108, "GemmParams::row_base: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(GemmParams, layout_state, 112, "GemmParams::layout_state: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(GemmParams, block_map, 120, "GemmParams::block_map: offset differs from megamoe_rt/kernels/interface");
-MEGAMOE_RT_ASSERT_OFFSET(GemmParams, wait, 128, "GemmParams::wait: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(GemmParams, layout_state, 56, "GemmParams::layout_state: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(GemmParams, block_map, 64, "GemmParams::block_map: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(GemmParams, wait, 72, "GemmParams::wait: offset differs from megamoe_rt/kernels/interface");
+
+// StoreBf16Epilogue: the tile as bf16 rows of D.
+struct StoreBf16Params {
+    u8* d;  // bf16 rows of D
+    u64 d_row_stride_bytes;
+};
+static_assert(sizeof(StoreBf16Params) == 16, "StoreBf16Params: size differs from megamoe_rt/kernels/interface");
+static_assert(alignof(StoreBf16Params) == 8, "StoreBf16Params: alignment differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StoreBf16Params, d, 0, "StoreBf16Params::d: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(StoreBf16Params, d_row_stride_bytes, 8, "StoreBf16Params::d_row_stride_bytes: offset differs from megamoe_rt/kernels/interface");
+
+// ScatterBf16Epilogue: each bf16 row to its own address.
+struct ScatterBf16Params {
+    const u64* row_dst;  // per row of the group layout: its destination byte address (0: skipped)
+};
+static_assert(sizeof(ScatterBf16Params) == 8, "ScatterBf16Params: size differs from megamoe_rt/kernels/interface");
+static_assert(alignof(ScatterBf16Params) == 8, "ScatterBf16Params: alignment differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(ScatterBf16Params, row_dst, 0, "ScatterBf16Params::row_dst: offset differs from megamoe_rt/kernels/interface");
+
+// SwigluFp8Epilogue: SwiGLU of the interleaved gate|up columns, times the row's weight,
+// requantized to e4m3 with a scale per group of out_sf_gran activations.
+struct SwigluFp8Params {
+    u32 flags;                // Flags
+    float swiglu_limit;
+    u8* d;                    // e4m3 rows of the activations, n / 2 wide
+    u64 d_row_stride_bytes;
+    float* d_sf;              // their scales, [n / 2 / gran, d_sf_row_stride] (K-block major)
+    u64 d_sf_row_stride;      // in floats (>= num_rows)
+    const float* row_weight;  // per row of the group layout: its top-k weight
+};
+static_assert(sizeof(SwigluFp8Params) == 48, "SwigluFp8Params: size differs from megamoe_rt/kernels/interface");
+static_assert(alignof(SwigluFp8Params) == 8, "SwigluFp8Params: alignment differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(SwigluFp8Params, flags, 0, "SwigluFp8Params::flags: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(SwigluFp8Params, swiglu_limit, 4, "SwigluFp8Params::swiglu_limit: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(SwigluFp8Params, d, 8, "SwigluFp8Params::d: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(SwigluFp8Params, d_row_stride_bytes, 16, "SwigluFp8Params::d_row_stride_bytes: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(SwigluFp8Params, d_sf, 24, "SwigluFp8Params::d_sf: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(SwigluFp8Params, d_sf_row_stride, 32, "SwigluFp8Params::d_sf_row_stride: offset differs from megamoe_rt/kernels/interface");
+MEGAMOE_RT_ASSERT_OFFSET(SwigluFp8Params, row_weight, 40, "SwigluFp8Params::row_weight: offset differs from megamoe_rt/kernels/interface");
 
 // Shared memory of one pipeline stage: A and B tiles and an A-scale slot with room for
 // 64-wide groups, so GEMMs that differ only in A-scale granularity share one carve-up.

@@ -1,4 +1,4 @@
-"""SASS of a cubin, through cuobjdump from the nvidia-cuda-cuobjdump wheel."""
+"""SASS and kernel parameters of a cubin, through cuobjdump from the nvidia-cuda-cuobjdump wheel."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def find_cuobjdump() -> str | None:
     return shutil.which("cuobjdump")
 
 
-def dump_sass(cubin: bytes) -> str:
+def _cuobjdump(cubin: bytes, option: str) -> str:
     tool = find_cuobjdump()
     if tool is None:
         raise RuntimeError(
@@ -32,10 +32,36 @@ def dump_sass(cubin: bytes) -> str:
         # cuobjdump hands disassembly to nvdisasm, which the wheels install beside it.
         env = dict(os.environ)
         env["PATH"] = str(Path(tool).parent) + os.pathsep + env.get("PATH", "")
-        out = subprocess.run([tool, "-sass", str(path)], capture_output=True, text=True, check=False, env=env)
+        out = subprocess.run([tool, option, str(path)], capture_output=True, text=True, check=False, env=env)
     if out.returncode != 0:
-        raise RuntimeError(f"cuobjdump -sass failed ({out.returncode}): {out.stderr.strip()}")
+        raise RuntimeError(f"cuobjdump {option} failed ({out.returncode}): {out.stderr.strip()}")
     return out.stdout
+
+
+def dump_sass(cubin: bytes) -> str:
+    return _cuobjdump(cubin, "-sass")
+
+
+_KPARAM = re.compile(
+    r"EIATTR_KPARAM_INFO.*?Ordinal\s*:\s*0x([0-9a-f]+)\s+Offset\s*:\s*0x([0-9a-f]+)\s+Size\s*:\s*0x([0-9a-f]+)", re.S
+)
+
+
+def cubin_param_layout(cubin: bytes, lowered_name: str) -> dict[int, tuple[int, int]]:
+    """The parameters of kernel ``lowered_name`` as its cubin's ELF records them
+    (``EIATTR_KPARAM_INFO`` in ``.nv.info.<name>``): ordinal -> (offset, size) in bytes. What
+    the driver's parameter query answers once the kernel is loaded
+    (megamoe_rt.kernels.loader.check_param_sizes takes either), without a GPU."""
+    listing = _cuobjdump(cubin, "-elf")
+    # The listing prints each section after a line with its name alone.
+    sections = re.split(r"^(\.\S+)\s*$", listing, flags=re.M)
+    found: dict[int, tuple[int, int]] = {}
+    for name, body in zip(sections[1::2], sections[2::2]):
+        if name == f".nv.info.{lowered_name}":
+            found.update({int(o, 16): (int(off, 16), int(size, 16)) for o, off, size in _KPARAM.findall(body)})
+    if not found:
+        raise RuntimeError(f"cuobjdump -elf: no parameter records for {lowered_name}")
+    return found
 
 
 _OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")

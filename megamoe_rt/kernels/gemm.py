@@ -1,8 +1,8 @@
 """Grouped FP8 GEMM: kernel variants, parameter struct, TMA descriptors and launch.
 
 Shapes, strides and tensor maps are computed on the host (the operands' in
-:mod:`megamoe_rt.kernels.operands`) and reach the kernel as :class:`GemmParams` plus three
-``__grid_constant__`` tensor maps; the device code holds no layout arithmetic of its own
+:mod:`megamoe_rt.kernels.operands`) and reach the kernel as :class:`GemmParams`, the
+epilogue's own parameter struct and three ``__grid_constant__`` tensor maps; the device code holds no layout arithmetic of its own
 beyond its tile. Epilogues are registered in :mod:`megamoe_rt.kernels.epilogues`.
 """
 
@@ -18,6 +18,9 @@ from megamoe_rt.kernels.epilogues import EPILOGUES, get_epilogue
 from megamoe_rt.kernels.interface import gemm as decl
 from megamoe_rt.kernels.interface.decl import TMA_DESCRIPTOR
 from megamoe_rt.kernels.interface.structs import GemmParams as GemmParams
+from megamoe_rt.kernels.interface.structs import ScatterBf16Params as ScatterBf16Params
+from megamoe_rt.kernels.interface.structs import StoreBf16Params as StoreBf16Params
+from megamoe_rt.kernels.interface.structs import SwigluFp8Params as SwigluFp8Params
 from megamoe_rt.kernels.interface.structs import WaitContext as WaitContext
 from megamoe_rt.kernels.operands import BLOCK_K as BLOCK_K
 from megamoe_rt.kernels.operands import Fp8Operand
@@ -130,7 +133,7 @@ class GemmConfig:
             block_threads=self.num_threads,
             expect_sass=("QGMMA",),
             includes=(epi.header,),
-            params=(GemmParams,) + (TMA_DESCRIPTOR,) * 3,
+            params=(GemmParams, epi.params) + (TMA_DESCRIPTOR,) * 3,
         )
 
 
@@ -149,6 +152,7 @@ class GemmLaunch:
     a: Fp8Operand  # rows [num_rows, k] with k-major row scales
     b: Fp8Operand  # [groups, n, k] with block scales (params.sfb)
     params: GemmParams
+    epilogue_params: ctypes.Structure  # the config's epilogue's Params (where a finished tile goes)
 
     def tensor_maps(self) -> tuple[TensorMap2D, TensorMap2D, TensorMap2D]:
         cfg = self.config
@@ -176,7 +180,7 @@ class PreparedGemm:
     grid: int
     block: int
     cluster: tuple[int, int, int]
-    args: list[Any]  # params and tensor maps (ctypes), kept alive with the plan
+    args: list[Any]  # params, the epilogue's params and tensor maps (ctypes), kept alive with the plan
 
     def run(self, stream: Any = None) -> None:
         if self.grid:
@@ -202,7 +206,12 @@ def prepare_gemm(launch: GemmLaunch, *, device: int, sm_count: int) -> PreparedG
     else:
         slots = sm_count
     grid = min(tiles, slots) * cfg.cluster_n
-    args: list[Any] = [launch.params]
+    if not isinstance(launch.epilogue_params, get_epilogue(cfg.epilogue).params):
+        raise TypeError(
+            f"{cfg.name}: epilogue parameters {type(launch.epilogue_params).__name__}, expected "
+            f"{get_epilogue(cfg.epilogue).params.__name__}"
+        )
+    args: list[Any] = [launch.params, launch.epilogue_params]
     if grid:
         args += [t.raw for t in launch.tensor_maps()]
     return PreparedGemm(kernel, grid, cfg.num_threads, (cfg.cluster_n, 1, 1), args)

@@ -281,13 +281,14 @@ def plan_grouped_gemm_fp8(
             a_sf_gran=_scales(ao).gran_k,
         )
         _check_config(cfg, layout=layout, epilogue=epilogue, a_sf_gran=_scales(ao).gran_k, n=n)
-        p = _params(ao, bo, wait, flags=0)
+        p = _params(ao, bo, wait)
         refs = _set_groups(p, layout, group_offsets, group_counts, masked_counts, groups, dev)
+        epilogue_params: k.ScatterBf16Params | k.StoreBf16Params
         if row_dst is not None:
             if out is not None:
                 raise ValueError("pass either out or row_dst, not both")
             rd = _per_row_array(row_dst, "row_dst", "uint64", rows, dev, sh)
-            p.row_dst = rd.ptr
+            epilogue_params = k.ScatterBf16Params(row_dst=rd.ptr)
             refs += (_owner(rd),)
             result = None
         else:
@@ -296,10 +297,9 @@ def plan_grouped_gemm_fp8(
             oa = as_device_array(result, "out", stream=sh)
             check_array(oa, "out", dtypes=("bf16",), shape=out_shape, device=dev, align=16)  # 16-byte row stores
             check_disjoint(oa, "out", _operand_arrays(ao, bo))
-            p.d = oa.ptr
-            p.d_row_stride_bytes = n * 2
+            epilogue_params = k.StoreBf16Params(d=oa.ptr, d_row_stride_bytes=n * 2)
             refs += (_owner(oa),)
-        return _plan(cupy, info, cfg, p, ao, bo, a_sf, check_layout, result, sh, refs)
+        return _plan(cupy, info, cfg, p, epilogue_params, ao, bo, a_sf, check_layout, result, sh, refs)
 
 
 def _operand_arrays(*ops: Fp8Operand) -> dict[str, DeviceArray | None]:
@@ -322,7 +322,7 @@ def _masked_rows(a: Fp8Operand) -> int:
     return a.rows if a.stacked else 0
 
 
-def _params(a: Fp8Operand, b: Fp8Operand, wait: k.WaitContext | None, **fields: Any) -> k.GemmParams:
+def _params(a: Fp8Operand, b: Fp8Operand, wait: k.WaitContext | None) -> k.GemmParams:
     """The shape fields of the launch parameters, from its operands, and the deadline of the
     pipeline's waits (default: this process's timeout record, MEGAMOE_RT_TIMEOUT_S)."""
     if wait is None:
@@ -337,7 +337,6 @@ def _params(a: Fp8Operand, b: Fp8Operand, wait: k.WaitContext | None, **fields: 
         num_groups=b.groups,
         masked_rows=_masked_rows(a),
         sfb=_scales(b).ptr,
-        **fields,
     )
 
 
@@ -346,6 +345,7 @@ def _plan(
     info: devices.DeviceInfo,
     cfg: k.GemmConfig,
     p: k.GemmParams,
+    epilogue_params: Any,
     a: Fp8Operand,
     b: Fp8Operand,
     a_sf_obj: Any,
@@ -354,7 +354,8 @@ def _plan(
     sh: int,
     refs: tuple[Any, ...],
 ) -> GroupedGemmPlan:
-    """``refs``: owners of every other array ``p`` points to (groups, outputs, row maps)."""
+    """``epilogue_params``: the config's epilogue's struct. ``refs``: owners of every other array
+    ``p`` and it point to (groups, outputs, row maps)."""
     rows = a.total_rows
     if rows == 0:
         return GroupedGemmPlan(k.PreparedGemm(None, 0, 0, (1, 1, 1), []), None, result, sh)
@@ -379,7 +380,7 @@ def _plan(
         errors = ErrorReport(info.ordinal)
         p.layout_state = int(state.data.ptr)
         keep += (state,)
-    launch = k.GemmLaunch(cfg, a, b, p)
+    launch = k.GemmLaunch(cfg, a, b, p, epilogue_params)
     gemm = k.prepare_gemm(launch, device=info.ordinal, sm_count=info.sm_count)
     if errors is not None:
         check = k.prepare_layout_check(
@@ -506,18 +507,16 @@ def plan_grouped_gemm_swiglu_fp8(
         )
         _check_config(cfg, layout=layout, epilogue="swiglu_fp8", a_sf_gran=128, n=two_i, out_sf_gran=act_sf_gran)
         flags = (k.FLAG_CLAMP if swiglu_limit is not None else 0) | (k.FLAG_POW2_SCALE if pow2_scale else 0)
-        p = _params(
-            ao,
-            bo,
-            wait,
-            flags=flags,
+        p = _params(ao, bo, wait)
+        epilogue_params = k.SwigluFp8Params(
             d=qa.ptr,
             d_row_stride_bytes=inter,
             d_sf=sfo.ptr,
             d_sf_row_stride=rows_pad,
             row_weight=rw.ptr,
             swiglu_limit=float(swiglu_limit or 0.0),
+            flags=flags,
         )
         refs = _set_groups(p, layout, group_offsets, group_counts, masked_counts, groups, dev)
         refs += (_owner(rw), _owner(qa), _owner(sfo))
-        return _plan(cupy, info, cfg, p, ao, bo, a_sf, check_layout, (q, sf), sh, refs)
+        return _plan(cupy, info, cfg, p, epilogue_params, ao, bo, a_sf, check_layout, (q, sf), sh, refs)

@@ -17,7 +17,7 @@ from typing import Any, cast
 
 from megamoe_rt.kernels import fused as fk
 from megamoe_rt.kernels.ep import bank_layout as ep_bank_layout
-from megamoe_rt.kernels.gemm import FLAG_CLAMP, FLAG_POW2_SCALE, GemmParams
+from megamoe_rt.kernels.gemm import FLAG_CLAMP, FLAG_POW2_SCALE, GemmParams, ScatterBf16Params, SwigluFp8Params
 from megamoe_rt.kernels.loader import get_kernel
 from megamoe_rt.kernels.moe import MoeParams
 from megamoe_rt.kernels.operands import Fp8Operand, ScaleFactors
@@ -148,23 +148,18 @@ class FusedPlan:
         b = buffer
         flags = (FLAG_CLAMP if swiglu_limit is not None else 0) | (FLAG_POW2_SCALE if pow2_scale else 0)
         # The GEMM halves' `wait` stays empty: the fused kernel's pipeline waits take FusedParams::wait.
-        self.l1 = GemmParams(
-            num_rows=ring_rows,
-            n=2 * i,
-            k=h,
-            num_groups=el,
-            flags=flags,
-            sfb=int(w1p_sf.data.ptr),
+        self.l1 = GemmParams(num_rows=ring_rows, n=2 * i, k=h, num_groups=el, sfb=int(w1p_sf.data.ptr))
+        self.l1_out = SwigluFp8Params(
             d=b.ptr("l2_pool"),
             d_row_stride_bytes=i,
             d_sf=b.ptr("l2_pool_sf"),
             d_sf_row_stride=ring_rows,
             row_weight=b.ptr("l1_pool_weight"),
             swiglu_limit=0.0 if swiglu_limit is None else swiglu_limit,
+            flags=flags,
         )
-        self.l2 = GemmParams(
-            num_rows=ring_rows, n=h, k=i, num_groups=el, sfb=int(w2_sf.data.ptr), row_dst=b.ptr("l1_pool_dst")
-        )
+        self.l2 = GemmParams(num_rows=ring_rows, n=h, k=i, num_groups=el, sfb=int(w2_sf.data.ptr))
+        self.l2_out = ScatterBf16Params(row_dst=b.ptr("l1_pool_dst"))
         bank = fk.bank_layout(layout.num_experts, self.max_blocks)
         banks_ptr = b.ptr("fused_banks")
         self.banks = (ctypes.c_uint64 * 2)(banks_ptr, banks_ptr + 4 * bank.words)
@@ -239,7 +234,9 @@ class FusedPlan:
         # Every field of FusedParams but the call's inputs, wait context and order.
         self._fixed = dict(
             l1=self.l1,
+            l1_out=self.l1_out,
             l2=self.l2,
+            l2_out=self.l2_out,
             banks=self.banks,
             bank=self.bank,
             launch_epoch=b.ptr("launch_epoch"),

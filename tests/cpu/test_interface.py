@@ -72,6 +72,11 @@ def test_ctypes_class_has_the_declared_layout(struct):
     for f in struct.fields:
         assert getattr(ct, f.name).offset == offsets[f.name], f.name
         assert getattr(ct, f.name).size == f.type.size, f.name
+    # A name that is no field is refused, by keyword or by assignment: the kernel would never see it.
+    with pytest.raises(AttributeError):
+        ct(not_a_field=1)
+    with pytest.raises(AttributeError):
+        ct().not_a_field = 1
 
 
 def test_names_in_a_namespace_are_unique():

@@ -11,6 +11,7 @@ import pytest
 from megamoe_rt.jit import CubinCache, KernelSpec, compile_kernel, parse_ptxas_report
 from megamoe_rt.jit import compiler as jit_compiler
 from megamoe_rt.jit.sass import (
+    cubin_param_layout,
     descriptors_moved_from_vector_registers,
     dump_sass,
     find_cuobjdump,
@@ -18,6 +19,7 @@ from megamoe_rt.jit.sass import (
     sass_opcodes,
     wgmma_issue_windows,
 )
+from megamoe_rt.kernels.loader import check_param_sizes
 from megamoe_rt.kernels.registry import all_kernel_specs
 from megamoe_rt.runtime.errors import NvrtcError
 
@@ -61,6 +63,10 @@ def test_every_kernel_compiles_for_sm90a_without_spills(spec, cache):
     assert c.lowered_name.startswith("_Z")
     # ptxas C7518: it serialised the wgmmas (each waits for the one before), a silent slowdown.
     assert "C7518" not in c.log, f"{spec.name}: ptxas serialised its wgmmas:\n{c.log}"
+    if spec.params and find_cuobjdump() is not None:
+        # The host's declared arguments against the compiled kernel's, as the loader checks them
+        # on a GPU: a parameter struct added, dropped or resized on one side only fails here.
+        check_param_sizes(spec.name, spec.params, cubin_param_layout(c.cubin, c.lowered_name).get)
 
 
 @pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump wheel not installed")
@@ -364,3 +370,19 @@ def test_the_sass_digest_is_a_builds_and_tells_kernels_apart(tmp_path):
     assert not again.from_cache
     assert sass_digest(dump_sass(one.cubin)) == sass_digest(dump_sass(again.cubin))
     assert sass_digest(dump_sass(one.cubin)) != sass_digest(dump_sass(other.cubin))
+
+
+@pytest.mark.skipif(find_cuobjdump() is None, reason="cuobjdump wheel not installed")
+def test_the_cubins_parameter_records_catch_a_declaration_the_kernel_does_not_have(cache):
+    import ctypes
+
+    from megamoe_rt.kernels.loader import KernelParamMismatch
+
+    spec = next(s for s in ALL_SPECS if s.name == "quantize_fp8_1x128[bf16]")
+    c = compile_kernel(spec, cache=cache)
+    layout = cubin_param_layout(c.cubin, c.lowered_name)
+    assert sorted(layout) == list(range(len(spec.params)))
+    assert [size for _, size in (layout[i] for i in sorted(layout))] == [ctypes.sizeof(t) for t in spec.params]
+    for declared in (spec.params + (ctypes.c_uint64,), spec.params[:-1] + (ctypes.c_uint32 * 3,)):
+        with pytest.raises(KernelParamMismatch):
+            check_param_sizes(spec.name, declared, layout.get)

@@ -6,7 +6,7 @@ import pytest
 
 from megamoe_rt.kernels import grouped_gemm
 from megamoe_rt.kernels import operands as ops
-from megamoe_rt.kernels.gemm import GemmConfig, GemmLaunch, GemmParams
+from megamoe_rt.kernels.gemm import GemmConfig, GemmLaunch, GemmParams, StoreBf16Params
 from megamoe_rt.runtime.arrays import ELEMENT_SIZE, DeviceArray
 
 _next_ptr = [0x7F0000000000]
@@ -141,7 +141,7 @@ def test_gemm_launch_tensor_maps(maps, masked):
     copy = _arr((6, ops.kmajor_rows(rows)), "float32")
     a = a.with_scales(a.scales.kmajor_copy(a, copy))
     cfg = GemmConfig(64, 256, 4, a_sf_gran=64, layout="masked" if masked else "contiguous")
-    GemmLaunch(cfg, a, w, GemmParams()).tensor_maps()
+    GemmLaunch(cfg, a, w, GemmParams(), StoreBf16Params()).tensor_maps()
     assert maps == [
         dict(
             ptr=a_arr.ptr,

@@ -160,8 +160,10 @@ FUSED_PARAMS = Struct(
     "FusedParams",
     [
         Field("moe", MOE_PARAMS, "inputs, pools (pool_rows = ring rows), per-row metadata (full size), combine, y"),
-        Field("l1", gemm.GEMM_PARAMS, "n = 2I, k = H; d/d_sf: the activation ring; row_weight: full-size metadata"),
-        Field("l2", gemm.GEMM_PARAMS, "n = H, k = I; row_dst: full-size metadata"),
+        Field("l1", gemm.GEMM_PARAMS, "n = 2I, k = H: the input pool against w1 (gate|up interleaved)"),
+        Field("l1_out", gemm.SWIGLU_FP8_PARAMS, "into the activation ring; row_weight: full-size metadata"),
+        Field("l2", gemm.GEMM_PARAMS, "n = H, k = I: the activation ring against w2"),
+        Field("l2_out", gemm.SCATTER_BF16_PARAMS, "row_dst: full-size metadata"),
         Field("wait", WAIT_CONTEXT),
         Field("banks", Array(Ptr(U32), 2)),
         Field("bank", BANK_LAYOUT),

@@ -1,6 +1,7 @@
 """The grouped FP8 GEMM (cuda_src/gemm/): parameters, group layouts, flags, shared memory.
 
-Epilogues are policy types registered in megamoe_rt/kernels/epilogues.py, not declared here.
+Epilogues are policy types registered in megamoe_rt/kernels/epilogues.py; their parameter
+structs are declared here, one per epilogue, beside the mainloop's.
 """
 
 from megamoe_rt.kernels.interface.decl import (
@@ -63,7 +64,7 @@ FLAGS = Flags(
         Flag("kClamp", 0, "clamp", "clamp gate <= limit, |up| <= limit"),
         Flag("kPow2Scale", 1, "pow2_scale", "round requant scales up to powers of two"),
     ],
-    doc="GemmParams::flags",
+    doc="SwigluFp8Params::flags",
 )
 
 GEMM_PARAMS = Struct(
@@ -79,24 +80,16 @@ GEMM_PARAMS = Struct(
         Field("k", U32, "reduction length, a multiple of 128"),
         Field("num_groups", U32),
         Field("masked_rows", U32, "masked layout: rows per group"),
-        Field("flags", U32, "Flags"),
-        Field("group_offsets", Ptr(I32, const=True), "contiguous: [num_groups + 1]"),
-        Field("group_counts", Ptr(I32, const=True), "contiguous, optional: valid rows per group (nullptr: all)"),
-        Field("masked_counts", Ptr(I32, const=True), "masked: [num_groups]"),
-        Field("sfb", Ptr(F32, const=True), "[num_groups, n / kBSfN, k / 128]"),
-        Field("d", Ptr(U8), "StoreBf16Epilogue: bf16 rows; SwigluFp8Epilogue: e4m3 rows"),
-        Field("d_row_stride_bytes", U64),
-        Field("d_sf", Ptr(F32), "SwigluFp8Epilogue: scales, [n / 2 / gran, d_sf_row_stride] (K-block major)"),
-        Field("d_sf_row_stride", U64, "in floats (>= num_rows)"),
-        Field("row_weight", Ptr(F32, const=True), "SwigluFp8Epilogue: per-row top-k weight [row_base + num_rows]"),
-        Field("row_dst", Ptr(U64, const=True), "ScatterBf16Epilogue: per-row destination byte address"),
-        Field("swiglu_limit", F32),
         Field(
             "row_base",
             U32,
             "contiguous: the group layout's row that is row 0 of A and D (a ring's window of the\n"
             "pool: group offsets and per-row metadata are in pool rows, A and D in window rows); 0 otherwise",
         ),
+        Field("group_offsets", Ptr(I32, const=True), "contiguous: [num_groups + 1]"),
+        Field("group_counts", Ptr(I32, const=True), "contiguous, optional: valid rows per group (nullptr: all)"),
+        Field("masked_counts", Ptr(I32, const=True), "masked: [num_groups]"),
+        Field("sfb", Ptr(F32, const=True), "[num_groups, n / kBSfN, k / 128]"),
         Field(
             "layout_state",
             Ptr(U32, const=True),
@@ -111,8 +104,40 @@ GEMM_PARAMS = Struct(
         ),
         Field("wait", WAIT_CONTEXT, "the deadline of the pipeline's shared-memory waits (mbarriers)"),
     ],
-    doc="Runtime parameters of the grouped FP8 GEMM. Every offset and stride is computed on the\n"
-    "host and arrives ready to use.",
+    doc="Runtime parameters of the grouped FP8 GEMM's mainloop and tile schedule; what a finished\n"
+    "tile is written to is the epilogue's own struct below. Every offset and stride is computed\n"
+    "on the host and arrives ready to use.",
+)
+
+# Each epilogue's parameters: the kernel's second argument (the policy's ``Params``).
+STORE_BF16_PARAMS = Struct(
+    "StoreBf16Params",
+    [
+        Field("d", Ptr(U8), "bf16 rows of D"),
+        Field("d_row_stride_bytes", U64),
+    ],
+    doc="StoreBf16Epilogue: the tile as bf16 rows of D.",
+)
+
+SCATTER_BF16_PARAMS = Struct(
+    "ScatterBf16Params",
+    [Field("row_dst", Ptr(U64, const=True), "per row of the group layout: its destination byte address (0: skipped)")],
+    doc="ScatterBf16Epilogue: each bf16 row to its own address.",
+)
+
+SWIGLU_FP8_PARAMS = Struct(
+    "SwigluFp8Params",
+    [
+        Field("flags", U32, "Flags"),
+        Field("swiglu_limit", F32),
+        Field("d", Ptr(U8), "e4m3 rows of the activations, n / 2 wide"),
+        Field("d_row_stride_bytes", U64),
+        Field("d_sf", Ptr(F32), "their scales, [n / 2 / gran, d_sf_row_stride] (K-block major)"),
+        Field("d_sf_row_stride", U64, "in floats (>= num_rows)"),
+        Field("row_weight", Ptr(F32, const=True), "per row of the group layout: its top-k weight"),
+    ],
+    doc="SwigluFp8Epilogue: SwiGLU of the interleaved gate|up columns, times the row's weight,\n"
+    "requantized to e4m3 with a scale per group of out_sf_gran activations.",
 )
 
 
@@ -161,6 +186,9 @@ HEADER = Header(
         GROUP_LAYOUT,
         FLAGS,
         GEMM_PARAMS,
+        STORE_BF16_PARAMS,
+        SCATTER_BF16_PARAMS,
+        SWIGLU_FP8_PARAMS,
         stage_bytes,
         stage_tx_bytes,
         fixed_smem_bytes,

@@ -341,7 +341,9 @@ def _render_py_struct(s: Struct) -> list[str]:
     for f in s.fields:
         comment = f"  # {' '.join(f.doc.split())}" if f.doc else ""
         lines.append(f"    {f.name}: {_py_annotation(f.type)}{comment}")
-    lines += ["", "    _fields_ = ["]
+    # No instance dictionary: a keyword or attribute that names no field raises instead of
+    # setting a Python attribute the kernel never sees.
+    lines += ["", "    __slots__ = ()", "    _fields_ = ["]
     lines += [f'        ("{f.name}", {_py_ctype(f.type)}),' for f in s.fields]
     lines.append("    ]")
     return lines

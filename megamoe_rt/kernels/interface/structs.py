@@ -17,13 +17,16 @@ __all__ = [
     "QuantizeParams",
     "ReadyBlocks",
     "RingChunkParams",
+    "ScatterBf16Params",
     "SmProbeParams",
+    "StoreBf16Params",
     "StreamConsumeParams",
     "StreamCopyParams",
     "StreamOrderProbeParams",
     "StreamPoolParams",
     "StreamRing",
     "StreamedPool",
+    "SwigluFp8Params",
     "TimeoutRecord",
     "WaitContext",
     "WeightQuantizeParams",
@@ -47,6 +50,7 @@ class TimeoutRecord(ctypes.Structure):
     seen: int
     elapsed_ns: int
 
+    __slots__ = ()
     _fields_ = [
         ("state", ctypes.c_uint32),
         ("site", ctypes.c_uint32),
@@ -71,6 +75,7 @@ class WaitContext(ctypes.Structure):
     rank: int
     pad_: int
 
+    __slots__ = ()
     _fields_ = [
         ("timeout_ns", ctypes.c_uint64),
         ("record", ctypes.c_uint64),
@@ -88,6 +93,7 @@ class GridBarrierWords(ctypes.Structure):
     count: int
     generation: int
 
+    __slots__ = ()
     _fields_ = [
         ("count", ctypes.c_uint32),
         ("generation", ctypes.c_uint32),
@@ -104,6 +110,7 @@ class ErrorReport(ctypes.Structure):
 
     words: ctypes.Array[ctypes.c_uint64]  # per ErrorKind: 0, or kErrorRaised | (where & 0x7fffffff) << 32 | what
 
+    __slots__ = ()
     _fields_ = [
         ("words", ctypes.c_uint64 * 4),
     ]
@@ -131,6 +138,7 @@ class StreamRing(ctypes.Structure):
     hidden: int
     num_topk: int
 
+    __slots__ = ()
     _fields_ = [
         ("x", ctypes.c_uint64),
         ("x_sf", ctypes.c_uint64),
@@ -166,6 +174,7 @@ class RingChunkParams(ctypes.Structure):
     num_tokens: int  # tokens of the whole call (the last chunk may be partial)
     topk_idx_bytes: int  # 4 or 8: the width of the call's expert ids (the slot holds int32)
 
+    __slots__ = ()
     _fields_ = [
         ("ring", StreamRing),
         ("x", ctypes.c_uint64),
@@ -192,6 +201,7 @@ class ReadyBlocks(ctypes.Structure):
     sealed: int  # 0 until the seal, then the call's positions (its blocks) + 1
     capacity: int  # positions the list holds (max_blocks): a position past them never exists
 
+    __slots__ = ()
     _fields_ = [
         ("state", ctypes.c_uint64),
         ("ready", ctypes.c_uint64),
@@ -222,6 +232,7 @@ class StreamedPool(ctypes.Structure):
     num_chunks: int  # chunks of the call
     lag: int  # the task order's lag in ready-list positions (fused/stream_order.cuh)
 
+    __slots__ = ()
     _fields_ = [
         ("ring", StreamRing),
         ("ready", ReadyBlocks),
@@ -239,8 +250,9 @@ class StreamedPool(ctypes.Structure):
 
 
 class GemmParams(ctypes.Structure):
-    """Runtime parameters of the grouped FP8 GEMM. Every offset and stride is computed on the
-    host and arrives ready to use.
+    """Runtime parameters of the grouped FP8 GEMM's mainloop and tile schedule; what a finished
+    tile is written to is the epilogue's own struct below. Every offset and stride is computed
+    on the host and arrives ready to use.
 
     ``megamoe_rt::gemm::GemmParams``, declared in megamoe_rt/kernels/interface/gemm.py.
     """
@@ -250,45 +262,87 @@ class GemmParams(ctypes.Structure):
     k: int  # reduction length, a multiple of 128
     num_groups: int
     masked_rows: int  # masked layout: rows per group
-    flags: int  # Flags
+    row_base: int  # contiguous: the group layout's row that is row 0 of A and D (a ring's window of the pool: group offsets and per-row metadata are in pool rows, A and D in window rows); 0 otherwise
     group_offsets: int  # contiguous: [num_groups + 1]
     group_counts: int  # contiguous, optional: valid rows per group (nullptr: all)
     masked_counts: int  # masked: [num_groups]
     sfb: int  # [num_groups, n / kBSfN, k / 128]
-    d: int  # StoreBf16Epilogue: bf16 rows; SwigluFp8Epilogue: e4m3 rows
-    d_row_stride_bytes: int
-    d_sf: int  # SwigluFp8Epilogue: scales, [n / 2 / gran, d_sf_row_stride] (K-block major)
-    d_sf_row_stride: int  # in floats (>= num_rows)
-    row_weight: int  # SwigluFp8Epilogue: per-row top-k weight [row_base + num_rows]
-    row_dst: int  # ScatterBf16Epilogue: per-row destination byte address
-    swiglu_limit: float
-    row_base: int  # contiguous: the group layout's row that is row 0 of A and D (a ring's window of the pool: group offsets and per-row metadata are in pool rows, A and D in window rows); 0 otherwise
     layout_state: int  # written by the group-layout check just before: nonzero = invalid, the GEMM does nothing (nullptr: unchecked)
     block_map: int  # contiguous, optional: where each kBlockMapRows-row block of the group layout lives in A, D and the per-row metadata (block b's rows at block_map[b] * kBlockMapRows; nullptr: in place). A streamed call's pool hands blocks out as chunks arrive and lays the experts out over them afterwards
     wait: WaitContext  # the deadline of the pipeline's shared-memory waits (mbarriers)
 
+    __slots__ = ()
     _fields_ = [
         ("num_rows", ctypes.c_uint32),
         ("n", ctypes.c_uint32),
         ("k", ctypes.c_uint32),
         ("num_groups", ctypes.c_uint32),
         ("masked_rows", ctypes.c_uint32),
-        ("flags", ctypes.c_uint32),
+        ("row_base", ctypes.c_uint32),
         ("group_offsets", ctypes.c_uint64),
         ("group_counts", ctypes.c_uint64),
         ("masked_counts", ctypes.c_uint64),
         ("sfb", ctypes.c_uint64),
+        ("layout_state", ctypes.c_uint64),
+        ("block_map", ctypes.c_uint64),
+        ("wait", WaitContext),
+    ]
+
+
+class StoreBf16Params(ctypes.Structure):
+    """StoreBf16Epilogue: the tile as bf16 rows of D.
+
+    ``megamoe_rt::gemm::StoreBf16Params``, declared in megamoe_rt/kernels/interface/gemm.py.
+    """
+
+    d: int  # bf16 rows of D
+    d_row_stride_bytes: int
+
+    __slots__ = ()
+    _fields_ = [
+        ("d", ctypes.c_uint64),
+        ("d_row_stride_bytes", ctypes.c_uint64),
+    ]
+
+
+class ScatterBf16Params(ctypes.Structure):
+    """ScatterBf16Epilogue: each bf16 row to its own address.
+
+    ``megamoe_rt::gemm::ScatterBf16Params``, declared in megamoe_rt/kernels/interface/gemm.py.
+    """
+
+    row_dst: int  # per row of the group layout: its destination byte address (0: skipped)
+
+    __slots__ = ()
+    _fields_ = [
+        ("row_dst", ctypes.c_uint64),
+    ]
+
+
+class SwigluFp8Params(ctypes.Structure):
+    """SwigluFp8Epilogue: SwiGLU of the interleaved gate|up columns, times the row's weight,
+    requantized to e4m3 with a scale per group of out_sf_gran activations.
+
+    ``megamoe_rt::gemm::SwigluFp8Params``, declared in megamoe_rt/kernels/interface/gemm.py.
+    """
+
+    flags: int  # Flags
+    swiglu_limit: float
+    d: int  # e4m3 rows of the activations, n / 2 wide
+    d_row_stride_bytes: int
+    d_sf: int  # their scales, [n / 2 / gran, d_sf_row_stride] (K-block major)
+    d_sf_row_stride: int  # in floats (>= num_rows)
+    row_weight: int  # per row of the group layout: its top-k weight
+
+    __slots__ = ()
+    _fields_ = [
+        ("flags", ctypes.c_uint32),
+        ("swiglu_limit", ctypes.c_float),
         ("d", ctypes.c_uint64),
         ("d_row_stride_bytes", ctypes.c_uint64),
         ("d_sf", ctypes.c_uint64),
         ("d_sf_row_stride", ctypes.c_uint64),
         ("row_weight", ctypes.c_uint64),
-        ("row_dst", ctypes.c_uint64),
-        ("swiglu_limit", ctypes.c_float),
-        ("row_base", ctypes.c_uint32),
-        ("layout_state", ctypes.c_uint64),
-        ("block_map", ctypes.c_uint64),
-        ("wait", WaitContext),
     ]
 
 
@@ -329,6 +383,7 @@ class MoeParams(ctypes.Structure):
     pool_row_limit: int  # rows the routing may lay out: the worst-case pool, the size of the per-row metadata
     token_base: int  # streamed calls: the call's index of token 0 here (a chunk's first token), so pool rows, combine slots and reports name the call's tokens; 0 otherwise
 
+    __slots__ = ()
     _fields_ = [
         ("topk_idx", ctypes.c_uint64),
         ("topk_weights", ctypes.c_uint64),
@@ -378,6 +433,7 @@ class StreamPoolParams(ctypes.Structure):
     blocks_per_expert: int  # the most pool blocks one local expert can take in a call
     pool_blocks: int  # pool blocks in the data regions
 
+    __slots__ = ()
     _fields_ = [
         ("moe", MoeParams),
         ("expert_blocks", ctypes.c_uint64),
@@ -404,6 +460,7 @@ class StreamConsumeParams(ctypes.Structure):
     num_chunks: int  # chunks of the call (the same on every rank: from num_tokens_bound)
     chunk_groups: int  # chunks consumed at once: block b takes the chunks c with c % chunk_groups == b % chunk_groups (the grid is a multiple of it)
 
+    __slots__ = ()
     _fields_ = [
         ("pool", StreamPoolParams),
         ("ring", StreamRing),
@@ -428,6 +485,7 @@ class EpBankLayout(ctypes.Structure):
     combine_ready: int  # [num_ranks] rank s has scattered every partial it owes this rank
     pool_cycles: int  # one word: the most pool cycles any rank runs this launch (each rank's max)
 
+    __slots__ = ()
     _fields_ = [
         ("words", ctypes.c_uint32),
         ("recv_counts", ctypes.c_uint32),
@@ -465,6 +523,7 @@ class EpParams(ctypes.Structure):
     rank: int
     num_ranks: int
 
+    __slots__ = ()
     _fields_ = [
         ("moe", MoeParams),
         ("peer_bases", ctypes.c_uint64),
@@ -508,6 +567,7 @@ class BankLayout(ctypes.Structure):
     routing_published: int  # [1] split: K1 laid out and claimed the pool: 1 | overflow << 1
     reduce_exits: int  # [1] split: K3 blocks past their read of the launch epoch
 
+    __slots__ = ()
     _fields_ = [
         ("words", ctypes.c_uint32),
         ("counts", ctypes.c_uint32),
@@ -530,8 +590,10 @@ class FusedParams(ctypes.Structure):
     """
 
     moe: MoeParams  # inputs, pools (pool_rows = ring rows), per-row metadata (full size), combine, y
-    l1: GemmParams  # n = 2I, k = H; d/d_sf: the activation ring; row_weight: full-size metadata
-    l2: GemmParams  # n = H, k = I; row_dst: full-size metadata
+    l1: GemmParams  # n = 2I, k = H: the input pool against w1 (gate|up interleaved)
+    l1_out: SwigluFp8Params  # into the activation ring; row_weight: full-size metadata
+    l2: GemmParams  # n = H, k = I: the activation ring against w2
+    l2_out: ScatterBf16Params  # row_dst: full-size metadata
     wait: WaitContext
     banks: ctypes.Array[ctypes.c_uint64]
     bank: BankLayout
@@ -557,10 +619,13 @@ class FusedParams(ctypes.Structure):
     rank: int
     num_ranks: int
 
+    __slots__ = ()
     _fields_ = [
         ("moe", MoeParams),
         ("l1", GemmParams),
+        ("l1_out", SwigluFp8Params),
         ("l2", GemmParams),
+        ("l2_out", ScatterBf16Params),
         ("wait", WaitContext),
         ("banks", ctypes.c_uint64 * 2),
         ("bank", BankLayout),
@@ -601,6 +666,7 @@ class QuantizeParams(ctypes.Structure):
     groups_per_row: int  # hidden / 128
     pad_: int
 
+    __slots__ = ()
     _fields_ = [
         ("x", ctypes.c_uint64),
         ("q", ctypes.c_uint64),
@@ -625,6 +691,7 @@ class WeightQuantizeParams(ctypes.Structure):
     num_blocks: int  # groups * (n / 128) * (k / 128)
     pad_: int
 
+    __slots__ = ()
     _fields_ = [
         ("w", ctypes.c_uint64),
         ("q", ctypes.c_uint64),
@@ -647,6 +714,7 @@ class SmProbeParams(ctypes.Structure):
     end_ns: int  # [grid]
     spin_ns: int
 
+    __slots__ = ()
     _fields_ = [
         ("smid", ctypes.c_uint64),
         ("start_ns", ctypes.c_uint64),
@@ -665,6 +733,7 @@ class StreamCopyParams(ctypes.Structure):
     dst: int
     n16: int  # 16-byte words to copy
 
+    __slots__ = ()
     _fields_ = [
         ("src", ctypes.c_uint64),
         ("dst", ctypes.c_uint64),
@@ -703,6 +772,7 @@ class StreamOrderProbeParams(ctypes.Structure):
     l2_tiles: int
     capacity: int  # task_log rows
 
+    __slots__ = ()
     _fields_ = [
         ("expert_of_pair", ctypes.c_uint64),
         ("publish_ns", ctypes.c_uint64),

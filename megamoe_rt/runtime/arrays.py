@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -125,11 +126,43 @@ def producer_device(obj: Any) -> int | None:
     return None
 
 
+_cupy_ndarray: type | None = None
+
+
+def _is_cupy_ndarray(obj: Any) -> bool:
+    """Whether ``obj`` is exactly a ``cupy.ndarray`` (CuPy is looked up only once imported: an
+    object of its class cannot exist before)."""
+    global _cupy_ndarray
+    if _cupy_ndarray is None:
+        cupy = sys.modules.get("cupy")
+        if cupy is None:
+            return False
+        _cupy_ndarray = cupy.ndarray
+    return type(obj) is _cupy_ndarray
+
+
+def _plain_2d_cupy(arr: Any, typestrs: tuple[str, ...], device: int) -> tuple[int, int, int, int] | None:
+    """:func:`plain_2d` of a ``cupy.ndarray``, from its attributes: what its interface would say
+    (type string ``dtype.str``, pointer ``data.ptr``, strides only when not C-contiguous, never a
+    mask, device ``data.device_id``) without building the dictionary, which asks the CUDA runtime
+    for the current device and stream on every access."""
+    shape = arr.shape
+    if len(shape) != 2 or arr.dtype.str not in typestrs or not arr.flags.c_contiguous:
+        return None
+    memory = arr.data
+    if memory.device_id != device:
+        return None
+    return memory.ptr, shape[0], shape[1], arr.itemsize
+
+
 def plain_2d(obj: Any, typestrs: tuple[str, ...], device: int) -> tuple[int, int, int, int] | None:
     """(pointer, rows, columns, itemsize) of an array that describes itself by
     ``__cuda_array_interface__`` (read once) as 2-D, C-contiguous (no strides, or exactly the C
     strides), unmasked, of a type string in ``typestrs`` (numpy's spellings), on ``device`` by its
-    own word; else None. The cheap test a call's arrays pass before the full description above."""
+    own word; else None. The cheap test a call's arrays pass before the full description above.
+    A CuPy array is read from its attributes, which say the same (tests/cpu/test_layer_calls.py)."""
+    if _is_cupy_ndarray(obj):
+        return _plain_2d_cupy(obj, typestrs, device)
     try:
         cai = obj.__cuda_array_interface__
         typestr, shape, ptr = cai["typestr"], cai["shape"], cai["data"][0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -118,3 +119,52 @@ def test_the_output_over_an_input_is_left_to_the_full_checks_which_name_the_pair
     assert checks._passing_batch(*arrays) is None
     with pytest.raises(ValueError, match="^out: overlaps topk_weights"):
         checks.batch(*arrays, 0, None)
+
+
+def _cupy_array(cupy, shape, dtype, base, *, device=DEV):
+    """A ``cupy.ndarray`` over memory at ``base`` it does not own: built, sliced and described
+    without a GPU (CuPy asks the driver only to allocate, copy or run)."""
+    from cupy.cuda.memory import MemoryPointer, UnownedMemory
+
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    return cupy.ndarray(shape, dtype=dtype, memptr=MemoryPointer(UnownedMemory(base, nbytes, None, device), 0))
+
+
+def test_cupy_arrays_are_read_from_their_attributes_as_their_interface_describes_them():
+    """A CuPy array's short-path description (its attributes; its interface would ask the CUDA
+    runtime) against what the array is: pointer with the view's offset, rows, columns, item
+    size; None for what the interface would show strided, another type, rank or device."""
+    cupy = pytest.importorskip("cupy")
+    from megamoe_rt.runtime.arrays import plain_2d
+
+    x = _cupy_array(cupy, (8, H), np.uint8, 1 << 20)
+    ids = _cupy_array(cupy, (8, K), np.int64, 3 << 20)
+    assert plain_2d(x, ("|u1", "<u1"), DEV) == (1 << 20, 8, H, 1)
+    assert plain_2d(ids, ("<i4", "<i8"), DEV) == (3 << 20, 8, K, 8)
+    assert plain_2d(x[2:5], ("|u1",), DEV) == ((1 << 20) + 2 * H, 3, H, 1)  # a row range: same layout, offset
+    assert plain_2d(x[:, ::2], ("|u1",), DEV) is None  # strided
+    assert plain_2d(x.T, ("|u1",), DEV) is None  # column-major
+    assert plain_2d(x.reshape(8 * H), ("|u1",), DEV) is None  # 1-D
+    assert plain_2d(x, ("<f4",), DEV) is None  # another type
+    assert plain_2d(x, ("|u1",), DEV + 1) is None  # on another device
+    assert plain_2d(_cupy_array(cupy, (8, H), np.uint8, 1 << 20, device=DEV + 1), ("|u1",), DEV + 1)[0] == 1 << 20
+
+
+def test_a_decode_call_of_cupy_arrays_takes_the_short_path_with_the_full_paths_values():
+    cupy = pytest.importorskip("cupy")
+    checks = CallChecks(H, K, CAP, DEV)
+    t = 8
+    arrays = [
+        _cupy_array(cupy, (t, H), np.uint8, 1 << 20),
+        _cupy_array(cupy, (t, H // 128), np.float32, 2 << 20),
+        _cupy_array(cupy, (t, K), np.int32, 3 << 20),
+        _cupy_array(cupy, (t, K), np.float32, 4 << 20),
+        _cupy_array(cupy, (t, H), np.uint16, 5 << 20),
+    ]
+    call = checks._passing_batch(*arrays)
+    assert call is not None
+    assert (call.x, call.x_sf, call.topk_idx, call.topk_weights, call.y) == tuple(i << 20 for i in range(1, 6))
+    assert (call.num_tokens, call.idx) == (t, "int32")
+    # The same arrays as bare interfaces take the same short path to the same call.
+    described = [CaiArray(a.shape, a.dtype.str, a.data.ptr) for a in arrays]
+    assert checks._passing_batch(*described) == call

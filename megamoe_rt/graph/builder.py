@@ -122,9 +122,10 @@ class GraphBuilder:
 
     def update_kernel(self, node: KernelNode, args: Sequence, *, grid=None, template: bool = True) -> None:
         """Rewrite a kernel node's arguments, and its grid when given, in the executable graph
-        (launches already enqueued keep what they had); with ``template`` also in the graph it
-        was built from, else later through :meth:`update_template` (only a capture copies it).
-        The arguments are copied, so the caller may change its ctypes objects afterwards."""
+        (launches already enqueued keep what they had); with ``template`` (or before the graph is
+        instantiated) in the graph it is built from, else later through :meth:`update_template`
+        (only a capture copies it). The arguments are copied, so the caller may change its ctypes
+        objects afterwards."""
         cu = driver.cuda_driver()
         p = node.params
         if grid is not None:
@@ -133,8 +134,9 @@ class GraphBuilder:
         node.args = [type(a).from_buffer_copy(a) for a in args]
         ptrs = (ctypes.c_void_p * max(len(node.args), 1))(*[ctypes.addressof(a) for a in node.args])
         p.kernelParams = ctypes.addressof(ptrs)
-        driver.call(cu.cuGraphExecKernelNodeSetParams, self.exec, node.node, p)
-        if template:
+        if self.exec is not None:
+            driver.call(cu.cuGraphExecKernelNodeSetParams, self.exec, node.node, p)
+        if template or self.exec is None:
             driver.call(cu.cuGraphKernelNodeSetParams, node.node, p)
 
     def update_template(self, node: KernelNode) -> None:

@@ -58,6 +58,7 @@ class GraphLaunches:
         self.builder = GraphBuilder()
         self._nodes: list[_Recorded] = []
         self._recording = True
+        self._instantiated = False
         self._pos = 0
 
     def begin(self) -> None:
@@ -96,8 +97,9 @@ class GraphLaunches:
             return
         rec = self._next(kernel, b)
         if rec.grid != g or rec.raw != raw:
-            self.builder.update_kernel(rec.node, args, grid=g, template=False)
-            rec.grid, rec.raw, rec.template_stale = g, raw, True
+            # Before the first launch there is no executable graph yet: the recorded one is rewritten.
+            self.builder.update_kernel(rec.node, args, grid=g, template=not self._instantiated)
+            rec.grid, rec.raw, rec.template_stale = g, raw, self._instantiated
 
     def memset_u32(self, ptr: int, value: int, count: int) -> None:
         raw = repr((ptr, value, count)).encode()
@@ -111,14 +113,11 @@ class GraphLaunches:
 
     @property
     def recording(self) -> bool:
-        """True until the first call's launches are instantiated as a graph."""
+        """True until the first call's launches are recorded and enqueued."""
         return self._recording
 
     def end(self, stream: int) -> None:
-        if self._recording:
-            self.builder.instantiate()
-            self._recording = False
-        elif self._pos != len(self._nodes):
+        if not self._recording and self._pos != len(self._nodes):
             raise SequenceChanged(f"{self._pos} launches, the recorded call had {len(self._nodes)}")
         if streams.stream_is_capturing(stream):
             # The capture copies the graph the executable one came from: bring it up to date.
@@ -128,7 +127,14 @@ class GraphLaunches:
                     rec.template_stale = False
             self.builder.add_to_capture(stream)
         else:
+            # Instantiated at the first launch, not when recorded: a first call made inside a
+            # caller's capture only adds the recorded graph to it, and a capture in the global
+            # mode may refuse calls that are no stream work.
+            if not self._instantiated:
+                self.builder.instantiate()
+                self._instantiated = True
             self.builder.launch(stream)
+        self._recording = False
 
     def close(self) -> None:
         self.builder.close()

@@ -196,6 +196,11 @@ def prepare_gemm(launch: GemmLaunch, *, device: int, sm_count: int) -> PreparedG
     from megamoe_rt.kernels.loader import get_kernel
 
     cfg = launch.config
+    if not isinstance(launch.epilogue_params, get_epilogue(cfg.epilogue).params):
+        raise TypeError(
+            f"{cfg.name}: epilogue parameters {type(launch.epilogue_params).__name__}, expected "
+            f"{get_epilogue(cfg.epilogue).params.__name__}"
+        )
     if launch.params.n % (cfg.block_n * cfg.cluster_n):
         raise ValueError(f"{cfg.name}: N = {launch.params.n} is not a multiple of {cfg.block_n * cfg.cluster_n}")
     tiles = num_tiles(cfg, launch.params)
@@ -206,11 +211,6 @@ def prepare_gemm(launch: GemmLaunch, *, device: int, sm_count: int) -> PreparedG
     else:
         slots = sm_count
     grid = min(tiles, slots) * cfg.cluster_n
-    if not isinstance(launch.epilogue_params, get_epilogue(cfg.epilogue).params):
-        raise TypeError(
-            f"{cfg.name}: epilogue parameters {type(launch.epilogue_params).__name__}, expected "
-            f"{get_epilogue(cfg.epilogue).params.__name__}"
-        )
     args: list[Any] = [launch.params, launch.epilogue_params]
     if grid:
         args += [t.raw for t in launch.tensor_maps()]

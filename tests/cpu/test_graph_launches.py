@@ -110,6 +110,30 @@ def test_a_capture_gets_the_built_from_graph_brought_up_to_date_first(graph):
     assert log == [("capture", 9)]  # nothing stale any more
 
 
+def test_a_first_call_inside_a_capture_adds_the_recorded_graph_and_instantiates_at_the_first_launch(graph):
+    """A caller's capture of the very first call gets the recorded graph as a child; nothing is
+    instantiated inside the capture. Changes before the first launch go to the recorded graph."""
+    g, log, capturing = graph
+    capturing.add(9)
+    _call(g, 11, stream=9)
+    assert [e[0] for e in log] == ["memset", "add", "add", "capture"] and not g.recording
+    log.clear()
+    _call(g, 12)  # eager, other arguments: the recorded graph is rewritten, then instantiated
+    assert log == [("update", 2, (2, 1, 1), [bytes(ctypes.c_uint64(12))], True), ("instantiate",), ("launch", 7)]
+    log.clear()
+    _call(g, 13)
+    assert log == [("update", 2, (2, 1, 1), [bytes(ctypes.c_uint64(13))], False), ("launch", 7)]
+
+
+def test_a_graph_stays_recording_until_its_first_call_is_enqueued(graph):
+    g, log, _ = graph
+    g.begin()
+    g.kernel(A, (2,), (128,), [ctypes.c_uint64(1)])
+    assert g.recording
+    g.end(7)
+    assert not g.recording
+
+
 def test_a_different_sequence_is_refused(graph):
     g, _, _ = graph
     _call(g, 11)

@@ -12,7 +12,7 @@
 #              both ranks on GPU 0 (correctness only)
 #   gemm       the GEMM tests (every tile, 128x256 and the CTA pairs included, each also on few
 #              blocks so every block walks many tiles), the examples and the README
-#   tiles      bench gemm with the heuristic's tile, 128x128, 128x256 and CTA pairs of both side by
+#   tiles      bench gemm with the heuristic's tile, 128x128, 128x256 and 128x128 CTA pairs side by
 #              side (flash, pro, v3 x 2048/8192, with the torch peers), then Nsight Compute's
 #              tensor-pipe and shared-memory figures of flash L1 8192 on each where ncu reads counters
 #   prefill    long calls against rings and a 16K-token window: 16384 and 65536 tokens in three
@@ -30,12 +30,6 @@
 #   arch-ab    bench overhead and bench moe in every mode, at 64 and 2048 tokens, in .base-arch (the
 #              tree before the object model and host-path work, e30b8b7: mkdir .base-arch && git archive
 #              e30b8b7 | tar -x -C .base-arch; carry it) and in this one, base then tree
-#   candidate  the first run of a tree with a new fused kernel, GEMM tiles and host path, in one
-#              10-minute job: the fused tests (stop at the first failure), bench moe in every mode
-#              at 64/2048/8192 tokens in .base and in this tree (export main as for ab), the
-#              128x256 tile against its CTA pairs at 8192 tokens with the pairs' GEMM tests,
-#              where an eager call's host time goes (bench/host_call_profile.py), and the stage
-#              trace of fused flash 8192
 #   ab         bench gemm and bench moe (fused) in the baseline tree .base and in this one, base /
 #              tree / base (bench/ab_run.sh; export the baseline first and carry .base:
 #              mkdir .base && git archive <commit> | tar -x -C .base)
@@ -47,21 +41,21 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-STAGE=${1:?"usage: bench/one_gpu_runs.sh verify|verify-ep|gemm|gemm-first|tiles|prefill|overhead|faults|ab|arch-ab|stream|host|candidate [OUT_DIR]"}
+STAGE=${1:?"usage: bench/one_gpu_runs.sh verify|verify-ep|gemm|gemm-first|tiles|prefill|overhead|faults|ab|arch-ab|stream|host [OUT_DIR]"}
 OUT=${2:-bench/results}
 mkdir -p "$OUT"
 export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 log="$OUT/one_gpu_$STAGE.txt"
 
 case "$STAGE" in
-verify | verify-ep | gemm | gemm-first | tiles | prefill | overhead | faults | ab | arch-ab | stream | host | candidate) ;;
+verify | verify-ep | gemm | gemm-first | tiles | prefill | overhead | faults | ab | arch-ab | stream | host) ;;
 *)
-    echo "bench/one_gpu_runs.sh: unknown stage '$STAGE' (verify, verify-ep, gemm, gemm-first, tiles, prefill, overhead, faults, ab, arch-ab, stream, host, candidate)" >&2
+    echo "bench/one_gpu_runs.sh: unknown stage '$STAGE' (verify, verify-ep, gemm, gemm-first, tiles, prefill, overhead, faults, ab, arch-ab, stream, host)" >&2
     exit 2
     ;;
 esac
 python3 -m megamoe_rt compile --all >"$OUT/one_gpu_${STAGE}_compile.txt" 2>&1
-if [ "$STAGE" = ab ] || [ "$STAGE" = gemm-first ] || [ "$STAGE" = arch-ab ] || [ "$STAGE" = candidate ]; then
+if [ "$STAGE" = ab ] || [ "$STAGE" = gemm-first ] || [ "$STAGE" = arch-ab ]; then
     base=.base
     [ "$STAGE" = arch-ab ] && base=.base-arch
     [ -d $base/megamoe_rt ] || { echo "bench/one_gpu_runs.sh $STAGE: no baseline tree in $base" >&2; exit 2; }
@@ -86,14 +80,14 @@ gemm)
 gemm-first)
     python3 -m pytest -q -m gpu -rfE -x tests/gpu/test_gemm_gpu.py 2>&1 | tee "$log"
     bench/ab_run.sh "$OUT/ab_gemm_8192" gemm --presets flash,pro,v3 --tokens 8192 2>&1 | tee -a "$log"
-    python3 -m megamoe_rt bench gemm --presets flash,v3 --tokens 8192 --tiles 128x128,128x256,128x128c2,128x256c2 --no-torch \
+    python3 -m megamoe_rt bench gemm --presets flash,v3 --tokens 8192 --tiles 128x128,128x256,128x128c2 --no-torch \
         -o "$OUT/one_gpu_gemm_first_tiles.json" 2>&1 | tee -a "$log"
     ;;
 tiles)
-    python3 -m megamoe_rt bench gemm --presets flash,pro,v3 --tokens 2048,8192 --tiles 128x128,128x256,128x128c2,128x256c2 \
+    python3 -m megamoe_rt bench gemm --presets flash,pro,v3 --tokens 2048,8192 --tiles 128x128,128x256,128x128c2 \
         -o "$OUT/one_gpu_tiles.json" 2>&1 | tee "$log"
     if command -v ncu >/dev/null; then
-        for tile in 128x128 128x256 128x128c2 128x256c2; do
+        for tile in 128x128 128x256 128x128c2; do
             ncu --clock-control none -k regex:sm90_fp8_grouped_gemm -c 1 \
                 --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,smsp__cycles_active.avg,gpu__time_duration.sum \
                 python3 bench/gemm_profile_one.py "$tile" 2>&1 | tee -a "$log"
@@ -109,20 +103,6 @@ prefill)
 overhead)
     python3 -m megamoe_rt bench overhead --preset flash,v3 --tokens 64,2048 --mode fused,unfused,split \
         -o "$OUT/one_gpu_overhead.json" 2>&1 | tee "$log"
-    ;;
-candidate)
-    # Each step under its own limit and none stopping the rest: one machine call returns them all.
-    step() { timeout -k 5 "$@" 2>&1 | tee -a "$log" || echo "(step ended with status $?)" | tee -a "$log"; }
-    : >"$log"
-    step 100 python3 -m pytest -q -m gpu -rfE -x tests/gpu/test_fused_gpu.py
-    step 250 env AB_BASE_TWICE=0 bench/ab_run.sh "$OUT/one_gpu_candidate_ab_moe" moe --mode fused,split,unfused \
-        --presets flash,pro,v3 --tokens 64,2048,8192 --no-torch 2>&1
-    step 80 python3 -m megamoe_rt bench gemm --presets flash,pro,v3 --tokens 8192 --tiles 128x256,128x256c2 \
-        --no-torch -o "$OUT/one_gpu_candidate_tiles.json" 2>&1
-    step 50 python3 -m pytest -q -m gpu -rfE tests/gpu/test_gemm_gpu.py -k c2
-    step 40 python3 bench/host_call_profile.py --preset flash --tokens 64 --calls 200 --top 30
-    step 40 python3 -m megamoe_rt trace --mode fused --preset flash --tokens 8192 \
-        -o "$OUT/one_gpu_candidate_trace_fused_flash_8192.json"
     ;;
 ab)
     bench/ab_run.sh "$OUT/ab_gemm" gemm --presets flash,pro,v3 --tokens 2048,8192 2>&1 | tee "$log"

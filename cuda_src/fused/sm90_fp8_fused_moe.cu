@@ -11,8 +11,7 @@
 //                          per-block arrival counts
 //   warpgroup 0, warp 3    relay: publishes the math warpgroups' tile completions to other
 //                          blocks (fused/signal_relay.cuh)
-//   warpgroups 1-2         wgmma math (128 x 128 tiles, 64 rows each; an L1 tile is two in turn,
-//                          fused/l1_halves.cuh), epilogues, then the combine
+//   warpgroups 1-2         wgmma math (a 64 x 256 tile, N split), epilogues, then the combine
 //
 // The pool and the L1 output (activation) pool are rings of `ring_blocks` slots of BLOCK_M
 // rows; block b lives in slot b % ring_blocks. Dispatch refills a slot once the L1 tiles of
@@ -32,7 +31,6 @@
 #include "common/types.cuh"
 #include "ep/pull_row.cuh"
 #include "fused/expert_parallel.cuh"
-#include "fused/l1_halves.cuh"
 #include "fused/params.cuh"
 #include "fused/signal_relay.cuh"
 #include "fused/streamed_call.cuh"
@@ -80,12 +78,6 @@ using L1Config = gemm::Config<kBlockM, kBlockN, kStages, 128, 64, kActSfGran, 1,
 template <u32 kStages, u32 kActSfGran>
 using L2Config = gemm::Config<kBlockM, kBlockN, kStages, kActSfGran, 128, 128, 1, gemm::GroupLayout::kContiguous,
                               gemm::ScatterBf16Epilogue>;
-
-// A pool block's tiles in each layer: L1 tiles are kL1BlockN columns (two kBlockN halves run in
-// turn, fused/l1_halves.cuh), L2 tiles kBlockN.
-__device__ __forceinline__ u32 l1_tiles_per_block(const FusedParams& p) { return p.l1.n / kL1BlockN; }
-__device__ __forceinline__ u32 l2_tiles_per_block(const FusedParams& p) { return p.l2.n / kBlockN; }
-__device__ __forceinline__ u32 layer_tile_cols(bool l2) { return l2 ? kBlockN : kL1BlockN; }
 
 // Routing tables every block builds in shared memory after the counts are known.
 struct RoutingTables {
@@ -168,7 +160,7 @@ __device__ __forceinline__ void dispatch_rows(const FusedParams& p, const Routin
     const u32 num_warps = ptx::nctaid_x() * kNumDispatchWarps;
     const u32 total_rows = static_cast<u32>(tab.row_begin[m.num_local_experts]);
     const u32 sf_cols = m.hidden / 128;
-    const u32 l1_tiles = l1_tiles_per_block(p);
+    const u32 l1_tiles = p.l1.n / kBlockN;
     u32 expert = 0;
     for (u32 row = warp * ptx::nctaid_x() + ptx::ctaid_x(); row < total_rows; row += num_warps) {
         while (static_cast<i32>(row) >= tab.row_begin[expert + 1]) ++expert;
@@ -448,7 +440,7 @@ __device__ __forceinline__ gemm::Tile ring_tile(const FusedParams& p, const Rout
     tile.row0 = s.block * kBlockM;
     tile.a_row0 = tile.d_row0 = (s.block % p.ring_blocks) * kBlockM;
     tile.rows = tab.block_rows(s.expert, s.block);
-    tile.n0 = s.n_block * layer_tile_cols(s.l2);
+    tile.n0 = s.n_block * kBlockN;
     return tile;
 }
 
@@ -458,7 +450,7 @@ struct NoTaskOrder {};
 
 template <Role kRole>
 __device__ __forceinline__ auto role_task_order(const FusedParams& p, const RoutingTables& tab) {
-    const u32 n1 = l1_tiles_per_block(p), n2 = l2_tiles_per_block(p);
+    const u32 n1 = p.l1.n / kBlockN, n2 = p.l2.n / kBlockN;
     if constexpr (kRole == Role::kStreamed) {
         return NoTaskOrder{};
     } else if constexpr (kRole == Role::kFused) {
@@ -483,19 +475,6 @@ __device__ __forceinline__ void load_layer_tile(const gemm::GemmParams& g, gemm:
     gemm::produce_tile<L>(tile, g.k / L::kBlockK, sm, st, tma_a, tma_b, tma_sfa, 0, deadline);
 }
 
-// An L1 tile's loads: its two kBlockN-column halves in turn (the math warpgroups run them in
-// that order, fused/l1_halves.cuh); the A rows are loaded for each. `tile` ends as the second.
-template <class L>
-__device__ __forceinline__ void load_l1_halves(const gemm::GemmParams& g, gemm::Tile& tile, u32 expert,
-                                               const gemm::SharedStorage<L>& sm, gemm::PipelineState<L::kStages>& st,
-                                               const ptx::TmaDescriptor* tma_a, const ptx::TmaDescriptor* tma_b,
-                                               const ptx::TmaDescriptor* tma_sfa,
-                                               const sync::MbarrierDeadline& deadline) {
-    load_layer_tile<L>(g, tile, expert, sm, st, tma_a, tma_b, tma_sfa, deadline);
-    tile.n0 += kBlockN;  // the tile is done with after its loads: its second half in place
-    load_layer_tile<L>(g, tile, expert, sm, st, tma_a, tma_b, tma_sfa, deadline);
-}
-
 template <u32 kStages, u32 kActSfGran, Role kRole>
 __device__ __forceinline__ void produce_tiles(const FusedParams& p, const RoutingTables& tab, u8* smem,
                                               const ptx::TmaDescriptor* tma_l1_a, const ptx::TmaDescriptor* tma_l1_b,
@@ -507,7 +486,7 @@ __device__ __forceinline__ void produce_tiles(const FusedParams& p, const Routin
     const gemm::SharedStorage<L1> sm1{smem};
     const gemm::SharedStorage<L2> sm2{smem};
     u32* bank = tab.bank(p);
-    const u32 n1 = l1_tiles_per_block(p), n2 = l2_tiles_per_block(p);
+    const u32 n1 = p.l1.n / kBlockN, n2 = p.l2.n / kBlockN;
     auto order = role_task_order<kRole>(p, tab);
     u32* ticket = bank + (kRole == Role::kSplitL2 ? p.bank.l2_ticket : p.bank.ticket);
     gemm::PipelineState<kStages> st;
@@ -540,7 +519,7 @@ __device__ __forceinline__ void produce_tiles(const FusedParams& p, const Routin
                 sync::wait_ge_acquire_gpu_u32(bank + p.bank.l2_read + s.block - p.ring_blocks, n2,
                                               sync::WaitSite::kRingSlotFree, p.wait, s.block, sync::kDerivedWaitShift);
             }
-            load_l1_halves<L1>(p.l1, tile, s.expert, sm1, st, tma_l1_a, tma_l1_b, tma_l1_sfa, deadline);
+            load_layer_tile<L1>(p.l1, tile, s.expert, sm1, st, tma_l1_a, tma_l1_b, tma_l1_sfa, deadline);
         } else {
             {
                 const TracedWait timed(p, kTraceWaitL1OutNs);
@@ -566,8 +545,8 @@ __device__ __forceinline__ void produce_streamed_tiles(
     const gemm::SharedStorage<L1> sm1{smem};
     const gemm::SharedStorage<L2> sm2{smem};
     u32* bank = tab.bank(p);
-    const u32 n1 = l1_tiles_per_block(p);
-    const StreamOrder order{p.streamed.lag, n1, l2_tiles_per_block(p)};
+    const u32 n1 = p.l1.n / kBlockN;
+    const StreamOrder order{p.streamed.lag, n1, p.l2.n / kBlockN};
     gemm::PipelineState<kStages> st;
     TileQueueCursor queue;
     const sync::MbarrierDeadline deadline{p.wait, sync::kIntraBlockWaitShift};
@@ -589,10 +568,10 @@ __device__ __forceinline__ void produce_streamed_tiles(
             block = stream::wait_ready_position(p.streamed.ready, task.position, p.wait, sync::kDerivedWaitShift);
         }
         push_ticket(tab.tiles, queue, StreamTileWord::encode(task.l2, block, task.tile), deadline);
-        gemm::Tile tile = streamed_tile(p, block, task.tile * layer_tile_cols(task.l2));
+        gemm::Tile tile = streamed_tile(p, block, task.tile);
         if (!task.l2) {
             trace_first_l1(p, traced_l1);
-            load_l1_halves<L1>(p.l1, tile, tile.group, sm1, st, tma_l1_a, tma_l1_b, tma_l1_sfa, deadline);
+            load_layer_tile<L1>(p.l1, tile, tile.group, sm1, st, tma_l1_a, tma_l1_b, tma_l1_sfa, deadline);
         } else {
             {
                 const TracedWait timed(p, kTraceWaitL1OutNs);
@@ -624,7 +603,6 @@ __device__ __forceinline__ void compute_tiles(const FusedParams& p, const Routin
     TileQueueCursor queue;
     float acc[64];
     float out[64];
-    const L1Park park{reinterpret_cast<float*>(smem + L1::kSmemBytes), threadIdx.x - 128};
     OrderedTile s;
     for (;;) {
         const u32 t = ptx::warp_uniform(pop_ticket(tab.tiles, queue, threadIdx.x % 32));
@@ -633,18 +611,14 @@ __device__ __forceinline__ void compute_tiles(const FusedParams& p, const Routin
             if (t & StreamTileWord::kEnd) break;
             s.l2 = (t & StreamTileWord::kL2) != 0;
             s.block = StreamTileWord::block(t);
-            tile = streamed_tile(p, s.block, StreamTileWord::n_block(t) * layer_tile_cols(s.l2));
+            tile = streamed_tile(p, s.block, StreamTileWord::n_block(t));
         } else {
             if (!ptx::warp_uniform(order.tile(t, s))) break;
             tile = ring_tile(p, tab, s);
         }
         if (!ptx::warp_uniform(s.l2)) {
-            // The tile's two halves in turn: the first half's activations wait in shared memory
-            // until the second half's amax is known (fused/l1_halves.cuh).
             gemm::consume_tile<L1>(p.l1, tile, p.l1.k / L1::kBlockK, sm1, st, mt1, acc, out, 0);
-            finish_first_l1_half<L1>(p.l1_out, tile, mt1, park, out);
-            gemm::consume_tile<L1>(p.l1, second_l1_half(tile), p.l1.k / L1::kBlockK, sm1, st, mt1, acc, out, 0);
-            finish_l1_tile<L1>(p.l1_out, tile, mt1, park, out);
+            L1::Epilogue::template store<L1>(p.l1_out, tile, mt1, sm1, out);
             // Every math thread's rows are written before the leader posts them (TMA reads them
             // in another block: the relay adds the proxy fence).
             ptx::bar_sync(kMathBarrier, L1::kNumMathThreads);
@@ -675,23 +649,17 @@ __global__ void __launch_bounds__(kNumThreads, 1)
     static_assert(L1::kNumThreads == kNumThreads && L2::kNumThreads == kNumThreads,
                   "one producer + two math warpgroups");
     // The host puts the routing tables at tile_smem_bytes(kStages) (FusedParams::table_smem_offset).
-    static_assert(L1::kSmemBytes + L1Park::kBytes == tile_smem_bytes(kStages),
-                  "the GEMM carve-up and the parked L1 halves differ from the host's size");
+    static_assert(L1::kSmemBytes == tile_smem_bytes(kStages), "the GEMM carve-up differs from the host's size");
     const moe::MoeParams& m = p.moe;
     extern __shared__ u8 smem_raw[];
     const u32 raw_addr = ptx::smem_addr_u32(smem_raw);
     u8* smem = smem_raw + ((1024 - raw_addr % 1024) % 1024);
-    // At a compile-time offset (the host's table_smem_offset, checked below): the tables' and the
-    // tile queue's addresses are then constants from the aligned base instead of values some
-    // roles' code has to hold in registers.
-    const RoutingTables tab(smem + tile_smem_bytes(kStages), m.num_local_experts);
+    const RoutingTables tab(smem + p.table_smem_offset, m.num_local_experts);
     const gemm::SharedStorage<L1> sm1{smem};
 
     if (threadIdx.x == 0) {
         // The host sizes shared memory from the same generated formulas; a mismatch is a bug.
-        // The parked L1 halves end where the tables start (tile_smem_bytes).
-        if (p.table_smem_offset != tile_smem_bytes(kStages) ||
-            ptx::dynamic_smem_size() < p.table_smem_offset + RoutingTables::bytes(m.num_local_experts) +
+        if (ptx::dynamic_smem_size() < p.table_smem_offset + RoutingTables::bytes(m.num_local_experts) +
                                            ep_scratch_smem_bytes<kEp>(p) + L1::kSmemAlignSlack)
             __trap();
         for (u32 s = 0; s < kStages; ++s) {

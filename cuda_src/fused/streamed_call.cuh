@@ -41,14 +41,14 @@
 namespace megamoe_rt::fused {
 
 // A resolved tile, from the producer warp to the math warpgroups in one 32-bit queue slot:
-// end | L2 | pool block (23 bits) | n-block (7 bits). The host keeps each layer's n-blocks
-// within 128 for a streamed call (kernels/fused.py, STREAMED_MAX_N_BLOCKS).
+// end | L2 | pool block (24 bits) | n-block (6 bits). The host keeps both layers' n-blocks
+// within 64 for a streamed call (kernels/fused.py, STREAMED_MAX_N_BLOCKS).
 struct StreamTileWord {
     static constexpr u32 kEnd = 1u << 31;
     static constexpr u32 kL2 = 1u << 30;
-    static constexpr u32 kBlockShift = 7;
+    static constexpr u32 kBlockShift = 6;
     static constexpr u32 kNBlockMask = (1u << kBlockShift) - 1;
-    static constexpr u32 kBlockMask = (1u << 23) - 1;
+    static constexpr u32 kBlockMask = (1u << 24) - 1;
 
     static __device__ __forceinline__ u32 encode(bool l2, u32 block, u32 n_block) {
         return (l2 ? kL2 : 0u) | (block << kBlockShift) | n_block;
@@ -58,16 +58,16 @@ struct StreamTileWord {
 };
 static_assert(kMaxBlocks - 1 <= StreamTileWord::kBlockMask, "a pool block fits the tile word");
 
-// The GEMM tile at column `n0` of a complete block. Strong (L2) loads: this SM's L1 may hold the
+// The GEMM tile of `n_block` of a complete block. Strong (L2) loads: this SM's L1 may hold the
 // line from before the block was opened.
-__device__ __forceinline__ gemm::Tile streamed_tile(const FusedParams& p, u32 block, u32 n0) {
+__device__ __forceinline__ gemm::Tile streamed_tile(const FusedParams& p, u32 block, u32 n_block) {
     gemm::Tile tile{};
     tile.valid = true;
     tile.group = ptx::ld_relaxed_gpu_u32(p.streamed.block_expert + block);
     tile.row0 = block * kBlockM;
     tile.a_row0 = tile.d_row0 = tile.row0;
     tile.rows = ptx::ld_relaxed_gpu_u32(p.streamed.ready.state + block) >> stream::kSizeShift;
-    tile.n0 = n0;
+    tile.n0 = n_block * kBlockN;
     return tile;
 }
 

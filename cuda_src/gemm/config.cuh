@@ -91,7 +91,7 @@ struct Config {
     static_assert(kBlockM == 64 || kBlockM == 128, "BLOCK_M must be 64 or 128");
     static_assert(kBlockN == 128 || kBlockN == 256, "BLOCK_N must be 128 or 256");
     static_assert(kNumMathWarpgroups == 1 || kNumMathWarpgroups == 2, "one or two math warpgroups");
-    static_assert(kNPasses == 1 || kBlockN == 256, "two passes only for 128 x 256");
+    static_assert(kNPasses == 1 || (kNPasses == 2 && kClusterN == 1), "two passes only for 128 x 256, single CTAs");
     static_assert(kASfGran == 64 || kASfGran == 128, "A scale granularity must be 64 or 128");
     static_assert(kBSfN == 64 || kBSfN == 128, "B scale granularity must be 64 or 128");
     static_assert(kSmemABytes % 1024 == 0 && kSmemBBytes % 1024 == 0, "swizzled tiles must stay 1024-aligned");

@@ -12,19 +12,14 @@
 
 namespace megamoe_rt::fused {
 
-// rows of a tile and of a pool block, split between the two math warpgroups
-constexpr u32 kBlockM = 128;
-constexpr u32 kBlockN = 128;  // columns of a GEMM tile: an L2 tile, half an L1 tile
-// columns of an L1 tile: two BLOCK_N halves in turn, one 128-channel requant group
-constexpr u32 kL1BlockN = 256;
-// an L1 tile's first-half activations (32) and row amaxes (2) per math thread
-constexpr u32 kL1ParkBytes = 34816;
-constexpr u32 kNumThreads = 384;       // one producer and two math warpgroups
-constexpr u32 kMaxBlocks = 0x800000u;  // pool blocks of a call: its rows stay within an i32
-constexpr u32 kNoBlock = 0xFFFFFFFFu;  // FusedParams::withhold_block when off
-constexpr u32 kTileQueueBytes = 80;    // TileQueue (fused/tile_queue.cuh) asserts it is this size
-constexpr u32 kRelayBytes = 320;       // SignalRelay (fused/signal_relay.cuh) asserts it is this size
-constexpr u32 kReduceThreads = 256;    // split K3 (split/split_reduce.cu): two tokens at a time
+constexpr u32 kBlockM = 64;             // rows of a tile and of a pool block
+constexpr u32 kBlockN = 256;            // columns of a tile, split between the two math warpgroups
+constexpr u32 kNumThreads = 384;        // one producer and two math warpgroups
+constexpr u32 kMaxBlocks = 0x1000000u;  // pool blocks of a call: its rows stay within an i32
+constexpr u32 kNoBlock = 0xFFFFFFFFu;   // FusedParams::withhold_block when off
+constexpr u32 kTileQueueBytes = 80;     // TileQueue (fused/tile_queue.cuh) asserts it is this size
+constexpr u32 kRelayBytes = 320;        // SignalRelay (fused/signal_relay.cuh) asserts it is this size
+constexpr u32 kReduceThreads = 256;     // split K3 (split/split_reduce.cu): two tokens at a time
 
 // What one launch of the fused kernel runs: the whole layer, one side of the split pipeline
 // (K1 and K2 run concurrently in disjoint SM partitions; K3 is split/split_reduce.cu), or the
@@ -93,10 +88,10 @@ __host__ __device__ constexpr u32 bank_words(u32 num_experts, u32 max_blocks) {
     return 2 * num_experts + 3 * max_blocks + 4;
 }
 
-// Shared memory of the GEMM carve-up (stages, epilogue scratch, barriers) and the L1 tiles'
-// parked activations after it; the routing tables start there (FusedParams::table_smem_offset).
+// Shared memory of the GEMM carve-up (stages, epilogue scratch, barriers); the routing
+// tables start there (FusedParams::table_smem_offset).
 __host__ __device__ constexpr u32 tile_smem_bytes(u32 stages) {
-    return gemm::pipeline_smem_bytes(kBlockM, kBlockN, stages) - gemm::kSmemAlignSlack + kL1ParkBytes;
+    return gemm::pipeline_smem_bytes(kBlockM, kBlockN, stages) - gemm::kSmemAlignSlack;
 }
 
 // The pool layout and unit table (fused/unit_table.cuh): scalars[4] | row_begin[E_local + 1] |

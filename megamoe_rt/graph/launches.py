@@ -1,10 +1,9 @@
 """Where a mode's launches go: straight onto a stream, or into a CUDA graph replayed per call.
 
-A call of the unfused mode is seven small launches on one rank without a ring (a memset, count,
-offsets, dispatch, two GEMMs, combine; a ring adds a window fill and two GEMMs per cycle) and a dozen across ranks (memsets, six routing steps, the pull
-and two GEMMs per cycle, finish, combine). Launched one by one, their host cost (about 10-20 µs
-each through Python and the driver) exceeds the device time of a small call, so the GPU waits
-for the host. :class:`GraphLaunches` records the sequence once into a graph
+A call of the unfused mode across ranks is a dozen small launches (memsets, six routing steps,
+the pull and two GEMMs per cycle, finish, combine). Launched one by one, their host cost
+(about 20 µs each through Python and the driver) exceeds the device time of a small call,
+so the GPU waits for the host. :class:`GraphLaunches` records the sequence once into a graph
 and replays it: each later call walks the same launches and rewrites only the nodes whose
 grid or arguments changed, then launches the graph. With the same arrays from call to call a
 call is one graph launch; with new arrays, one node update per launch that reads them (about

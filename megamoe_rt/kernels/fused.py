@@ -23,8 +23,7 @@ REDUCE_THREADS = decl.REDUCE_THREADS.value
 ROLES = tuple(v.key for v in decl.ROLE.values)
 _ROLE_CXX = {v.key: f"megamoe_rt::fused::Role::{v.cxx}" for v in decl.ROLE.values}
 BLOCK_M = decl.BLOCK_M.value
-BLOCK_N = decl.BLOCK_N.value  # an L2 tile's columns, half an L1 tile's
-L1_BLOCK_N = decl.L1_BLOCK_N.value
+BLOCK_N = decl.BLOCK_N.value
 NUM_THREADS = decl.NUM_THREADS.value
 MIN_STAGES = 3
 MAX_STAGES = 6
@@ -43,9 +42,9 @@ TRACE_WAITS = TRACE_EVENTS[TRACE_EVENTS.index("sm") + 1 :]
 
 RELAY_BYTES = decl.RELAY_BYTES.value  # SignalRelay::kBytes (asserted there)
 TILE_QUEUE_BYTES = decl.TILE_QUEUE_BYTES.value  # TileQueue::kBytes (asserted there)
-# A streamed call hands tiles over as one word with a 7-bit n-block (StreamTileWord in
-# fused/streamed_call.cuh): each layer's tiles a block at most this many.
-STREAMED_MAX_N_BLOCKS = 128
+# A streamed call hands tiles over as one word with a 6-bit n-block (StreamTileWord in
+# fused/streamed_call.cuh): both layers' N at most this many tiles.
+STREAMED_MAX_N_BLOCKS = 64
 
 
 def bank_layout(num_experts: int, max_blocks: int) -> BankLayout:

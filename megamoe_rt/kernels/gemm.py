@@ -47,7 +47,7 @@ class GemmConfig:
     a_sf_gran: int = 128  # A scales per 64 or 128 K elements
     b_sf_n: int = 128  # B scales per 64 or 128 output columns
     out_sf_gran: int = 128  # requant group of an epilogue that writes e4m3 (SwiGLU)
-    cluster_n: int = 1  # CTAs per cluster along N sharing the A tile (2: 128-row bf16 tiles only, see below)
+    cluster_n: int = 1  # CTAs per cluster along N sharing the A tile (2: 128x128 only, see below)
     layout: str = "contiguous"
     epilogue: str = "bf16"
 
@@ -63,14 +63,14 @@ class GemmConfig:
         problem = EPILOGUES[self.epilogue].problem(**dataclasses.asdict(self))
         if problem:
             raise ValueError(problem)
-        pair_ok = self.block_m == 128 and self.block_n in (128, 256) and self.epilogue == "bf16"
+        pair_ok = (self.block_m, self.block_n, self.epilogue) == (128, 128, "bf16")
         if self.cluster_n not in (1, 2) or (self.cluster_n == 2 and not pair_ok):
             # CTA pairs load half of the shared A tile each and multicast it (bench/NOTES.md). Their
             # waits on the peer are bounded as every pipeline wait is: by the producers' free-stage
             # waits, which count both CTAs' math warps and carry the deadline.
             raise ValueError(
                 f"cluster_n={self.cluster_n} with tile {self.block_m}x{self.block_n} ({self.epilogue}): CTA "
-                "pairs are built for the 128x128 and 128x256 tiles with the bf16 epilogue only; use cluster_n=1 otherwise"
+                "pairs are built for the 128x128 tile with the bf16 epilogue only; use cluster_n=1 otherwise"
             )
         if not 2 <= self.stages <= MAX_STAGES:
             raise ValueError(f"stages={self.stages}: expected 2..{MAX_STAGES}")

@@ -26,7 +26,7 @@ from megamoe_rt.modes.fused_stream import StreamedFusedCall, streamed_width_refu
 from megamoe_rt.modes.peers import stage_inputs
 from megamoe_rt.runtime import driver
 from megamoe_rt.runtime.buffer import LayerBuffer, SymmetricLayerBuffer
-from megamoe_rt.runtime.deadlines import TimeoutRecord, wait_timeout_ns
+from megamoe_rt.runtime.deadlines import TimeoutRecord
 from megamoe_rt.schedule.layout import BufferLayout
 from megamoe_rt.schedule.plan import (
     FusedSchedule,
@@ -309,10 +309,9 @@ class FusedMode(Mode):
 
     name = "fused"
     MAX_RANKS = 32  # the signal relay waits on peers with one lane of a warp per rank
-    # The streamed role runs when asked for by name (mode="fused", one rank): it holds the
-    # producer's SMs back for the whole call and measured 1.6-1.8x the unfused streamed call's
-    # time (bench/results/stream_fused_role_2026-12-05.md), so the default streams in the
-    # unfused mode. It streams over the full pool only.
+    # The streamed role runs when asked for by name (mode="fused", one rank) until it has passed
+    # its GPU tests (bench/results/stream_fused_first_runs_2026-12-05.md); the default streams
+    # in the unfused mode. It streams over the full pool only.
     streams_by_default = False
     streams_over_ring = False
 
@@ -332,8 +331,8 @@ class FusedMode(Mode):
                 f"transport={spec.transport!r}: mode='fused' reaches other ranks through peer pointers only "
                 "(mode='unfused' runs over NVSHMEM's device API)"
             )
-        # Every width the layer takes (multiples of 128) fits the tiles: L2's are BLOCK_N = 128
-        # columns, L1's 2 x 128.
+        if spec.hidden % fk.BLOCK_N:
+            return f"hidden={spec.hidden}: mode='fused' needs a multiple of {fk.BLOCK_N} (its L2 tile width)"
         return None
 
     @classmethod
@@ -363,7 +362,6 @@ class FusedMode(Mode):
         # Applied in order to every launch's parameter struct before it is enqueued. Empty in
         # production; megamoe_rt.testing sets it (withheld blocks, traces, forced orders).
         self.params_transforms: tuple[ParamsTransform, ...] = ()
-        self._last_params: tuple[tuple[Any, ...], fk.FusedParams] | None = None  # launch_params's last struct
 
     def _make_plan(self, schedule: FusedSchedule, weights: Weights) -> FusedPlan:
         s = self.spec
@@ -397,20 +395,13 @@ class FusedMode(Mode):
         return self.spec.sm_count
 
     def launch_params(self, call: Call) -> fk.FusedParams:
-        """The parameter struct of one call's launch. The last one is kept and given again to a
-        call that would build the same (a decode loop's calls repeat their arrays): the struct is
-        read only at launch, and everything it holds follows from the plan, the call, the
-        deadline and the transforms, which make up the key (the timeout record is one per process)."""
+        """The parameter struct of one call's launch."""
         assert self.plan is not None, "launch before load"
-        key = (self.plan, call, wait_timeout_ns(self.spec.timeout_s), self.params_transforms)
-        if self._last_params is not None and self._last_params[0] == key:
-            return self._last_params[1]
         params = self.plan.params(
             self.moe_params(call), self.schedules.for_bound(call.bound), timeout_s=self.spec.timeout_s
         )
         for transform in self.params_transforms:
             transform(params)
-        self._last_params = (key, params)
         return params
 
     def run(self, call: Call, stream: int) -> None:
@@ -454,5 +445,4 @@ class FusedMode(Mode):
 
     def close(self) -> None:
         self.plan = None
-        self._last_params = None
         super().close()

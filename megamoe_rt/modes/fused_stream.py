@@ -27,15 +27,14 @@ from megamoe_rt.schedule.layout import (
 
 
 def streamed_width_refusal(hidden: int, intermediate: int) -> str | None:
-    """Why the streamed role cannot run a layer this wide (its tile word holds an n-block in 7
-    bits: each layer at most STREAMED_MAX_N_BLOCKS tiles a block), or None."""
-    n1, n2 = 2 * intermediate // fk.L1_BLOCK_N, hidden // fk.BLOCK_N
+    """Why the streamed role cannot run a layer this wide (its tile word holds an n-block in 6
+    bits: both layers at most STREAMED_MAX_N_BLOCKS tiles wide), or None."""
+    n1, n2 = 2 * intermediate // fk.BLOCK_N, hidden // fk.BLOCK_N
     if max(n1, n2) <= fk.STREAMED_MAX_N_BLOCKS:
         return None
     return (
-        f"streaming: hidden={hidden}, intermediate={intermediate} give {n2} L2 tiles of {fk.BLOCK_N} and "
-        f"{n1} L1 tiles of {fk.L1_BLOCK_N} columns; mode='fused' streams layers of at most "
-        f"{fk.STREAMED_MAX_N_BLOCKS} a layer (mode='unfused' streams any)"
+        f"streaming: hidden={hidden}, intermediate={intermediate} give {n2} / {n1} tiles of {fk.BLOCK_N} "
+        f"columns; mode='fused' streams layers of at most {fk.STREAMED_MAX_N_BLOCKS} (mode='unfused' streams any)"
     )
 
 
@@ -57,7 +56,7 @@ class StreamedFusedCall:
         wide = streamed_width_refusal(spec.hidden, spec.intermediate)
         if wide is not None:
             raise ValueError(wide)
-        n1, n2 = 2 * spec.intermediate // fk.L1_BLOCK_N, spec.hidden // fk.BLOCK_N  # tiles per block
+        n1, n2 = 2 * spec.intermediate // fk.BLOCK_N, spec.hidden // fk.BLOCK_N
         self.grid = cfg.consumer_sms(spec.sm_count)
         self.lag = streamed_lag(self.grid, n1, n2)
         el, blocks = spec.num_local_experts, layout.full_pool_blocks

@@ -16,7 +16,7 @@ new inputs written into the same arrays replay with no host work beyond the laun
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from megamoe_rt.graph import split_tuning
@@ -75,9 +75,6 @@ class _SplitGraph:
     k2: KernelNode
     k3: KernelNode
     args: tuple[bytes, bytes, bytes]
-    # Nodes rewritten in the executable graph only: a capture copies the graph it was built
-    # from, which is brought up to date then (an eager call pays one driver call per node).
-    stale: set[int] = field(default_factory=set)
 
 
 class SplitMode(FusedMode):
@@ -219,15 +216,11 @@ class SplitMode(FusedMode):
         raw = tuple(bytes(p) for p in params)
         if raw != g.args:
             maps = self.plan.tensor_map_args if self.plan is not None else []
-            for i, (node, p, old, new) in enumerate(zip((g.k1, g.k2, g.k3), params, g.args, raw)):
+            for node, p, old, new in zip((g.k1, g.k2, g.k3), params, g.args, raw):
                 if old != new:
-                    g.builder.update_kernel(node, [p, *maps] if node is not g.k3 else [p], template=False)
-                    g.stale.add(i)
+                    g.builder.update_kernel(node, [p, *maps] if node is not g.k3 else [p])
             g.args = raw  # type: ignore[assignment]
         if streams.stream_is_capturing(stream):
-            for i in sorted(g.stale):
-                g.builder.update_template((g.k1, g.k2, g.k3)[i])
-            g.stale.clear()
             g.builder.add_to_capture(stream)
         else:
             g.builder.launch(stream)

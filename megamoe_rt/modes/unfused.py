@@ -17,16 +17,10 @@ both GEMMs run over that window. Routing, per-row metadata and the combine buffe
 size. The host enqueues the cycles the worst-case pool at the call's ``num_tokens_bound`` needs
 (the same on every rank); the device records the cycles the pool actually took in the
 workspace word ``pool_cycles`` (across ranks the most of any rank).
-
-A call's launches are recorded into a CUDA graph by the first call of its launch sequence and
-replayed by later ones, which rewrite only the launches whose arguments changed
-(graph/launches.py): an eager call with the same arrays costs about one graph launch of host
-time, with new arrays one node update more per launch that reads them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from megamoe_rt.graph.launches import GraphLaunches
@@ -206,34 +200,28 @@ class UnfusedMode(Mode):
     def run(self, call: Call, stream: int) -> None:
         if self.expert_parallel:
             stage_inputs(self.bound_buffer(), call.x, call.x_sf, call.num_tokens, stream)
-            self._replay(call, stream, lambda q: self._run_across_ranks(call, q, self._staged_inputs))
+            key, graph = self._call_graph(call)
+            try:
+                graph.begin()
+                self._run_across_ranks(call, graph, self._staged_inputs)
+                graph.end(stream)
+            except BaseException:
+                if graph.recording:  # half recorded: never replay it
+                    self._graphs.pop(key, None)
+                    graph.close()
+                raise
         elif call.num_tokens:
-            self._replay(call, stream, lambda q: self._run_one_rank(call, q))
-
-    def _replay(self, call: Call, stream: int, enqueue: Callable[[Launches], None]) -> None:
-        """``enqueue``'s launches as the replay of the call's graph (recorded by the first call
-        of its shape): the launches are walked as before, but only those whose arguments or grid
-        changed are rewritten, and the call is one graph launch (graph/launches.py). A call is
-        seven launches on one rank and a dozen across ranks, whose host cost enqueued one by one
-        (~10-20 us each) exceeds a decode call's device time."""
-        key, graph = self._call_graph(call)
-        try:
-            graph.begin()
-            enqueue(graph)
-            graph.end(stream)
-        except BaseException:
-            if graph.recording:  # half recorded: never replay it
-                self._graphs.pop(key, None)
-                graph.close()
-            raise
+            self._run_one_rank(call, StreamLaunches(stream))
 
     def _call_graph(self, call: Call) -> tuple[tuple[str, int, bool], GraphLaunches]:
-        """The graph of a call's launch sequence: one per id dtype, cycle count and whether this
-        rank has tokens."""
+        """The graph a call across ranks replays: one per launch sequence (id dtype, cycles,
+        whether this rank has tokens). Across ranks a call is a dozen small launches whose host
+        cost would exceed a small call's device time (graph/launches.py)."""
         key = (call.idx, self.cycles_to_launch(call.bound), call.num_tokens > 0)
         graph = self._graphs.get(key)
         if graph is None:
-            self.load_for_ids(call.idx)  # loaded before recording: a lazy load mid-sequence would sync
+            self.ep_kernels(call.idx)  # loaded before recording: a lazy load mid-sequence would sync
+            self.moe_kernels(call.idx)
             graph = self._graphs[key] = GraphLaunches(self.spec.device)
         return key, graph
 

@@ -29,20 +29,13 @@ _init_error: str | None = None
 _initialized = False
 
 
-_driver_module: Any = None
-
-
 def cuda_driver() -> Any:
-    """``cuda.bindings.driver`` (the one import of it: a missing package is a GpuUnavailableError).
-    Kept once imported: every launch asks for it, and an import statement costs a lookup each time."""
-    global _driver_module
-    if _driver_module is None:
-        try:
-            from cuda.bindings import driver
-        except ImportError as exc:  # cuda-bindings is a base dependency; say so plainly
-            raise GpuUnavailableError(f"cuda-bindings is not importable ({exc}); install: {INSTALL_HINT}") from None
-        _driver_module = driver
-    return _driver_module
+    """``cuda.bindings.driver`` (the one import of it: a missing package is a GpuUnavailableError)."""
+    try:
+        from cuda.bindings import driver
+    except ImportError as exc:  # cuda-bindings is a base dependency; say so plainly
+        raise GpuUnavailableError(f"cuda-bindings is not importable ({exc}); install: {INSTALL_HINT}") from None
+    return driver
 
 
 def _result_name(cu: Any, err: Any) -> str:

@@ -51,7 +51,7 @@ class Tile:
     kind: str  # "l1" (gate|up GEMM + SwiGLU) or "l2" (down projection)
     block: int  # pool block: its BLOCK_M rows
     expert: int
-    n_block: int  # which tile of the layer's N (L1 tiles are L1_BLOCK_N wide, L2 tiles BLOCK_N)
+    n_block: int  # which BLOCK_N columns of the GEMM's N
 
 
 def task_tiles(task: Task, l1_n_blocks: int, l2_n_blocks: int) -> list[Tile]:

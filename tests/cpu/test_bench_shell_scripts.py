@@ -59,7 +59,7 @@ def test_the_one_gpu_runs_refuse_an_unknown_stage_and_their_benchmarks_parse(tmp
     assert (
         out.returncode == 2
         and "unknown stage 'nope' (verify, verify-ep, gemm, gemm-first, tiles, prefill, overhead, faults, ab, arch-ab, "
-        "stream, host, candidate)"
+        "stream, host)"
         in out.stderr
     )
     from megamoe_rt.cli.main import build_parser
@@ -69,21 +69,12 @@ def test_the_one_gpu_runs_refuse_an_unknown_stage_and_their_benchmarks_parse(tmp
         shlex.split(re.sub(r'"\$OUT/([^"]+)"', r"out/\1", m.group(1)))
         for m in re.finditer(r"python3 -m megamoe_rt (bench .*?)\s*2>&1", joined)
     ]
-    assert sorted(c[1] for c in commands) == [
-        "gemm",
-        "gemm",
-        "gemm",
-        "overhead",
-        "overhead",
-        "prefill",
-        "prefill",
-        "stream",
-    ]
+    assert sorted(c[1] for c in commands) == ["gemm", "gemm", "overhead", "overhead", "prefill", "prefill", "stream"]
     for argv in commands:
         ns = build_parser().parse_args(argv)  # a bad option raises UsageError
         assert ns.output.startswith("out/one_gpu_"), argv
     # The A/B arms: bench/ab_run.sh appends `-o FILE` to what follows its output directory.
     ab = [shlex.split(m.group(1)) for m in re.finditer(r'bench/ab_run\.sh "\$OUT/[^"]+" (.*?)\s*2>&1', joined)]
-    assert sorted(a[0] for a in ab) == ["gemm", "gemm", "moe", "moe", "moe", "overhead"]
+    assert sorted(a[0] for a in ab) == ["gemm", "gemm", "moe", "moe", "overhead"]
     for argv in ab:
         assert build_parser().parse_args(["bench", *argv, "-o", "out/ab.json"]).output == "out/ab.json"

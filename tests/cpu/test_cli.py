@@ -10,7 +10,6 @@ from types import SimpleNamespace
 
 import pytest
 
-import megamoe_rt.kernels.fused as fk
 from megamoe_rt.schedule.layout import symm_buffer_layout
 from tests.helpers.base_install import run_base
 from tests.helpers.one_line import INSTALL, the_one_line
@@ -46,9 +45,9 @@ def test_plan_of_the_fused_mode_shows_its_ring_buffer():
     out = run_cli("plan", "--preset", "flash", "--tokens", "8192", "--ranks", "8", "--mode", "fused", "--json")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
-    layout = symm_buffer_layout(4096, 2048, 256, 6, 8192, 8, block_m=fk.BLOCK_M, pool="ring")
+    layout = symm_buffer_layout(4096, 2048, 256, 6, 8192, 8, block_m=64, pool="ring")
     full = symm_buffer_layout(4096, 2048, 256, 6, 8192, 8)
-    assert (data["block_m"], data["pool"], data["total_bytes"]) == (fk.BLOCK_M, "ring", layout.total_bytes)
+    assert (data["block_m"], data["pool"], data["total_bytes"]) == (64, "ring", layout.total_bytes)
     assert data["fused_ring_blocks"] == data["pool_blocks"] == 8 * (data["fused_lag_units"] + 4) + 4
     # The EP8 buffer of the fused mode is over 4x smaller than the unfused mode's full pool buffer.
     assert full.total_bytes > 4 * layout.total_bytes

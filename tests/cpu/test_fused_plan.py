@@ -21,23 +21,22 @@ def _layout(h=4096, i=2048, e=32, k=6, cap=8192, ring=None):
 def test_flash_slice_schedule_at_capacity():
     lay = _layout()
     s = buffer_schedule(lay)
-    # 8192 x 6 / 32 = 1536 rows = 12 blocks of 128 = 2 units per expert, 64 units: lag round(28.8) = 29.
-    assert BLOCK_M == 128
-    assert (s.lag_units, s.group_units) == (29, 4)
-    assert s.ring_blocks == lay.pool_blocks == 8 * (29 + 4) + 4 == 268
-    assert s.full_pool_blocks == pool_blocks_upper_bound(8192, 1, 6, 32, BLOCK_M) == 415
+    # 8192 x 6 / 32 = 1536 rows = 24 blocks = 3 units per expert, 96 units: lag round(43.2) = 43.
+    assert (s.lag_units, s.group_units) == (43, 4)
+    assert s.ring_blocks == lay.pool_blocks == 8 * (43 + 4) + 4 == 380
+    assert s.full_pool_blocks == pool_blocks_upper_bound(8192, 1, 6, 32, BLOCK_M) == 799
     c = call_schedule(lay, s, 8192)
-    assert not c.single_wave and c.lag_units == 29
+    assert not c.single_wave and c.lag_units == 43
 
 
 def test_small_bounds_run_single_wave_and_mid_bounds_a_shorter_lag():
     lay = _layout()
     s = buffer_schedule(lay)
-    small = call_schedule(lay, s, 2048)  # worst case (2048*6 + 32*127)/128 = 127 blocks <= 268
+    small = call_schedule(lay, s, 2048)  # worst case (2048*6 + 32*63)/64 = 223 blocks <= 380
     assert small.single_wave and small.lag_units >= s.full_pool_blocks
-    mid = call_schedule(lay, s, 5120)  # 271 blocks > 268: lag order, lag from the bound
-    # 5120 x 6 / 32 = 960 rows = 8 blocks = 1 unit per expert, 32 units: round(14.4) = 14.
-    assert not mid.single_wave and mid.lag_units == 14 < s.lag_units
+    mid = call_schedule(lay, s, 4096)  # 415 blocks > 380: lag order, lag from the bound
+    # 4096 x 6 / 32 = 768 rows = 12 blocks = 2 units per expert, 64 units: round(28.8) = 29.
+    assert not mid.single_wave and mid.lag_units == 29 < s.lag_units
 
 
 @settings(max_examples=200, deadline=None)

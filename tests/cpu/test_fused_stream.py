@@ -90,15 +90,11 @@ def test_the_lag_spans_about_two_grids_of_tiles():
 
 
 def test_layers_wider_than_the_tile_word_are_refused():
-    most = fk.STREAMED_MAX_N_BLOCKS
-    # One L2 tile of BLOCK_N columns a block too many; then one L1 tile of L1_BLOCK_N.
-    for h, i in ((fk.BLOCK_N * (most + 1), 256), (1024, fk.L1_BLOCK_N * (most + 1) // 2)):
-        spec = _spec(h=h, i=i, cap=1000, streaming=StreamConfig(3, 100), sm_count=132)
-        assert f"mode='fused' streams layers of at most {most}" in FusedMode.refusal(spec)
-        with pytest.raises(ValueError, match=f"mode='fused' streams layers of at most {most}"):
-            select_mode("fused", spec)
-    wide = _spec(h=fk.BLOCK_N * most, i=fk.L1_BLOCK_N * most // 2, cap=1000, streaming=RING, sm_count=132)
-    assert FusedMode.refusal(wide) is None
+    spec = _spec(h=256 * 65, i=256, cap=1000, streaming=StreamConfig(3, 100), sm_count=132)
+    assert "mode='fused' streams layers of at most 64" in FusedMode.refusal(spec)
+    with pytest.raises(ValueError, match="mode='fused' streams layers of at most 64"):
+        select_mode("fused", spec)
+    assert FusedMode.refusal(_spec(h=256 * 64, i=256 * 32, cap=1000, streaming=RING, sm_count=132)) is None
 
 
 def test_a_producer_that_would_take_every_sm_is_refused_when_the_mode_is_built():

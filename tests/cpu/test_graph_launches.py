@@ -175,8 +175,7 @@ def test_a_clustered_launch_is_refused_by_a_recorded_graph(graph):
     g.kernel(A, (2,), (128,), [ctypes.c_uint64(1)], cluster=(1, 1, 1))  # a trivial cluster is a plain launch
 
 
-@pytest.mark.parametrize("expert_parallel", [True, False], ids=["across ranks", "one rank"])
-def test_a_graph_whose_recording_failed_is_dropped(monkeypatch, expert_parallel):
+def test_a_graph_whose_recording_failed_is_dropped(monkeypatch):
     """UnfusedMode.run drops a half-recorded graph, so the next call records afresh."""
     from megamoe_rt.modes import unfused
 
@@ -195,7 +194,7 @@ def test_a_graph_whose_recording_failed_is_dropped(monkeypatch, expert_parallel)
             closed.append(self)
 
     mode = object.__new__(unfused.UnfusedMode)
-    mode.expert_parallel = expert_parallel
+    mode.expert_parallel = True
     mode._graphs = {}
     fake = FakeGraph()
     monkeypatch.setattr(unfused, "stage_inputs", lambda *a: None)
@@ -205,11 +204,10 @@ def test_a_graph_whose_recording_failed_is_dropped(monkeypatch, expert_parallel)
     )
     mode._staged_inputs = (0, 0)
 
-    def boom(call, q, at=None):
+    def boom(call, q, at):
         raise RuntimeError("a driver error mid-recording")
 
     monkeypatch.setattr(mode, "_run_across_ranks", boom)
-    monkeypatch.setattr(mode, "_run_one_rank", boom)
     call = unfused.Call(0, 0, 0, 0, 0, 8, "int32", 8)
     with pytest.raises(RuntimeError, match="mid-recording"):
         mode.run(call, 7)
@@ -232,74 +230,3 @@ def test_nodes_run_on_the_layers_gpu_whatever_the_current_device(monkeypatch):
     unbound.begin()
     unbound.kernel(A, (2,), (128,), [ctypes.c_uint32(1)])
     assert builder.contexts[-1] is None
-
-
-def test_a_one_rank_unfused_call_is_recorded_once_then_replayed(graph, monkeypatch):
-    """On one rank too the unfused call's launches go into its graph: the first call of a
-    shape records them, a repeated call is one graph launch, and a call with other arguments
-    rewrites only the launches whose arguments changed."""
-    from megamoe_rt.modes import unfused
-
-    _, log, _ = graph
-    monkeypatch.setattr(unfused, "GraphLaunches", lambda device=None: gl.GraphLaunches(device))
-    mode = object.__new__(unfused.UnfusedMode)
-    mode.expert_parallel = False
-    mode._graphs = {}
-    monkeypatch.setattr(mode, "load_for_ids", lambda idx: None, raising=False)
-    monkeypatch.setattr(mode, "cycles_to_launch", lambda bound: 1, raising=False)
-    mode.spec = type("Spec", (), {"device": None})()
-
-    def one_rank(call, q):
-        q.memset_u32(64, 0, 4)
-        q.kernel(A, (1,), (128,), [ctypes.c_uint64(100)])  # reads no array of the call
-        q.kernel(B, (call.num_tokens,), (128,), [ctypes.c_uint64(call.x)])
-
-    monkeypatch.setattr(mode, "_run_one_rank", one_rank)
-    first = unfused.Call(1000, 0, 0, 0, 0, 8, "int32", 8)
-    mode.run(first, 3)
-    assert [e[0] for e in log] == ["memset", "add", "add", "instantiate", "launch"]
-    log.clear()
-    mode.run(first, 3)
-    assert log == [("launch", 3)]
-    mode.run(unfused.Call(2000, 0, 0, 0, 0, 5, "int32", 8), 3)
-    assert [e[0] for e in log] == ["launch", "update", "launch"]
-    assert log[1][2] == (5, 1, 1) and log[1][3] == [bytes(ctypes.c_uint64(2000))]
-    mode.run(unfused.Call(0, 0, 0, 0, 0, 0, "int32", 8), 3)  # no tokens on one rank: nothing enqueued
-    assert log[-1] == ("launch", 3) and len(log) == 3
-
-
-def test_the_split_graph_rewrites_changed_nodes_and_brings_the_built_from_graph_up_to_date_for_a_capture(
-    monkeypatch,
-):
-    """SplitMode.run: a call with other arguments rewrites only the changed nodes, in the
-    executable graph only; a capture first brings the graph it copies up to date."""
-    from megamoe_rt.modes import split
-
-    log: list = []
-    builder = _Builder(log)
-    capturing: set[int] = set()
-    monkeypatch.setattr(split.streams, "stream_is_capturing", lambda s: s in capturing)
-    nodes = [gl.KernelNode(n, None, None, []) for n in (1, 2, 3)]
-    raw = tuple(bytes(ctypes.c_uint64(0)) for _ in range(3))
-    graph = split._SplitGraph(builder, *nodes, raw)
-    mode = object.__new__(split.SplitMode)
-    mode.spec = type("Spec", (), {"expert_parallel": False})()
-    mode.plan = None
-    monkeypatch.setattr(mode, "_graph", lambda idx: graph, raising=False)
-    # K1 and K2 read the call's x; K3 does not.
-    monkeypatch.setattr(
-        mode,
-        "_launch_params",
-        lambda call: (ctypes.c_uint64(call.x), ctypes.c_uint64(call.x + 1), ctypes.c_uint64(0)),
-        raising=False,
-    )
-    mode.run(split.Call(10, 0, 0, 0, 0, 8, "int32", 8), 7)
-    assert [(e[0], e[1], e[4]) for e in log[:-1]] == [("update", 1, False), ("update", 2, False)]
-    assert log[-1] == ("launch", 7) and graph.stale == {0, 1}
-    log.clear()
-    capturing.add(9)
-    mode.run(split.Call(10, 0, 0, 0, 0, 8, "int32", 8), 9)
-    assert log == [("template", 1), ("template", 2), ("capture", 9)] and not graph.stale
-    log.clear()
-    mode.run(split.Call(10, 0, 0, 0, 0, 8, "int32", 8), 9)
-    assert log == [("capture", 9)]

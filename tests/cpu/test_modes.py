@@ -106,7 +106,7 @@ def test_the_registry_lists_and_checks_names_without_importing_a_mode():
     "spec,expected",
     [
         (_spec(), "fused"),
-        (_spec(h=384), "fused"),  # any width the layer takes: the fused L2 tile is 128 wide
+        (_spec(h=384), "unfused"),  # the fused L2 tile is 256 wide
         (_spec(e=64, num_ranks=32), "fused"),
         (_spec(e=66, num_ranks=33), "unfused"),  # the fused kernel runs on at most 32 ranks
     ],
@@ -122,10 +122,13 @@ def test_mode_arguments_are_checked_with_the_layer_messages():
         select_mode("split-ish", _spec())
     with pytest.raises(ValueError, match="mode: expected one of"):
         select_mode(["fused"], _spec())  # not a name (and not hashable)
+    with pytest.raises(ValueError, match="hidden=384: mode='fused' needs a multiple of 256"):
+        select_mode("fused", _spec(h=384))
     with pytest.raises(ValueError, match="group: 33 ranks; mode='fused' runs on at most 32"):
         select_mode("fused", _spec(h=384, e=66, num_ranks=33))  # the rank count is reported first
     assert select_mode("unfused", _spec(), ring_blocks=50) is UnfusedMode  # every mode takes a ring
-    assert select_mode("split", _spec(h=384)) is SplitMode
+    with pytest.raises(ValueError, match="hidden=384: mode='split' needs a multiple of 256"):
+        select_mode("split", _spec(h=384))
     with pytest.raises(ValueError, match=r"split_sms=\(64, 64, 132\): only mode='split' takes SM counts"):
         select_mode("fused", _spec(), split_sms=(64, 64, 132))
     # More ranks than the unfused kernels' one-thread-per-rank signalling covers.
@@ -133,7 +136,7 @@ def test_mode_arguments_are_checked_with_the_layer_messages():
         select_mode("unfused", _spec(e=257, num_ranks=257))
     with pytest.raises(ValueError, match="no mode runs this layer: group: 257 ranks; mode='fused' runs on at most 32"):
         select_mode(None, _spec(e=257, num_ranks=257))
-    assert select_mode(None, _spec(e=66, num_ranks=33), ring_blocks=50) is UnfusedMode  # the default fell back
+    assert select_mode(None, _spec(h=384), ring_blocks=50) is UnfusedMode  # the default fell back to unfused
     assert select_mode("fused", _spec(), ring_blocks=500) is FusedMode
 
 
@@ -142,6 +145,8 @@ def test_the_layer_checks_the_mode_before_looking_for_a_gpu():
 
     with pytest.raises(ValueError, match="mode"):
         MegaMoE(512, 256, 8, 2, 64, mode="split-ish")
+    with pytest.raises(ValueError, match="hidden=384: mode='fused' needs a multiple of 256"):
+        MegaMoE(384, 256, 8, 2, 64, mode="fused")
     with pytest.raises(ValueError, match="pass one of them"):
         MegaMoE(512, 256, 8, 2, 64, mode="unfused", ring_blocks=10, chunk_ratio=0.5)
 
@@ -170,7 +175,7 @@ def test_each_mode_says_which_buffer_it_needs():
     assert SplitMode.layout_needs(spec, 300) == LayoutNeeds(pool="ring", block_m=fk.BLOCK_M, ring_blocks=300)
     unfused = buffer_layout(spec, UnfusedMode.layout_needs(spec))
     ring = buffer_layout(spec, FusedMode.layout_needs(spec))
-    assert (unfused.pool, unfused.block_m, ring.pool, ring.block_m) == ("full", 128, "ring", fk.BLOCK_M)
+    assert (unfused.pool, unfused.block_m, ring.pool, ring.block_m) == ("full", 128, "ring", 64)
     assert ring.pool_blocks == buffer_schedule(ring).ring_blocks < buffer_schedule(ring).full_pool_blocks
     assert UnfusedMode.layout_needs(spec, 30) == LayoutNeeds(pool="ring", block_m=128, ring_blocks=30)
 
@@ -282,28 +287,6 @@ def test_testing_hooks_change_the_launch_parameters_only_inside_their_block():
     assert testing.fused_schedule_of(mode) is mode.schedules.buffer
 
 
-def test_a_repeated_call_reuses_its_parameter_struct_and_any_change_builds_a_new_one(monkeypatch):
-    mode = _mode(FusedMode, _spec())
-    mode.plan = RecordingPlan()
-    a, b = _call(t=64), _call(t=65)
-    for call in (a, a, b, a):
-        mode.run(call, 0)
-    p = [launch[1] for launch in mode.plan.launches]
-    assert p[1] is p[0] and p[2] is not p[1] and p[3] is not p[0]
-    assert [q.moe.num_tokens for q in p] == [64, 64, 65, 64]
-    monkeypatch.setenv("MEGAMOE_RT_TIMEOUT_S", "3")  # the deadline is part of the struct
-    mode.run(a, 0)
-    with testing.withhold_block(mode, 5):
-        mode.run(a, 0)
-    mode.run(a, 0)
-    *_, timed, withheld, after = [launch[1] for launch in mode.plan.launches]
-    assert timed is not p[3] and withheld.withhold_block == 5
-    assert after is not withheld and after.withhold_block == fk.NO_BLOCK
-    mode.plan = RecordingPlan()  # a new plan (weights loaded again): nothing of the old one is kept
-    mode.run(a, 0)
-    assert mode.plan.launches[0][1] is not after
-
-
 def test_testing_hooks_refuse_other_modes():
     with pytest.raises(TypeError, match="mode 'unfused'"):
         testing.withhold_block(_mode(UnfusedMode, _spec()), 0).__enter__()
@@ -314,7 +297,7 @@ def test_memory_notes():
     mode = _mode(FusedMode, _spec())
     notes = mode.memory_notes()
     s = mode.schedules.buffer
-    assert notes.startswith(f"fused pools: ring of {mode.layout.pool_blocks} blocks x {fk.BLOCK_M} rows")
+    assert notes.startswith(f"fused pools: ring of {mode.layout.pool_blocks} blocks x 64 rows")
     assert f"vs full pool of {s.full_pool_blocks} blocks" in notes
     assert notes.endswith(f"schedule at capacity: lag {s.lag_units} units, group {s.group_units}")
 

@@ -23,16 +23,10 @@ from megamoe_rt.kernels.interface.moe import MOE_PARAMS
 from megamoe_rt.kernels.interface.stream import STREAMED_POOL
 from megamoe_rt.kernels.interface.sync import GRID_BARRIER_WORDS, WAIT_CONTEXT
 
-BLOCK_M = Constant("kBlockM", 128, doc="rows of a tile and of a pool block, split between the two math warpgroups")
-BLOCK_N = Constant("kBlockN", 128, doc="columns of a GEMM tile: an L2 tile, half an L1 tile")
-L1_BLOCK_N = Constant(
-    "kL1BlockN", 256, doc="columns of an L1 tile: two BLOCK_N halves in turn, one 128-channel requant group"
-)
-L1_PARK_BYTES = Constant(
-    "kL1ParkBytes", 256 * 34 * 4, doc="an L1 tile's first-half activations (32) and row amaxes (2) per math thread"
-)
+BLOCK_M = Constant("kBlockM", 64, doc="rows of a tile and of a pool block")
+BLOCK_N = Constant("kBlockN", 256, doc="columns of a tile, split between the two math warpgroups")
 NUM_THREADS = Constant("kNumThreads", 384, doc="one producer and two math warpgroups")
-MAX_BLOCKS = Constant("kMaxBlocks", 1 << 23, hex=True, doc="pool blocks of a call: its rows stay within an i32")
+MAX_BLOCKS = Constant("kMaxBlocks", 1 << 24, hex=True, doc="pool blocks of a call: its rows stay within an i32")
 NO_BLOCK = Constant("kNoBlock", 0xFFFFFFFF, hex=True, doc="FusedParams::withhold_block when off")
 TILE_QUEUE_BYTES = Constant("kTileQueueBytes", 80, doc="TileQueue (fused/tile_queue.cuh) asserts it is this size")
 REDUCE_THREADS = Constant("kReduceThreads", 256, doc="split K3 (split/split_reduce.cu): two tokens at a time")
@@ -134,11 +128,11 @@ def bank_offsets(num_experts: int, max_blocks: int) -> dict[str, int]:
 
 
 @formula(
-    doc="Shared memory of the GEMM carve-up (stages, epilogue scratch, barriers) and the L1 tiles'\n"
-    "parked activations after it; the routing tables start there (FusedParams::table_smem_offset)."
+    doc="Shared memory of the GEMM carve-up (stages, epilogue scratch, barriers); the routing\n"
+    "tables start there (FusedParams::table_smem_offset)."
 )
 def tile_smem_bytes(stages: Value) -> Value:
-    return gemm.pipeline_smem_bytes(BLOCK_M, BLOCK_N, stages) - gemm.SMEM_ALIGN_SLACK + L1_PARK_BYTES
+    return gemm.pipeline_smem_bytes(BLOCK_M, BLOCK_N, stages) - gemm.SMEM_ALIGN_SLACK
 
 
 @formula(
@@ -214,8 +208,6 @@ HEADER = Header(
     [
         BLOCK_M,
         BLOCK_N,
-        L1_BLOCK_N,
-        L1_PARK_BYTES,
         NUM_THREADS,
         MAX_BLOCKS,
         NO_BLOCK,

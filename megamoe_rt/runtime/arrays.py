@@ -134,10 +134,10 @@ def _is_cupy_ndarray(obj: Any) -> bool:
     object of its class cannot exist before)."""
     global _cupy_ndarray
     if _cupy_ndarray is None:
-        cupy = sys.modules.get("cupy")
-        if cupy is None:
+        ndarray = getattr(sys.modules.get("cupy"), "ndarray", None)
+        if not isinstance(ndarray, type):  # not imported, or a stand-in module
             return False
-        _cupy_ndarray = cupy.ndarray
+        _cupy_ndarray = ndarray
     return type(obj) is _cupy_ndarray
 
 
@@ -147,7 +147,10 @@ def _plain_2d_cupy(arr: Any, typestrs: tuple[str, ...], device: int) -> tuple[in
     mask, device ``data.device_id``) without building the dictionary, which asks the CUDA runtime
     for the current device and stream on every access."""
     shape = arr.shape
-    if len(shape) != 2 or arr.dtype.str not in typestrs or not arr.flags.c_contiguous:
+    # An empty array's interface says pointer 0: left to the interface path.
+    if len(shape) != 2 or not shape[0] or not shape[1]:
+        return None
+    if arr.dtype.str not in typestrs or not arr.flags.c_contiguous:
         return None
     memory = arr.data
     if memory.device_id != device:

@@ -147,7 +147,21 @@ def test_cupy_arrays_are_read_from_their_attributes_as_their_interface_describes
     assert plain_2d(x.reshape(8 * H), ("|u1",), DEV) is None  # 1-D
     assert plain_2d(x, ("<f4",), DEV) is None  # another type
     assert plain_2d(x, ("|u1",), DEV + 1) is None  # on another device
+    assert plain_2d(x[:0], ("|u1",), DEV) is None  # empty: its interface says pointer 0
     assert plain_2d(_cupy_array(cupy, (8, H), np.uint8, 1 << 20, device=DEV + 1), ("|u1",), DEV + 1)[0] == 1 << 20
+
+
+def test_a_stand_in_cupy_module_leaves_arrays_to_their_interfaces(monkeypatch):
+    import sys
+    from types import ModuleType
+
+    from megamoe_rt.runtime import arrays
+
+    monkeypatch.setattr(arrays, "_cupy_ndarray", None)
+    monkeypatch.setitem(sys.modules, "cupy", ModuleType("cupy"))  # no ndarray
+    a = CaiArray((8, H), "|u1", 1 << 20)
+    assert arrays.plain_2d(a, ("|u1",), DEV) == (1 << 20, 8, H, 1)
+    assert arrays._cupy_ndarray is None  # nothing cached from the stand-in
 
 
 def test_a_decode_call_of_cupy_arrays_takes_the_short_path_with_the_full_paths_values():
